@@ -155,16 +155,16 @@ class DigitsCNN(nn.Module):
 
     def __init__(self, in_channels=1, num_classes=10):
         super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, 32, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(32)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.bn2 = nn.BatchNorm2d(64)
-        self.fc1 = nn.Linear(64 * 4 * 4, 128)
-        self.fc2 = nn.Linear(128, num_classes)
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, num_classes)
 
     def forward(self, x):
         x = F.relu(self.bn1(self.conv1(x)))
-        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)  # (B, 64, 4, 4)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)  # (B, 32, 4, 4)
         return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
 
 
