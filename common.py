@@ -394,6 +394,7 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
     """
     if T == 0:
         return delta.detach().clone()
+    model = unwrap(model)  # under DDP: attack the plain module, no gradient synchronisation
     m, B = delta.shape[:2]
     d = x[0].numel()
     was_training = model.training
@@ -545,19 +546,23 @@ def split_chunks(batch, m):
     return [tuple(t[i * b:(i + 1) * b] for t in batch) for i in range(m)]
 
 
-def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None):
+def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None, max_batches=None):
     """One training epoch: every loader batch is split into `chunks` chunks, one optimizer step each.
 
     loss_fn(model, x, y, idx) -> dict with 'loss' (scalar tensor to minimise), 'correct' (tensor: correct
     predictions among its noisy inputs) and 'total' (int: number of noisy inputs). Loss and accuracy are
     accumulated on the device (no per-step host synchronisation). Returns {'train_loss', 'train_acc'}.
-    progress: optional callable(batches_done, batches_total) for a progress line.
+    progress: optional callable(batches_done, batches_total) for a progress line. max_batches: stop after
+    that many loader batches (smoke tests and timing; None = the whole epoch).
     """
     model.train()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)
     total, steps = 0, 0
+    n_batches = len(loader) if max_batches is None else min(max_batches, len(loader))
     for i, batch in enumerate(loader):
+        if i >= n_batches:
+            break
         batch = tuple(t.to(device, non_blocking=True) for t in batch)
         for x, y, idx in split_chunks(batch, chunks):
             out = loss_fn(model, x, y, idx)
@@ -569,7 +574,7 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
             total += out["total"]
             steps += 1
         if progress is not None:
-            progress(i + 1, len(loader))
+            progress(i + 1, n_batches)
     return {"train_loss": (loss_sum / max(steps, 1)).item(), "train_acc": (correct / max(total, 1)).item()}
 
 
@@ -630,3 +635,318 @@ def make_outdir(outdir):
     except OSError as e:
         raise UserError(f"cannot write to output folder {outdir!r} ({e.strerror}); pass a writable --outdir") from None
     return outdir
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Run plumbing of the training scripts: per-epoch seeds, loaders, resumable checkpoints, the epoch log,
+# per-example gradient norms (Table 2, Fig. 5) and DistributedDataParallel under torchrun
+# ----------------------------------------------------------------------------------------------------------
+
+TRAIN_LOG_COLUMNS = ("epoch", "time", "lr", "train_loss", "train_acc", "test_loss", "test_acc_noisy", "kept")
+CHECKPOINT = "checkpoint.pth.tar"
+
+
+def get_rank():
+    """This process's rank under torchrun (0 without a process group)."""
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def get_world_size():
+    """Number of training processes under torchrun (1 without a process group)."""
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def is_main_process():
+    """True on rank 0: the one process that evaluates, logs and writes checkpoints."""
+    return get_rank() == 0
+
+
+def setup_distributed(device_name=None):
+    """The training device; under torchrun (WORLD_SIZE > 1) also join the process group.
+
+    Backend nccl on GPUs (one GPU per LOCAL_RANK), gloo on CPU (so it can be tried on a laptop).
+    Without torchrun this is get_device(device_name).
+    """
+    device = get_device(device_name)
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    import torch.distributed as dist
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def wrap_model(model, device):
+    """DistributedDataParallel around the model under torchrun (gradients averaged across ranks), else the model."""
+    if get_world_size() == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+
+def unwrap(model):
+    """The plain model inside a DistributedDataParallel/DataParallel wrapper (attacks, evaluation, saving)."""
+    return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
+
+
+def broadcast(tensor):
+    """Rank 0's tensor on every rank (in place); a no-op without a process group. Keeps kept sets identical."""
+    if get_world_size() > 1:
+        import torch.distributed as dist
+        dist.broadcast(tensor, src=0)
+    return tensor
+
+
+def epoch_seed(seed, epoch, stream=0):
+    """An integer seed derived from (seed, epoch, stream); streams separate the sampler from each rank's noise."""
+    state = np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 32 | int(state[1])
+
+
+def seed_epoch(seed, epoch):
+    """Reseed all global generators at the start of an epoch (noise, attacks, augmentation with workers=0).
+
+    Each epoch's randomness then depends only on (seed, epoch, rank), so a run resumed at an epoch
+    boundary draws exactly what the uninterrupted run drew.
+    """
+    seed_everything(epoch_seed(seed, epoch, 1 + get_rank()))
+
+
+def make_train_loader(dataset, batch, workers, seed, epoch, indices=None, weights=None, num_samples=None):
+    """The loader of one training epoch; it yields (x, y, idx) with idx the example's index in `dataset`.
+
+    dataset: the plain training set of (x, y). indices=None gives one shuffled pass. Otherwise the epoch
+    draws num_samples examples (default len(dataset): Alg. 2 keeps |D| draws per epoch after discarding)
+    with replacement from `indices` (e.g. the kept examples), uniformly, or proportionally to `weights`
+    (one non-negative weight per entry of indices). The draws, their order and the workers' augmentation
+    seeds depend only on (seed, epoch), so a resumed run sees the same batches. Under torchrun every rank
+    gets an equal share of the draws and batch // world_size examples per batch.
+    """
+    g = torch.Generator().manual_seed(epoch_seed(seed, epoch, 0))  # stream 0: the same on every rank
+    if indices is None:
+        order = torch.randperm(len(dataset), generator=g)
+    else:
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        check(len(indices) > 0, "no training examples left to sample from (every example was discarded)")
+        num_samples = len(dataset) if num_samples is None else num_samples
+        if weights is None:
+            pick = torch.randint(len(indices), (num_samples,), generator=g)
+        else:
+            pick = torch.multinomial(torch.as_tensor(weights, dtype=torch.double), num_samples, True, generator=g)
+        order = indices[pick]
+    rank, world = get_rank(), get_world_size()
+    if world > 1:
+        per_rank = len(order) // world
+        order, batch = order[rank::world][:per_rank], max(1, batch // world)
+    workers_gen = torch.Generator().manual_seed(epoch_seed(seed, epoch, 1 + rank))
+    return torch.utils.data.DataLoader(WithIndex(dataset), batch_size=batch, sampler=order.tolist(),
+                                       num_workers=workers, generator=workers_gen,
+                                       pin_memory=torch.cuda.is_available())
+
+
+def make_test_loader(dataset, batch, workers):
+    """Plain in-order loader of (x, y) for evaluation."""
+    return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False, num_workers=workers,
+                                       pin_memory=torch.cuda.is_available())
+
+
+def _rng_state():
+    import random
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state):
+    import random
+    if not state:
+        return
+    torch.set_rng_state(state["torch"].cpu())
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def save_training_checkpoint(outdir, model, optimizer, scheduler, epoch, args, extra=None, save_every=0):
+    """Write outdir/checkpoint.pth.tar after `epoch` completed epochs (atomically), and keep a copy
+    checkpoint_epoch{epoch}.pth.tar every `save_every` epochs (0: never). Only rank 0 writes.
+
+    args: the run's arguments (Namespace or dict) with at least arch, dataset, sigma. extra: a dict of
+    the method's state needed to resume (kept indices, sampling weights, ...). The file is a Cohen-style
+    checkpoint ({'arch', 'state_dict', ...}) that certify.py reads unchanged.
+    """
+    if not is_main_process():
+        return
+    args = dict(vars(args) if isinstance(args, argparse.Namespace) else args)
+    state = {"arch": args["arch"], "dataset": args["dataset"], "sigma": args["sigma"], "epoch": epoch,
+             "state_dict": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "args": args, "rng": _rng_state(), "extra": extra or {}}
+    save_checkpoint(state, os.path.join(outdir, CHECKPOINT))
+    if save_every and epoch % save_every == 0:
+        save_checkpoint(state, os.path.join(outdir, f"checkpoint_epoch{epoch}.pth.tar"))
+
+
+def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None):
+    """Start a new run in outdir, or (resume=True) restore it from outdir/checkpoint.pth.tar.
+
+    Returns (start_epoch, extra): the number of epochs already done (0 for a new run) and the `extra`
+    dict saved with the checkpoint ({} for a new run). A new run refuses a folder that already holds a
+    checkpoint (nothing is overwritten silently); resume without one is a UserError. expect: optional
+    dict such as {'arch': ..., 'dataset': ..., 'sigma': ...} that the checkpoint must match.
+    """
+    path = os.path.join(outdir, CHECKPOINT)
+    if not resume:
+        check(not os.path.isfile(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "
+                                        f"continue it, or choose another --outdir")
+        return 0, {}
+    check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
+    ckpt = load_checkpoint(path, next(model.parameters()).device)
+    for key, value in (expect or {}).items():
+        check(ckpt.get(key) == value, f"--resume: the checkpoint in {outdir!r} has {key}={ckpt.get(key)!r}, "
+                                      f"this run has {key}={value!r}; use the same settings or another --outdir")
+    try:
+        unwrap(model).load_state_dict(strip_module_prefix(ckpt["state_dict"]))
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise UserError(f"--resume: {path!r} does not fit this model/optimizer ({type(e).__name__}); "
+                        f"use the same settings or another --outdir") from None
+    _set_rng_state(ckpt.get("rng"))
+    return int(ckpt["epoch"]), ckpt.get("extra", {})
+
+
+def open_train_log(outdir, start_epoch):
+    """outdir/log.tsv with TRAIN_LOG_COLUMNS (None on ranks other than 0).
+
+    On resume the rows of epochs >= start_epoch are dropped first (they are about to be redone), so the
+    log never holds an epoch twice.
+    """
+    if not is_main_process():
+        return None
+    path = os.path.join(outdir, "log.tsv")
+    if start_epoch > 0 and os.path.isfile(path):
+        with open(path) as f:
+            lines = f.read().splitlines()
+        rows = [ln for ln in lines[1:] if ln.split("\t")[0].isdigit() and int(ln.split("\t")[0]) < start_epoch]
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write("\n".join(lines[:1] + rows) + "\n")
+        os.replace(tmp, path)
+    return TSVLog(path, TRAIN_LOG_COLUMNS, append=start_epoch > 0)
+
+
+def log_epoch(log, epoch, epochs, run_start, first_epoch, row):
+    """One TSV row (0-based epoch) and one readable stdout line with the run's ETA; rank 0 only.
+
+    row: dict with the other TRAIN_LOG_COLUMNS (time, lr, train_loss, ...). run_start: time.time() when
+    this process started training at epoch first_epoch (the ETA uses only epochs run in this process).
+    """
+    if log is None:
+        return
+    log.row(epoch=epoch, **row)
+    done = epoch + 1 - first_epoch
+    per_epoch = (time.time() - run_start) / max(done, 1)
+    eta = datetime.timedelta(seconds=int(per_epoch * (epochs - epoch - 1)))
+    print(f"epoch {epoch + 1}/{epochs}  {row['time']:.1f}s  lr {row['lr']:.4g}  "
+          f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}  "
+          f"noisy test loss {row['test_loss']:.4f} acc {row['test_acc_noisy']:.4f}  "
+          f"kept {row['kept']}  ETA {eta}", flush=True)
+
+
+def progress_line(prefix, every=60.0):
+    """A progress callable(done, total) for train_epoch: one '<prefix> batch 12/196, 3.1/s, ETA ...' line.
+
+    On a terminal the line is rewritten in place on stderr; otherwise (a log file) a line is printed at
+    most every `every` seconds, so batch jobs show progress without flooding their logs.
+    """
+    start, last = time.time(), [time.time()]
+
+    def show(done, total):
+        if not is_main_process():
+            return
+        text = f"{prefix} batch {done}/{total}, {format_eta(done, total, start)}"
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + text + ("\033[K\n" if done == total else "\033[K"))
+        elif time.time() - last[0] >= every and done < total:
+            last[0] = time.time()
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    return show
+
+
+@torch.no_grad()
+def count_correct(model, dataset, indices, sigma, n, batch, workers=0):
+    """For each example dataset[i], i in indices: how many of n noisy copies the model labels correctly.
+
+    The training-time pA estimate of Alg. 2 (an empirical frequency of the TRUE label, not a bound): the
+    model in eval mode, the examples as `dataset` yields them (with its augmentation, as the official code),
+    noise from the global generator. Returns int64 (len(indices),) counts and the labels, both on CPU.
+    """
+    net = unwrap(model)
+    was_training = net.training
+    net.eval()
+    device = next(net.parameters()).device
+    subset = torch.utils.data.Subset(dataset, [int(i) for i in indices])
+    per_batch = max(1, batch // n)  # examples per forward pass, each with (up to) batch noisy copies
+    loader = torch.utils.data.DataLoader(subset, batch_size=per_batch, shuffle=False, num_workers=workers)
+    counts, labels, num_classes = [], [], None
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        num_classes = num_classes or net(x[:1]).shape[1]
+        votes = sample_counts(net, x, sigma, n, batch, num_classes)  # (B, K)
+        counts.append(votes.gather(1, y.view(-1, 1)).squeeze(1).cpu())
+        labels.append(y.cpu())
+    net.train(was_training)
+    return torch.cat(counts), torch.cat(labels)
+
+
+def per_example_grad_norms(model, loss_fn, x, y, idx=None):
+    """l2 norm of the gradient of each example's own training loss w.r.t. the model parameters (Table 2).
+
+    loss_fn(model, x, y, idx) -> {'loss', ...}: any train_epoch loss, called on one example at a time (its
+    noise copies and attacks happen inside). The model is in eval mode, so BatchNorm uses its running
+    statistics and an example's gradient does not depend on the rest of its batch. x: (B, C, H, W);
+    y, idx: (B,). Returns a float64 tensor (B,) on CPU; the parameters' .grad fields are not touched.
+    """
+    net = unwrap(model)
+    was_training = net.training
+    net.eval()
+    params = [p for p in net.parameters() if p.requires_grad]
+    norms = []
+    try:
+        for i in range(len(x)):
+            out = loss_fn(net, x[i:i + 1], y[i:i + 1], None if idx is None else idx[i:i + 1])
+            grads = torch.autograd.grad(out["loss"], params, allow_unused=True)
+            norms.append(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)).item())
+    finally:
+        net.train(was_training)
+    return torch.tensor(norms, dtype=torch.float64)
+
+
+def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path):
+    """The gradient-norm mode of the training scripts (Table 2, Fig. 5): TSV `idx label pA grad_norm`.
+
+    Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the
+    training set without augmentation). pA: fraction of n noisy copies labelled correctly (count_correct).
+    grad_norm: per_example_grad_norms of loss_fn. Returns the rows as a dict of lists.
+    """
+    seed_everything(seed)
+    probe_idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:probe]
+    counts, labels = count_correct(model, dataset, probe_idx, sigma, n, batch)
+    device = next(unwrap(model).parameters()).device
+    xs = torch.stack([dataset[int(i)][0] for i in probe_idx]).to(device)
+    norms = per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
+    rows = {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
+            "grad_norm": norms.tolist()}
+    log = TSVLog(path, ("idx", "label", "pA", "grad_norm"))
+    for i in range(len(probe_idx)):
+        log.row(**{k: v[i] for k, v in rows.items()})
+    log.close()
+    return rows
