@@ -1,0 +1,124 @@
+"""Gaussian data augmentation with m noise copies (Cohen et al. 2019; the paper's baseline, §3 and §6).
+
+Usage: python train_gaussian.py --dataset digits --sigma 0.5 --epochs 5
+
+Every training image gets m independent draws delta_1..delta_m ~ N(0, sigma^2 I) and the loss is the mean
+cross-entropy of f(x + delta_i) (eq. 1 of the paper). As in every official RS script, a loader batch of 256
+images is cut into m chunks, each replicated m times, one SGD step per chunk (BASELINES.md 0.1), so each
+step sees 256 noisy inputs. m = 4 is the paper's CIFAR-10 baseline (§6); --m 1 is Cohen et al.'s original.
+NOTE: each epoch is one shuffled pass over the data; the paper's own Gaussian numbers come from its
+train.py with all parts off, which samples with replacement (`train_ours.py --no-discard --no-reweight
+--T 0` reproduces that).
+
+CIFAR-10 with the paper's schedule (150 epochs, lr 0.1, x0.1 every 50), writes runs/train_gaussian_cifar10_sigma0.5:
+    python train_gaussian.py --dataset cifar10 --data-dir ../shared/data/cifar10 --sigma 0.5
+Gradient norms of Table 2 (TSV idx label pA grad_norm, written beside the checkpoint):
+    python train_gaussian.py --gradnorm runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --probe 200
+"""
+import os
+import time
+
+import common
+
+
+def parse_args():
+    p = common.ArgumentParser(description=__doc__, formatter_class=common.argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="cifar10", choices=common.DATASETS, help="training data (default cifar10)")
+    p.add_argument("--data-dir", default=None, help="dataset folder (default $RS_DATA_DIR or ./data)")
+    p.add_argument("--arch", choices=common.ARCHS, help="base classifier f (default: cifar_resnet110 on "
+                   "cifar10, resnet50 on imagenet, digits_cnn on digits)")
+    p.add_argument("--sigma", type=float, help="std of the Gaussian noise (training: required)")
+    p.add_argument("--m", type=int, default=4, help="noise copies per image (paper: 4; Cohen et al.: 1)")
+    p.add_argument("--epochs", type=int, help="default: 150 cifar10, 90 imagenet, 20 digits")
+    p.add_argument("--batch", type=int, default=256, help="images per loader batch, split into m chunks")
+    p.add_argument("--lr", type=float, default=0.1, help="initial SGD learning rate")
+    p.add_argument("--lr_step", type=int, help="lr x0.1 every lr_step epochs (default 50 cifar10, 30 imagenet)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    p.add_argument("--weight_decay", type=float, default=1e-4, help="SGD weight decay")
+    p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
+    p.add_argument("--seed", type=int, default=0, help="seed of all randomness (a resumed run repeats it)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--outdir", help="run folder (default runs/train_gaussian_<dataset>_sigma<sigma>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --outdir from its checkpoint")
+    p.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E epochs")
+    p.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests, timing)")
+    p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT")
+    p.add_argument("--probe", type=int, default=1000, help="--gradnorm: training examples probed")
+    p.add_argument("--N", type=int, default=100, help="--gradnorm: noise samples for each probe's pA")
+    return p.parse_args()
+
+
+def settings(args):
+    """The run's settings: the flags, with the per-dataset defaults filled in, after checking them."""
+    common.check(args.sigma is not None, "--sigma is required (the paper uses 0.25, 0.5 and 1.0)")
+    common.check(args.sigma > 0, f"--sigma must be > 0, got {args.sigma}")
+    common.check(args.m >= 1, f"--m must be >= 1, got {args.m}")
+    s = dict(vars(args))
+    s["arch"] = args.arch or common.DEFAULT_ARCH[args.dataset]
+    s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[args.dataset]["epochs"]
+    s["lr_step"] = args.lr_step or common.SCHEDULE[args.dataset]["lr_step"]
+    s["outdir"] = args.outdir or f"runs/train_gaussian_{args.dataset}_sigma{args.sigma}"
+    common.check(s["epochs"] >= 0 and args.workers >= 0 and args.batch >= 1 and s["lr_step"] >= 1,
+                 "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")
+    return common.argparse.Namespace(**s)
+
+
+def gradnorm_mode(args):
+    """Table 2: gradient norm of the Gaussian loss of each probe example, with the example's pA."""
+    device = common.get_device(args.device)
+    model, ckpt = common.load_model(args.gradnorm, device=device)
+    sigma = args.sigma or ckpt.get("sigma")
+    common.check(sigma is not None and sigma > 0, "--gradnorm: the checkpoint names no sigma; pass --sigma > 0")
+    common.check(args.m >= 1 and args.probe >= 1 and args.N >= 1, "--m, --probe and --N must be >= 1")
+    dataset = ckpt.get("dataset") or args.dataset
+    train_set = common.get_dataset(dataset, "train", args.data_dir, train_transform=False)
+    path = os.path.join(common.make_outdir(args.outdir or os.path.dirname(os.path.abspath(args.gradnorm))),
+                        "gradnorm_gaussian.tsv")
+
+    def loss_fn(f, x, y, idx):
+        return common.gaussian_loss(f, x, y, sigma, args.m)
+
+    rows = common.measure_grad_norms(model, train_set, loss_fn, sigma, args.probe, args.N, args.seed, 256, path)
+    print(f"wrote {len(rows['idx'])} gradient norms to {path}")
+
+
+def main():
+    args = parse_args()
+    if args.gradnorm:
+        return gradnorm_mode(args)
+    args = settings(args)
+    device = common.setup_distributed(args.device)
+    train_set = common.get_dataset(args.dataset, "train", args.data_dir)
+    test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
+    model = common.get_architecture(args.arch, args.dataset).to(device)
+    optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
+    scheduler = common.make_scheduler(optimizer, args.lr_step)
+    first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir), args.resume,
+                                      expect={"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma})
+    model = common.wrap_model(model, device)
+    if common.is_main_process():
+        common.write_json(vars(args), os.path.join(args.outdir, "args.json"))
+        print(f"training {args.arch} on {args.dataset}, sigma {args.sigma}, m {args.m}; writing {args.outdir}")
+    log, run_start = common.open_train_log(args.outdir, first), time.time()
+
+    def loss_fn(f, x, y, idx):  # eq. 1: mean cross-entropy over m noisy copies
+        return common.gaussian_loss(f, x, y, args.sigma, args.m)
+
+    for epoch in range(first, args.epochs):
+        start = time.time()
+        common.seed_epoch(args.seed, epoch)
+        loader = common.make_train_loader(train_set, args.batch, args.workers, args.seed, epoch)
+        lr = optimizer.param_groups[0]["lr"]
+        row = common.train_epoch(model, loader, optimizer, loss_fn, args.m, device,
+                                 common.progress_line(f"epoch {epoch + 1}"), args.max_batches)
+        if common.is_main_process():
+            row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device))
+        scheduler.step()
+        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
+                                        save_every=args.save_every)
+        common.log_epoch(log, epoch, args.epochs, run_start, first,
+                         dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
+
+
+if __name__ == "__main__":
+    common.run(main)
