@@ -88,6 +88,7 @@ def main():
         return gradnorm_mode(args)
     args = settings(args)
     device = common.setup_distributed(args.device)
+    common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
     model = common.get_architecture(args.arch, args.dataset).to(device)

@@ -130,7 +130,8 @@ def check_settings(s):
                  "imagenet discards at epoch 0 (Table 7): pass --pA-checkpoint with a Gaussian-pretrained model")
     if s["reweight"] and s["weights"] == "code":
         common.check(code_weight_floor(s["N_weight"], s["alpha"], s["p_min"]) > 0,
-                     "--p_min too low: Phi^-1 of its lower bound must be > 0 for the code's weights")
+                     f"--N_weight {s['N_weight']} with --p_min {s['p_min']}: the lower bound of pA at the floor "
+                     f"is below 1/2, so the code's weights are not positive; raise --p_min or --N_weight")
 
 
 def ours_loss(model, x, y, sigma, m, T, eps, attack):
@@ -212,6 +213,7 @@ def main():
         return gradnorm_mode(args)
     args = settings(args, args.sigma, args.dataset)
     device = common.setup_distributed(args.device)
+    common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
     model = common.get_architecture(args.arch, args.dataset).to(device)
