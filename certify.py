@@ -1,0 +1,381 @@
+"""CERTIFY and PREDICT of Cohen et al. (2019) over a dataset split, one Cohen-format TSV line each (App. C.2).
+
+The paper certifies with N0 = 100, N = 100,000 and alpha = 0.001 (the defaults here) on all 10,000 CIFAR-10
+test images. The noise of example idx comes from common.example_generator(seed, idx), so a rerun, a resumed
+run, a subset (--skip/--max) and a torchrun shard write the same line for the same example (given the same
+--batch and device, which decide how the draws are chunked).
+
+Output (tab-separated, one flushed line per example; `predict` is -1 on abstention):
+  CERTIFY:   idx label predict radius correct time nA N   (nA: votes for the selected class among the N draws)
+  --predict: idx label predict correct time nA N          (nA: votes for the top class; no radius)
+The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line.
+
+Usage (after `python train_gaussian.py --dataset digits --sigma 0.5 --epochs 5`; about a minute on a CPU):
+    python certify.py --checkpoint runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --N 1000
+Several processes (`--` keeps torchrun from reading --max as its own --max-restarts):
+    torchrun --nproc_per_node 2 certify.py -- --checkpoint CKPT --max 100
+"""
+import argparse
+import datetime
+import glob
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+import torch
+from scipy.stats import binomtest
+
+import common
+
+CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N")
+PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N")
+# Settings that change what a line means: a resumed file must have been written with the same ones.
+CHECKED_SETTINGS = ("mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N", "alpha", "seed",
+                    "skip")
+# Settings that change the random draws but not their distribution: a change is only worth a note.
+NOTED_SETTINGS = ("batch", "device_type")
+
+
+def parse_args(argv=None):
+    p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", choices=common.DATASETS, help="default: the checkpoint's 'dataset' entry")
+    p.add_argument("--data-dir", default=None, help="dataset folder (default: $RS_DATA_DIR or ./data)")
+    p.add_argument("--split", default="test", choices=("train", "test"), help="which split to certify")
+    p.add_argument("--checkpoint", required=True, help="base classifier f: {'arch', 'state_dict', ...}")
+    p.add_argument("--arch", choices=common.ARCHS, help="override the checkpoint's architecture name")
+    p.add_argument("--sigma", type=float, help="noise level of the smoothed classifier g; default: the "
+                                               "checkpoint's 'sigma' (required for checkpoints without it)")
+    p.add_argument("--outfile", help="TSV to write (default: runs/certify/<checkpoint>_sigma<S>.tsv)")
+    p.add_argument("--N0", type=int, default=100, help="noise samples used to select the top class cA")
+    p.add_argument("--N", type=int, default=100_000, help="noise samples used to lower-bound pA")
+    p.add_argument("--alpha", type=float, default=0.001, help="failure probability of CERTIFY / PREDICT")
+    p.add_argument("--batch", type=int, default=1000, help="noisy inputs per forward pass")
+    p.add_argument("--skip", type=int, default=1, help="certify every skip-th example (idx %% skip == 0)")
+    p.add_argument("--max", type=int, default=None, help="certify at most this many examples")
+    p.add_argument("--seed", type=int, default=0, help="noise of example idx is drawn from seed (seed, idx)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--predict", action="store_true", help="run PREDICT (no radius) instead of CERTIFY")
+    p.add_argument("--overwrite", action="store_true", help="start again instead of resuming an existing outfile")
+    argv = sys.argv[1:] if argv is None else argv
+    return p.parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `torchrun certify.py -- ...` may pass the --
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CERTIFY and PREDICT on one input (Cohen et al. 2019, Alg. "certify" and "predict")
+# ----------------------------------------------------------------------------------------------------------
+
+def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator):
+    """CERTIFY of Cohen et al.: pick cA on N0 noisy copies, lower-bound pA on N fresh ones.
+
+    x: one input (C, H, W) in [0, 1] on the model's device; generator: a torch.Generator on that device (the
+    selection draws come first, then the estimation draws). With probability >= 1 - alpha, a returned radius
+    is a true l2 robustness radius of the smoothed classifier at x. Returns a dict: predict (cA, or -1 when
+    the lower bound on pA is below 1/2: abstain), radius (sigma * Phi^-1(pA_lower), 0.0 on abstention),
+    nA (votes for cA among the N estimation draws) and N.
+    """
+    counts0 = common.sample_counts(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator)[0]
+    cA = int(counts0.argmax())  # first class on ties, as numpy's argmax in Cohen's code
+    counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0]
+    nA = int(counts[cA])
+    pA_lower = common.clopper_pearson_lower(nA, N, alpha)
+    if pA_lower < 0.5:
+        return {"predict": -1, "radius": 0.0, "nA": nA, "N": N}
+    return {"predict": cA, "radius": float(common.certified_radius(pA_lower, sigma)), "nA": nA, "N": N}
+
+
+def predict(model, x, sigma, N, alpha, batch, num_classes, generator):
+    """PREDICT of Cohen et al.: the top class of N noisy copies, unless a two-sided binomial test cannot tell it
+    from the runner-up at level alpha (then abstain: -1). x: (C, H, W). Returns a dict: predict, nA (votes for
+    the top class), N and the test's pvalue. The smoothed classifier's answer is wrong w.p. at most alpha.
+    """
+    counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0]
+    counts = counts.cpu().numpy()
+    order = np.argsort(-counts, kind="stable")  # ties: the lower class first
+    nA = int(counts[order[0]])
+    nB = int(counts[order[1]]) if len(order) > 1 else 0
+    pvalue = binomtest(nA, nA + nB, 0.5).pvalue
+    return {"predict": int(order[0]) if pvalue <= alpha else -1, "nA": nA, "N": N, "pvalue": pvalue}
+
+
+def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, seed, use_predict):
+    """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline)."""
+    generator = common.example_generator(seed, idx, x.device)
+    start = time.time()
+    if use_predict:
+        out = predict(model, x, sigma, N, alpha, batch, num_classes, generator)
+    else:
+        out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator)
+    elapsed = str(datetime.timedelta(seconds=time.time() - start))
+    correct = int(out["predict"] == label)
+    if use_predict:
+        cells = [idx, label, out["predict"], correct, elapsed, out["nA"], out["N"]]
+    else:
+        cells = [idx, label, out["predict"], f"{out['radius']:.6}", correct, elapsed, out["nA"], out["N"]]
+    return "\t".join(str(c) for c in cells)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Output files: resume, settings sidecar, torchrun parts and their merge
+# ----------------------------------------------------------------------------------------------------------
+
+def part_files(outfile):
+    """The per-rank files `<outfile>.rank<r>` that exist now (any world size), sorted by rank."""
+    parts = [p for p in glob.glob(glob.escape(outfile) + ".rank*") if re.search(r"\.rank\d+$", p)]
+    return sorted(parts, key=lambda p: int(p.rsplit(".rank", 1)[1]))
+
+
+def read_rows(path, columns):
+    """The complete data lines of a TSV we wrote, and the byte length of that valid prefix.
+
+    A last line without its newline or with the wrong field count is torn (cut off by a kill): it is left out.
+    A file without any complete line counts as empty. A wrong header or a malformed earlier line is a UserError.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise common.UserError(f"cannot read {path!r} ({type(e).__name__}); "
+                               f"pass --overwrite to replace it") from None
+    lines = text.split("\n")[:-1]  # the piece after the last newline is torn (or empty)
+    if not lines:
+        return [], 0
+    check_header(path, lines[0], columns)
+    rows = lines[1:]
+    if rows and len(rows[-1].split("\t")) != len(columns):
+        rows = rows[:-1]
+    for k, row in enumerate(rows):
+        cells = row.split("\t")
+        common.check(len(cells) == len(columns) and cells[0].isdigit(),
+                     f"{path!r} line {k + 2} is malformed; repair it, pass --overwrite, "
+                     f"or choose another --outfile")
+    return rows, len("".join(line + "\n" for line in [lines[0]] + rows).encode("utf-8"))
+
+
+def check_header(path, header, columns):
+    common.check(header == "\t".join(columns),
+                 f"{path!r} has header {header[:60]!r}, not {' '.join(columns)!r} (another format or --predict "
+                 f"setting); pass --overwrite to replace it or choose another --outfile")
+
+
+def check_resumable(outfile, settings, columns):
+    """Read-only: refuse an existing outfile (or part) written with other settings, or one we cannot parse."""
+    existing = [p for p in [outfile] + part_files(outfile) if os.path.exists(p)]
+    if not existing:
+        return
+    sidecar = outfile + ".json"
+    common.check(os.path.isfile(sidecar), f"{outfile!r} exists but its settings file {sidecar!r} does not; "
+                                          f"pass --overwrite to replace it or choose another --outfile")
+    try:
+        with open(sidecar) as f:
+            old = json.load(f)
+    except (OSError, ValueError) as e:
+        raise common.UserError(f"cannot read settings file {sidecar!r} ({type(e).__name__}); "
+                               f"pass --overwrite to start again") from None
+    diff = [f"{k} {old.get(k)!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if old.get(k) != settings[k]]
+    common.check(not diff, f"{outfile!r} was written with other settings ({'; '.join(diff)}); rerun with the "
+                           f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
+    for path in existing:
+        read_rows(path, columns)
+    for k in NOTED_SETTINGS:
+        if old.get(k) != settings[k]:
+            sys.stderr.write(f"note: resuming with {k} {settings[k]!r} (was {old.get(k)!r}): new lines are valid "
+                             f"but draw other noise than an uninterrupted run would\n")
+
+
+def prepare_outputs(outfile, settings, columns, overwrite):
+    """Single writer (rank 0): start or resume the outfile; returns the set of idx already done in any file.
+
+    --overwrite removes the outfile, its parts and sidecar. Otherwise torn last lines are cut off. The
+    sidecar is written before the TSV, so a TSV without one was not written by us.
+    """
+    paths = [outfile] + part_files(outfile)
+    if overwrite:
+        for path in paths + [outfile + ".json"]:
+            if os.path.exists(path):
+                os.remove(path)
+    done = set()
+    for path in paths:
+        if os.path.exists(path):
+            rows, keep = read_rows(path, columns)
+            os.truncate(path, keep)
+            done.update(int(row.split("\t", 1)[0]) for row in rows)
+    write_json_atomic(settings, outfile + ".json")
+    open_tsv(outfile, columns).close()
+    return done
+
+
+def write_json_atomic(obj, path):
+    tmp = f"{path}.tmp{os.getpid()}"
+    common.write_json(obj, tmp)
+    os.replace(tmp, path)
+
+
+def open_tsv(path, columns):
+    """Open a TSV for appending; a new or empty file gets the header first."""
+    f = open(path, "a", encoding="utf-8")
+    if f.tell() == 0:
+        print("\t".join(columns), file=f, flush=True)
+    return f
+
+
+def merge_parts(outfile, columns):
+    """Merge `<outfile>.rank*` into the outfile, one line per idx in idx order, then remove the parts.
+
+    The merged file replaces the outfile atomically, and parts are removed only afterwards: a crash at any
+    point loses no line (a rerun sees duplicates, which are merged away). Returns the number of data lines.
+    """
+    parts = part_files(outfile)
+    if not parts:
+        return None
+    rows = {}
+    for path in [outfile] + parts:
+        if os.path.exists(path):
+            for row in read_rows(path, columns)[0]:
+                rows.setdefault(int(row.split("\t", 1)[0]), row)
+    tmp = f"{outfile}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in ["\t".join(columns)] + [rows[i] for i in sorted(rows)]))
+    os.replace(tmp, outfile)
+    for path in parts:
+        os.remove(path)
+    return len(rows)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Set-up: arguments, model, data, settings
+# ----------------------------------------------------------------------------------------------------------
+
+def check_args(args):
+    """Bad flag values: one line naming the problem and the fix (exit 2 through common.run)."""
+    common.check(args.sigma is None or args.sigma > 0, f"--sigma must be > 0 (got {args.sigma})")
+    common.check(args.N0 >= 1 and args.N >= 1, f"--N0 and --N must be >= 1 (got N0={args.N0}, N={args.N})")
+    common.check(args.predict or args.N0 <= args.N,
+                 f"--N0 ({args.N0}) > --N ({args.N}): N0 only picks the class, N bounds pA; swap them?")
+    common.check(0 < args.alpha < 1, f"--alpha must lie in (0, 1) (got {args.alpha}); the paper uses 0.001")
+    common.check(args.skip >= 1, f"--skip must be >= 1 (got {args.skip}); 1 certifies every example")
+    common.check(args.max is None or args.max >= 1, f"--max must be >= 1 (got {args.max}); omit it for all")
+    common.check(args.batch >= 1, f"--batch must be >= 1 (got {args.batch})")
+    common.check(args.seed >= 0, f"--seed must be >= 0 (got {args.seed})")
+
+
+def default_outfile(checkpoint, sigma, split, use_predict):
+    """runs/certify/<checkpoint stem>_sigma<S>.tsv; a generic file name (checkpoint.pth.tar) takes its folder's."""
+    name = os.path.basename(checkpoint)
+    while os.path.splitext(name)[1] in (".tar", ".pth", ".pt", ".ckpt"):
+        name = os.path.splitext(name)[0]
+    if name in ("checkpoint", "model_best", "model", ""):
+        name = os.path.basename(os.path.dirname(os.path.abspath(checkpoint))) or name
+    suffix = "" if split == "test" else f"_{split}"
+    return os.path.join("runs", "predict" if use_predict else "certify", f"{name}_sigma{sigma:g}{suffix}.tsv")
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def select_examples(n, skip, max_count, done):
+    """Indices idx % skip == 0, the first max_count of them, minus those already done (in idx order)."""
+    selected = list(range(0, n, skip))[:max_count]
+    return [i for i in selected if i not in done]
+
+
+def distributed_setup(device_name):
+    """Under torchrun: (rank, world size, device name for this rank); gloo carries the barrier only."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, device_name
+    import torch.distributed as dist
+    # A long timeout: after a resume one rank may wait for another for hours at the final barrier.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(days=7))
+    if torch.cuda.is_available() and device_name in (None, "cuda"):
+        device_name = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    return dist.get_rank(), world, device_name
+
+
+class Progress:
+    """A progress line on stderr at most every `every` seconds: done/total, examples/s and ETA."""
+
+    def __init__(self, total, every=5.0, prefix=""):
+        self.total, self.every, self.prefix, self.start, self.last = total, every, prefix, time.time(), 0.0
+
+    def update(self, done):
+        if time.time() - self.last >= self.every or done == self.total:
+            self.last = time.time()
+            eta = common.format_eta(done, self.total, self.start)
+            sys.stderr.write(f"{self.prefix}{done}/{self.total} examples, {eta}\n")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    args = parse_args(argv)
+    check_args(args)
+    rank, world, device_name = distributed_setup(args.device)
+    device = common.get_device(device_name)
+    model, ckpt = common.load_model(args.checkpoint, args.dataset, args.arch, device)
+    dataset_name = args.dataset or ckpt.get("dataset")
+    common.check(dataset_name is not None, f"checkpoint {args.checkpoint!r} names no dataset; pass --dataset")
+    sigma = args.sigma if args.sigma is not None else ckpt.get("sigma")
+    common.check(sigma is not None, f"checkpoint {args.checkpoint!r} stores no sigma; pass --sigma")
+    common.check(isinstance(sigma, (int, float)) and sigma > 0,
+                 f"sigma must be a number > 0 (the checkpoint stores {sigma!r}); pass --sigma")
+    sigma = float(sigma)
+    dataset = common.get_dataset(dataset_name, args.split, args.data_dir, train_transform=False)
+    columns = PREDICT_COLUMNS if args.predict else CERTIFY_COLUMNS
+    outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict)
+    settings = {"mode": "predict" if args.predict else "certify", "dataset": dataset_name, "split": args.split,
+                "checkpoint": os.path.abspath(args.checkpoint), "checkpoint_sha256": file_sha256(args.checkpoint),
+                "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
+                "N0": None if args.predict else args.N0,  # PREDICT has no selection step
+                "seed": args.seed, "skip": args.skip, "batch": args.batch, "device_type": device.type,
+                "columns": list(columns)}
+    common.check(not os.path.isdir(outfile), f"--outfile {outfile!r} is a folder; name a .tsv file")
+    if not args.overwrite:
+        check_resumable(outfile, settings, columns)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
+    except OSError as e:
+        raise common.UserError(f"cannot create the folder of {outfile!r} ({e.strerror}); pass another --outfile")
+
+    todo = [None]
+    if rank == 0:
+        done = prepare_outputs(outfile, settings, columns, args.overwrite)
+        todo = [select_examples(len(dataset), args.skip, args.max, done)]
+        print(f"{'predict' if args.predict else 'certify'}: {len(todo[0])} examples to go "
+              f"({len(done)} already in the files) -> {outfile}", flush=True)
+    if world > 1:
+        torch.distributed.broadcast_object_list(todo, src=0)  # every rank works on the same list
+    mine = todo[0][rank::world]
+    path = outfile if world == 1 else f"{outfile}.rank{rank}"
+
+    progress = Progress(len(mine), prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
+    num_classes = common.NUM_CLASSES[dataset_name]
+    with open_tsv(path, columns) as out:
+        for k, idx in enumerate(mine):
+            x, label = dataset[idx]
+            line = example_line(model, x.to(device), int(label), idx, sigma, args.N0, args.N, args.alpha,
+                                args.batch, num_classes, args.seed, args.predict)
+            print(line, file=out, flush=True)
+            if progress is not None:
+                progress.update(k + 1)
+
+    if world > 1:
+        torch.distributed.barrier()
+    if rank == 0:
+        merge_parts(outfile, columns)
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    common.run(main)
