@@ -1,0 +1,979 @@
+"""Evaluate certification logs: ACR, certified accuracy, best-over-sigma, the ECDF of pA, budgets (§4, §7, App. B).
+
+Reads Cohen-format TSVs only (`idx label predict radius correct time`, ours add `nA N`), never checkpoints:
+the logs this repository's certify.py writes and those other projects publish. Subcommands:
+
+  table     ACR and certified accuracy at radii, one row per log, grouped by sigma (Tables 3, 4; Fig. 6)
+  envelope  best certified accuracy across sigma at each radius, per method, and which log gives it (§7)
+  ecdf      P(pA >= p) for p in [0.5, 1] and which model dominates which (Figs. 3, 7, 9, 11; App. B.2, B.3)
+  budget    expected certified accuracy under another budget --N --alpha, from the ECDF (Fig. 8; App. B.1)
+  theory    the trivial classifier of Theorem 1 against a pA = 0.9 classifier, and Figure 2 (§4.1, §4.2)
+  gradnorm  gradient norm of easy (pA > 0.5) and hard (pA < 0.5) examples (Table 2, Fig. 5)
+  ablation  Table 5 from logs labelled by the parts of our method that were on
+  paper     all of the above that the paper's published logs allow (the list sits at the bottom of this file)
+
+Markdown goes to stdout; --out DIR also writes .md/.tex/.tsv files and figures (PNG + PDF).
+
+Usage: python analyze.py theory --out figures
+       python analyze.py table runs/certify/*.tsv --radii 0 0.25 0.5 0.75 1
+       python analyze.py paper --root ../shared/reference/acr-weakness --out figures
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+from scipy.stats import binom
+
+import common
+
+PAPER_N, PAPER_ALPHA = 100_000, 0.001               # the certification budget of every table in the paper
+COHEN_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")
+GRADNORM_COLUMNS = ("idx", "label", "pA", "grad_norm")
+DEFAULT_RADII = [0.25 * i for i in range(11)]       # Table 3: 0.00, 0.25, ..., 2.50
+# The p grid of the published ECDF files, float noise included: a few points lie one ulp above p = k / 1000
+# (0.5640000000000001, ...), where P(pA >= p) leaves out the examples with pA exactly k / 1000.
+ECDF_GRID = np.linspace(0.5, 1.0, 501)
+SUMMARY_P = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0]
+PARTS = ("discard", "weight", "attack")             # Table 5: §5.1, §5.2, §5.3
+
+
+def parse_args(argv=None):
+    p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=common.ArgumentParser)
+
+    def logs_command(name, help_text, logs_help="certification TSVs (Cohen's columns, optionally nA N)"):
+        s = sub.add_parser(name, help=help_text, description=help_text)
+        s.add_argument("logs", nargs="+", help=logs_help)
+        s.add_argument("--labels", nargs="+", help="one label per log (default: from the path, e.g. "
+                                                   "certify/cifar10/ours/noise_0.5.tsv -> ours)")
+        s.add_argument("--sigmas", nargs="+", type=float, help="one sigma per log (default: from the path, "
+                                                                "e.g. noise_0.25 or sigma0.5, else <log>.json)")
+        s.add_argument("--out", help="folder for .md/.tex/.tsv files and PNG + PDF figures")
+        return s
+
+    s = logs_command("table", "ACR and certified accuracy at radii, grouped by sigma (Tables 3, 4)")
+    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="radii (default 0 to 2.5 step 0.25)")
+    s.add_argument("--format", choices=("markdown", "latex", "tsv"), default="markdown", help="what stdout gets")
+    s.add_argument("--baseline", default="gaussian", help="label of the row that LaTeX greys against")
+
+    s = logs_command("envelope", "best certified accuracy across sigma at each radius, per label (§7)")
+    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="radii (default 0 to 2.5 step 0.25)")
+
+    s = logs_command("ecdf", "empirical distribution P(pA >= p), p in [0.5, 1], and dominance (App. B.2, B.3)")
+    s.add_argument("--N", type=int, help=f"certification N of logs without nA/N columns or sidecar "
+                                         f"(default {PAPER_N})")
+    s.add_argument("--alpha", type=float, help=f"certification alpha of logs without sidecar (default {PAPER_ALPHA})")
+    s.add_argument("--pmax", type=float, default=0.99, help="compare models on p in [0.5, pmax] (default 0.99: "
+                                                            "where the paper's App. B.3 statements hold)")
+
+    s = logs_command("budget", "expected certified accuracy under another budget --N --alpha (App. B.1)",
+                     logs_help="certification TSVs, or ECDF files with columns `x y` (as published)")
+    s.add_argument("--N", type=int, required=True, help="the new certification budget N")
+    s.add_argument("--alpha", type=float, required=True, help="the new failure probability alpha")
+    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="radii of the Markdown table")
+    s.add_argument("--log-N", type=int, help=f"N the logs were certified with, if they do not say "
+                                             f"(default {PAPER_N})")
+    s.add_argument("--log-alpha", type=float, help=f"alpha the logs were certified with, if they do not say "
+                                                   f"(default {PAPER_ALPHA})")
+
+    s = sub.add_parser("theory", help="Theorem 1's toy example and Figure 2 in numbers (§4.1, §4.2)")
+    s.add_argument("--N", type=int, default=PAPER_N, help="budget of Figure 2 (the toy example scans N)")
+    s.add_argument("--alpha", type=float, default=PAPER_ALPHA, help="alpha of both")
+    s.add_argument("--sigma", type=float, default=1.0, help="sigma of both")
+    s.add_argument("--pA", type=float, default=0.9, help="pA of the non-trivial classifier on every input")
+    s.add_argument("--Nmax", type=int, default=1000, help="the toy example scans N = 1 .. Nmax for order flips")
+    s.add_argument("--out", help="folder for theory.md/.tsv and the figures")
+
+    s = logs_command("gradnorm", "mean gradient norm of easy and hard examples (Table 2) and histograms (Fig. 5)",
+                     logs_help="gradient-norm TSVs (columns idx label pA grad_norm) of the training scripts")
+
+    s = logs_command("ablation", "Table 5: ACR and certified accuracy of logs labelled by the parts that were on")
+    s.add_argument("--parts", nargs="+", required=True,
+                   help="one per log: 'none' (Gaussian) or parts joined by '+', e.g. discard+weight+attack")
+    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="radii (default 0 to 2.5 step 0.25)")
+    s.add_argument("--format", choices=("markdown", "latex", "tsv"), default="markdown", help="what stdout gets")
+
+    s = sub.add_parser("paper", help="every table and figure the paper's published logs allow")
+    s.add_argument("--root", required=True, help="folder with certify/<dataset>/<method>/noise_<sigma>.tsv "
+                                                 "(the paper repository's data folder)")
+    s.add_argument("--out", help="folder for the tables and figures")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading TSVs: one clear line for a missing file, a foreign header or a malformed line
+# ----------------------------------------------------------------------------------------------------------
+
+def read_columns(path, required, numeric):
+    """Read a tab-separated file with a header into {column: list of str, or np.array for `numeric` ones}.
+
+    `required` columns must be in the header. A line with the wrong number of fields or a non-numeric value
+    in a numeric column is a UserError naming the file and line. Blank lines are skipped; '_line' holds the
+    line number of every row (the header is line 1).
+    """
+    lines = read_lines(path)
+    common.check(lines and lines[0].strip(), f"{path}: empty file (expected a header {' '.join(required)})")
+    sep = "\t" if "\t" in lines[0] else None                  # Cohen's logs are tab-separated
+    header = [h.strip() for h in lines[0].split(sep)]
+    missing = [c for c in required if c not in header]
+    common.check(not missing, f"{path}: not the expected format: header lacks {' '.join(missing)} "
+                              f"(expected columns {' '.join(required)})")
+    cols, numbers = {h: [] for h in header}, []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        cells = line.split(sep)
+        common.check(len(cells) == len(header), f"{path} line {number}: {len(cells)} fields, the header has "
+                                                 f"{len(header)}")
+        for h, cell in zip(header, cells):
+            cols[h].append(cell.strip())
+        numbers.append(number)
+    for h in numeric:
+        if h in cols:
+            cols[h] = to_numbers(path, h, cols[h], numbers)
+    cols["_line"] = np.array(numbers, dtype=np.int64)
+    return cols
+
+
+def read_lines(path):
+    """The lines of a text file; a missing or unreadable one is a UserError."""
+    common.check(os.path.isfile(path), f"{path}: file not found")
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()
+    except OSError as e:
+        raise common.UserError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def to_numbers(path, column, cells, line_numbers):
+    """Column cells as a float array; the first non-number is a UserError with its line number."""
+    try:
+        return np.array(cells, dtype=float)
+    except ValueError:
+        for number, cell in zip(line_numbers, cells):
+            try:
+                float(cell)
+            except ValueError:
+                raise common.UserError(f"{path} line {number}: {column} {cell!r} is not a number") from None
+        raise
+
+
+def read_log(path):
+    """A Cohen-format certification log: {'radius', 'correct'} arrays, plus 'nA' and 'N' when present."""
+    cols = read_columns(path, COHEN_COLUMNS, ("radius", "correct", "nA", "N"))
+    common.check(len(cols["radius"]) > 0, f"{path}: no examples (only a header)")
+    check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
+    check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
+    log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool)}
+    for name in ("nA", "N"):
+        if name in cols:
+            check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])),
+                       f"{name} must be a count (an integer >= 0)")
+            log[name] = cols[name].astype(np.int64)
+    if "nA" in log:
+        common.check("N" in log, f"{path}: has an nA column but no N column")
+        check_rows(cols, path, (log["nA"] <= log["N"]) & (log["N"] >= 1), "need 0 <= nA <= N and N >= 1")
+    return log
+
+
+def check_rows(cols, path, ok, what):
+    """UserError naming the line of the first row where `ok` (a boolean array over rows) is False."""
+    bad = np.flatnonzero(~ok)
+    common.check(len(bad) == 0, f"{path} line {cols['_line'][bad[0]] if len(bad) else 0}: {what}")
+
+
+def read_sidecar(path):
+    """The settings certify.py writes beside a log (`<log>.json`, or `<stem>.json`); {} when there is none."""
+    for candidate in (path + ".json", os.path.splitext(path)[0] + ".json"):
+        if os.path.isfile(candidate):
+            try:
+                with open(candidate) as f:
+                    settings = json.load(f)
+            except (OSError, ValueError) as e:
+                raise common.UserError(f"{candidate}: cannot read settings ({type(e).__name__})") from None
+            common.check(isinstance(settings, dict), f"{candidate}: expected a JSON object")
+            return settings
+    return {}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Labels, sigma, N and alpha of a log
+# ----------------------------------------------------------------------------------------------------------
+
+SIGMA_PATTERNS = (r"(?:noise|sigma)[_=-]?(\d+(?:\.\d+)?)",    # noise_0.25, sigma0.5, sigma=1.0
+                  r"_(\d+\.\d+)(?=\.(?:csv|tsv)$)")          # catrs_0.25.csv (the published ECDF files)
+GENERIC_STEMS = ("", "noise", "sigma", "certify", "log", "results")
+
+
+def sigma_from_path(path):
+    """sigma written in the file name, else in its folders (innermost first); None if nowhere."""
+    parts = os.path.normpath(path).split(os.sep)[::-1]
+    for part in parts:
+        for pattern in SIGMA_PATTERNS:
+            m = re.search(pattern, part)
+            if m:
+                return float(m.group(1))
+    return None
+
+
+def label_from_path(path):
+    """certify/cifar10/ours/noise_0.5.tsv -> ours; runs/certify/train_ours_cifar10_sigma0.5.tsv -> train_ours_cifar10;
+    our own output files lose their prefix (ecdf_ours_0.5.tsv -> ours, gradnorm_ours_attack.tsv -> ours_attack)."""
+    def strip_sigma(name):
+        for pattern in SIGMA_PATTERNS:
+            name = re.sub(pattern, "", name)
+        return re.sub(r"\.(tsv|csv|txt)$", "", name).strip("_-. ")
+    stem = re.sub(r"\.(tsv|csv|txt)$", "", os.path.basename(path))
+    label = re.sub(r"^(ecdf|gradnorm)_", "", strip_sigma(os.path.basename(path)))
+    if label.lower() in GENERIC_STEMS:
+        label = strip_sigma(os.path.basename(os.path.dirname(os.path.abspath(path))))
+    return label or stem
+
+
+def per_log(values, logs, flag):
+    """A --labels/--sigmas list must give one value per log."""
+    common.check(values is None or len(values) == len(logs),
+                 f"{flag} got {len(values or [])} values for {len(logs)} logs; give one per log")
+    return values or [None] * len(logs)
+
+
+def load_logs(paths, labels=None, sigmas=None, reader=read_log):
+    """Read every log first (bad input fails before anything is written); attach label, sigma and sidecar."""
+    labels, sigmas = per_log(labels, paths, "--labels"), per_log(sigmas, paths, "--sigmas")
+    logs = []
+    for path, label, sigma in zip(paths, labels, sigmas):
+        log = reader(path)
+        log["sidecar"] = read_sidecar(path)
+        log["label"] = label or label_from_path(path)
+        if sigma is None:
+            sigma = sigma_from_path(path)
+        if sigma is None:
+            sigma = log["sidecar"].get("sigma")
+        common.check(sigma is None or (isinstance(sigma, (int, float)) and sigma > 0),
+                     f"{path}: sigma must be > 0 (got {sigma})")
+        log["sigma"] = None if sigma is None else float(sigma)
+        logs.append(log)
+    return logs
+
+
+def need_sigma(log):
+    """sigma of a log where a conversion needs it; a UserError saying how to give it otherwise."""
+    common.check(log["sigma"] is not None, f"{log['path']}: sigma unknown (not in the path nor in a <log>.json); "
+                                           f"pass --sigmas")
+    return log["sigma"]
+
+
+def log_budget(log, N_flag, alpha_flag):
+    """(N, alpha) a log was certified with: its N column / sidecar, else the flags, else the paper's.
+
+    A flag that contradicts the log, or an N column with several values, is a UserError: converting radii
+    needs the one budget the log was certified with.
+    """
+    path, side = log["path"], log["sidecar"]
+    N = side.get("N")
+    if "N" in log:
+        values = np.unique(log["N"])
+        common.check(len(values) == 1, f"{path}: N varies between lines ({values[0]} .. {values[-1]}); "
+                                       f"converting radii needs one N")
+        common.check(N is None or int(N) == values[0], f"{path}: N column says {values[0]}, sidecar says {N}")
+        N = int(values[0])
+    alpha = side.get("alpha")
+    for name, own, flag in (("N", N, N_flag), ("alpha", alpha, alpha_flag)):
+        common.check(own is None or flag is None or float(own) == float(flag),
+                     f"{path}: the log was certified with {name} = {own}, but --{name} {flag} was given")
+    N = int(N if N is not None else N_flag if N_flag is not None else PAPER_N)
+    alpha = float(alpha if alpha is not None else alpha_flag if alpha_flag is not None else PAPER_ALPHA)
+    common.check(N >= 1 and 0 < alpha < 1, f"{path}: need N >= 1 and 0 < alpha < 1 (got N = {N}, alpha = {alpha})")
+    return N, alpha
+
+
+# ----------------------------------------------------------------------------------------------------------
+# ACR and certified accuracy (§3, Tables 3-5)
+# ----------------------------------------------------------------------------------------------------------
+
+def acr(radius, correct):
+    """Average certified radius: the mean over all examples of radius * 1[correct] (abstentions count 0)."""
+    return float(np.mean(np.where(correct, radius, 0.0)))
+
+
+def certified_accuracy(radius, correct, radii):
+    """Share of examples with correct = 1 and radius >= r, for each r in radii (an array like radii)."""
+    radius = np.where(correct, radius, -np.inf)
+    return np.array([np.mean(radius >= r) for r in radii])
+
+
+def fine_radii(logs):
+    """A radius grid up to the largest radius of the logs, for curves."""
+    top = max(float(np.max(np.where(log["correct"], log["radius"], 0.0))) for log in logs)
+    return np.linspace(0.0, max(top, 1e-3) * 1.02, 400)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The ECDF of pA and budgets (App. B): pA is the empirical share nA / N, not its lower bound
+# ----------------------------------------------------------------------------------------------------------
+
+def radius_of_count(nA, N, alpha, sigma):
+    """The radius CERTIFY gives when the top class gets nA of N votes: sigma * Phi^-1(CP_lower(nA, N, alpha))."""
+    return common.certified_radius(common.clopper_pearson_lower(nA, N, alpha), sigma)
+
+
+def min_count(radius, N, alpha, sigma):
+    """App. B.1: the smallest count nA (of N) whose certified radius is >= radius; N + 1 where none is.
+
+    Bisection on nA: the radius grows with nA. Elementwise on arrays (evaluated once per distinct radius).
+    """
+    values, inverse = np.unique(np.asarray(radius, dtype=float), return_inverse=True)
+    lo = np.zeros(len(values), dtype=np.int64)
+    hi = np.full(len(values), N + 1, dtype=np.int64)        # the answer lies in [lo, hi]; N + 1: never
+    while np.any(lo < hi):
+        mid = (lo + hi) // 2                                 # <= N while lo < hi
+        ok = radius_of_count(np.minimum(mid, N), N, alpha, sigma) >= values
+        lo, hi = np.where(ok | (lo >= hi), lo, mid + 1), np.where(ok & (lo < hi), mid, hi)
+    return lo[inverse].reshape(np.shape(radius))
+
+
+def min_pA(radius, N, alpha, sigma):
+    """App. B.1: the smallest pA = nA / N that certifies `radius` under (N, alpha); inf if none does."""
+    k = min_count(radius, N, alpha, sigma)
+    return np.where(k <= N, k / N, np.inf)
+
+
+def row_pA(log, sigma, N, alpha):
+    """pA of each row for the ECDF: nA / N from the counts, else the smallest pA certifying its radius (App.
+    B.2, as the published ECDF files were computed). Rows not certified correct get -inf (never counted)."""
+    if "nA" in log:
+        pA = log["nA"] / log["N"]
+    else:
+        pA = np.minimum(min_count(log["radius"], N, alpha, sigma), N) / N   # rounding can exceed the max radius
+    return np.where(log["correct"], pA, -np.inf)
+
+
+def ecdf(pA, ps):
+    """P(pA >= p) for each p: the share of all rows whose pA is at least p (rows with -inf never count)."""
+    ordered = np.sort(pA)
+    return (len(ordered) - np.searchsorted(ordered, ps, side="left")) / len(ordered)
+
+
+def ecdf_lookup(grid_p, grid_y, ps):
+    """P(pA >= p) from a tabulated ECDF: the value at the smallest grid point >= p (exact on the grid, a lower
+    bound between grid points); 0 beyond the grid."""
+    i = np.searchsorted(grid_p, ps, side="left")
+    return np.where(i < len(grid_p), np.asarray(grid_y)[np.minimum(i, len(grid_p) - 1)], 0.0)
+
+
+def budget_accuracy(ecdf_at, radii, N, alpha, sigma):
+    """App. B.1: expected certified accuracy at each radius under (N, alpha) = P(pA >= smallest certifying pA)."""
+    p_needed = min_pA(radii, N, alpha, sigma)
+    return np.where(np.isfinite(p_needed), ecdf_at(np.minimum(p_needed, 1.0)), 0.0)
+
+
+def dominance(curves):
+    """App. B.3: pairs (a, b) where a's ECDF is >= b's at every p and higher at some p, and the pairs where
+    neither holds (incomparable). curves: {label: ECDF values on one p grid}."""
+    better, incomparable = [], []
+    names = list(curves)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ya, yb = curves[a], curves[b]
+            if np.all(ya >= yb) and np.any(ya > yb):
+                better.append((a, b))
+            elif np.all(yb >= ya) and np.any(yb > ya):
+                better.append((b, a))
+            elif not np.array_equal(ya, yb):
+                incomparable.append((a, b))
+    return better, incomparable
+
+
+# ----------------------------------------------------------------------------------------------------------
+# §4: Theorem 1's toy example and Figure 2
+# ----------------------------------------------------------------------------------------------------------
+
+def max_radius(N, alpha, sigma):
+    """§4.2: the largest radius CERTIFY can give with N samples, sigma * Phi^-1(alpha ** (1 / N)) (pA = 1)."""
+    return float(radius_of_count(N, N, alpha, sigma))
+
+
+def trivial_acr(N, alpha, sigma):
+    """§4.1: ACR of a constant classifier on balanced binary data: half the inputs get nA = N, half are wrong."""
+    return 0.5 * max(0.0, max_radius(N, alpha, sigma))
+
+
+def constant_pA_acr(pA, N, alpha, sigma):
+    """§4.1, the paper's numbers: ACR when every input has pA and CERTIFY sees nA = pA * N (App. B's convention)."""
+    return max(0.0, float(radius_of_count(pA * N, N, alpha, sigma)))
+
+
+def expected_constant_pA_acr(pA, N, alpha, sigma):
+    """The same classifier with Monte Carlo counts: E[radius] over nA ~ Binomial(N, pA) (abstaining gives 0)."""
+    lo, hi = binom.ppf(1e-15, N, pA), binom.isf(1e-15, N, pA)     # the counts that carry any weight
+    nA = np.arange(int(lo), int(hi) + 1)
+    return float(np.sum(binom.pmf(nA, N, pA) * np.maximum(radius_of_count(nA, N, alpha, sigma), 0.0)))
+
+
+def order_flips(Ns, a, b):
+    """The N at which the sign of a - b changes from the previous N (ties never flip)."""
+    sign = np.sign(np.asarray(a) - np.asarray(b))
+    flips, last = [], 0
+    for N, s in zip(Ns, sign):
+        if s != 0 and last != 0 and s != last:
+            flips.append(int(N))
+        last = s if s != 0 else last
+    return flips
+
+
+def radius_curve(ps, N, alpha, sigma):
+    """Figure 2: r(pA) = sigma Phi^-1(CP_lower(pA N, N, alpha)) (0 when it would abstain) and dr/dpA (central
+    differences of one count, 1 / N)."""
+    r = lambda p: np.maximum(radius_of_count(np.clip(p, 0, 1) * N, N, alpha, sigma), 0.0)
+    h = 1.0 / N
+    lo, hi = np.clip(ps - h, 0, 1), np.clip(ps + h, 0, 1)
+    return r(ps), (r(hi) - r(lo)) / (hi - lo)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Output: Markdown, LaTeX (bold best, underline second, grey below the baseline), TSV; figures
+# ----------------------------------------------------------------------------------------------------------
+
+def markdown(header, rows):
+    """A Markdown table (header: list of str; rows: lists of str)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def tsv(header, rows):
+    return "\n".join("\t".join(map(str, r)) for r in [header] + rows)
+
+
+def ranks(values):
+    """Competition ranks, largest first (1, 1, 3, ...): the paper bolds rank 1 and underlines rank 2."""
+    values = np.asarray(values)
+    return np.array([1 + np.sum(values > v) for v in values])
+
+
+def latex_cell(text, rank, grey, distinct):
+    if distinct and rank == 1:
+        text = rf"\textbf{{{text}}}"
+    elif distinct and rank == 2:
+        text = rf"\underline{{{text}}}"
+    return rf"\textcolor{{gray}}{{{text}}}" if grey else text
+
+
+def latex_group(rows, values, baseline):
+    """LaTeX cells of one sigma group. values: (rows, columns) numbers, column 0 = ACR (never greyed)."""
+    values = np.asarray(values)
+    cells = [list(r) for r in rows]
+    for j in range(values.shape[1]):
+        col = values[:, j]
+        rk, distinct = ranks(col), len(np.unique(col)) > 1
+        for i in range(len(rows)):
+            grey = j > 0 and baseline is not None and col[i] < values[baseline, j]
+            cells[i][j - values.shape[1]] = latex_cell(cells[i][j - values.shape[1]], rk[i], grey, distinct)
+    return cells
+
+
+def latex(header, groups, lead):
+    """A booktabs table: groups = [(rows, values, baseline_index)], `lead` leading text columns per row."""
+    lines = [r"% needs \usepackage{booktabs,xcolor}",
+             r"\begin{tabular}{" + "l" * lead + "r" * (len(header) - lead) + "}", r"\toprule",
+             " & ".join(header) + r" \\", r"\midrule"]
+    for g, (rows, values, baseline) in enumerate(groups):
+        for row in latex_group(rows, values, baseline):
+            lines.append(" & ".join(row) + r" \\")
+        lines.append(r"\midrule" if g < len(groups) - 1 else r"\bottomrule")
+    return "\n".join(lines + [r"\end{tabular}"])
+
+
+def write_text(out, name, text):
+    if out:
+        path = os.path.join(common.make_outdir(out), name)
+        with open(path, "w") as f:
+            f.write(text + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def pyplot():
+    """matplotlib with the Agg backend (files only), imported when a figure is drawn."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, out, name):
+    """figures as <out>/<name>.png and .pdf."""
+    common.make_outdir(out)
+    for ext in ("png", "pdf"):
+        path = os.path.join(out, f"{name}.{ext}")
+        fig.savefig(path, dpi=150, bbox_inches="tight")
+        print(f"wrote {path}", file=sys.stderr)
+    pyplot().close(fig)
+
+
+def fmt_percent(share):
+    """A share as a percentage with one decimal, halves rounded up as in the paper's tables (0.6905 -> 69.1)."""
+    return f"{math.floor(round(1000 * share, 6) + 0.5) / 10:.1f}"
+
+
+def fmt_sigma(sigma):
+    return "?" if sigma is None else str(float(sigma))             # 0.25, 0.5, 1.0 as in the paper
+
+
+def by_sigma(logs):
+    """Logs grouped by sigma (ascending, unknown last), input order kept inside a group."""
+    keys = sorted({log["sigma"] for log in logs}, key=lambda s: (s is None, s or 0))
+    return [(s, [log for log in logs if log["sigma"] == s]) for s in keys]
+
+
+def sigma_panels(plt, groups):
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False, layout="constrained")
+    return fig, axes[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# table and ablation (Tables 3, 4, 5; Fig. 6)
+# ----------------------------------------------------------------------------------------------------------
+
+def table_rows(logs, radii):
+    """Per log: ACR and certified accuracy (%) at the radii."""
+    for log in logs:
+        log["acr"] = acr(log["radius"], log["correct"])
+        log["acc"] = certified_accuracy(log["radius"], log["correct"], radii)
+    return logs
+
+
+def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra=None):
+    """Tables 3/4/5: Markdown / LaTeX / TSV, grouped by sigma. extra: (header, cells per log) after the label."""
+    extra_header, extra_cells = extra or ([], {})
+    table_rows(logs, radii)
+    radius_header = [f"{r:.2f}" for r in radii]
+    md_rows, tsv_rows, groups = [], [], []
+    for sigma, group in by_sigma(logs):
+        rows, values, base = [], [], None
+        for i, log in enumerate(group):
+            lead = [fmt_sigma(sigma) if i == 0 else "", log["label"]] + extra_cells.get(id(log), [])
+            numbers = [f"{log['acr']:.3f}"] + [fmt_percent(a) for a in log["acc"]]
+            md_rows.append(lead[:2] + [str(len(log["radius"]))] + lead[2:] + numbers)
+            tsv_rows.append([fmt_sigma(sigma), log["label"], len(log["radius"])] + lead[2:] +
+                            [f"{log['acr']:.6f}"] + [f"{100 * a:.2f}" for a in log["acc"]])
+            rows.append(lead + numbers)
+            values.append([float(x) for x in numbers])             # rank what is printed
+            if log["label"].lower() == baseline.lower():
+                base = i
+        groups.append((rows, values, base))
+    md = markdown(["σ", "method", "n"] + extra_header + ["ACR"] + radius_header, md_rows)
+    tex = latex([r"$\sigma$", "Method"] + extra_header + ["ACR"] + radius_header, groups, 2 + len(extra_header))
+    tab = tsv(["sigma", "label", "n"] + extra_header + ["ACR"] + radius_header, tsv_rows)
+    write_text(out, f"{name}.md", md)
+    write_text(out, f"{name}.tex", tex)
+    write_text(out, f"{name}.tsv", tab)
+    return {"markdown": md, "latex": tex, "tsv": tab}[fmt]
+
+
+def plot_certified_accuracy(logs, out, name):
+    """Fig. 6: certified accuracy against radius, one panel per sigma."""
+    plt = pyplot()
+    groups = by_sigma(logs)
+    fig, axes = sigma_panels(plt, groups)
+    for ax, (sigma, group) in zip(axes, groups):
+        radii = fine_radii(group)
+        for log in group:
+            ax.plot(radii, 100 * certified_accuracy(log["radius"], log["correct"], radii), label=log["label"])
+        ax.set(title=f"σ = {fmt_sigma(sigma)}", xlabel="radius r", ylabel="certified accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save_figure(fig, out, name)
+
+
+def parse_parts(text):
+    """'none' or 'discard+weight+attack' -> the set of parts that were on (Table 5)."""
+    parts = set() if text.lower() in ("none", "gaussian", "-") else set(text.lower().split("+"))
+    common.check(parts <= set(PARTS), f"--parts {text!r}: use 'none' or parts of {'+'.join(PARTS)} joined by '+'")
+    return parts
+
+
+def ablation_report(logs, parts, radii, fmt, out):
+    """Table 5: one row per log with a check mark for each part that was on; 'none' is the Gaussian row."""
+    cells = {}
+    for log, text in zip(logs, parts):
+        on = parse_parts(text)
+        cells[id(log)] = ["✓" if p in on else "" for p in PARTS]
+        if not on:
+            log["label"] = "Gaussian"
+        elif log["label"].lower() == "gaussian":
+            log["label"] = "+".join(p for p in PARTS if p in on)
+    order = {id(log): (len(parse_parts(t)), [p not in parse_parts(t) for p in PARTS]) for log, t in zip(logs, parts)}
+    logs = sorted(logs, key=lambda log: order[id(log)])     # Gaussian, one part, two parts, all three
+    return table_report(logs, radii, fmt, out, "ablation", "gaussian", (list(PARTS), cells))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# envelope (§7)
+# ----------------------------------------------------------------------------------------------------------
+
+def envelope(logs, radii):
+    """Per label: the best certified accuracy over its logs (sigmas) at each radius, and the sigma giving it."""
+    result = {}
+    for log in logs:
+        acc = certified_accuracy(log["radius"], log["correct"], radii)
+        best = result.setdefault(log["label"], {"acc": np.full(len(radii), -1.0), "sigma": [None] * len(radii)})
+        for j in np.flatnonzero(acc > best["acc"]):          # ties keep the first log given
+            best["acc"][j], best["sigma"][j] = acc[j], log["sigma"]
+    return result
+
+
+def envelope_report(logs, radii, out, name="envelope"):
+    env = envelope(logs, radii)
+    header = ["method"] + [f"{r:.2f}" for r in radii]
+    rows = [[label] + [f"{fmt_percent(a)} ({fmt_sigma(s)})" for a, s in zip(e["acc"], e["sigma"])]
+            for label, e in env.items()]
+    best = [max(env, key=lambda label: env[label]["acc"][j]) for j in range(len(radii))]
+    rows.append(["best"] + best)
+    tsv_rows = [[label, "accuracy"] + [f"{100 * a:.2f}" for a in e["acc"]] for label, e in env.items()]
+    tsv_rows += [[label, "sigma"] + [fmt_sigma(s) for s in e["sigma"]] for label, e in env.items()]
+    md = ("Best certified accuracy (%) across σ at each radius (the σ giving it in brackets):\n\n" +
+          markdown(header, rows))
+    write_text(out, f"{name}.md", md)
+    write_text(out, f"{name}.tsv", tsv(["method", "what"] + header[1:], tsv_rows))
+    if out:
+        plt = pyplot()
+        fine = fine_radii(logs)
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for label, e in envelope(logs, fine).items():
+            ax.plot(fine, 100 * e["acc"], label=label)
+        ax.set(xlabel="radius r", ylabel="best certified accuracy over σ (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        save_figure(fig, out, name)
+    return md
+
+
+# ----------------------------------------------------------------------------------------------------------
+# ecdf and budget (App. B)
+# ----------------------------------------------------------------------------------------------------------
+
+def attach_pA(logs, N_flag, alpha_flag):
+    """Every log gets its rows' pA ('pA') and where it came from ('source')."""
+    for log in logs:
+        if "nA" in log:
+            log["pA"], log["source"] = row_pA(log, None, None, None), "nA/N"
+        else:
+            N, alpha = log_budget(log, N_flag, alpha_flag)
+            log["pA"] = row_pA(log, need_sigma(log), N, alpha)
+            log["source"] = f"radius (N={N}, α={alpha:g})"
+    return logs
+
+
+def ecdf_report(logs, pmax, out, name="ecdf"):
+    """App. B.2, B.3: summary table of P(pA >= p), dominance per sigma on [0.5, pmax]; curve files and the plot."""
+    common.check(0.5 <= pmax <= 1, f"--pmax must lie in [0.5, 1] (got {pmax})")
+    compared = ECDF_GRID <= pmax + 1e-12
+    rows, lines = [], []
+    for sigma, group in by_sigma(logs):
+        for log in group:
+            rows.append([fmt_sigma(sigma), log["label"], log["source"]] +
+                        [fmt_percent(y) for y in ecdf(log["pA"], SUMMARY_P)])
+            log["ecdf"] = ecdf(log["pA"], ECDF_GRID)
+            points = [[repr(float(p)), repr(float(y))] for p, y in zip(ECDF_GRID, log["ecdf"])]  # as published
+            write_text(out, f"{name}_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y"], points))
+        better, incomparable = dominance({log["label"]: log["ecdf"][compared] for log in group})
+        lines.append(f"σ = {fmt_sigma(sigma)}: " + ("; ".join(f"{a} > {b}" for a, b in better) or "no strict order"))
+        if incomparable:
+            lines.append(f"  incomparable: " + "; ".join(f"{a} ~ {b}" for a, b in incomparable))
+    md = ("P(pA >= p) in %, pA = nA/N of the true class (App. B):\n\n" +
+          markdown(["σ", "method", "from"] + [f"{p:g}" for p in SUMMARY_P], rows) +
+          f"\n\nDominance (App. B.3: A > B if A's ECDF is >= B's at every p in [0.5, {pmax:g}] and higher "
+          f"somewhere; ~: neither):\n\n" +
+          "\n".join(lines))
+    write_text(out, f"{name}.md", md)
+    if out:
+        plot_ecdf(logs, out, name)
+    return md
+
+
+def plot_ecdf(logs, out, name):
+    """Figs. 3, 7, 9, 11: P(pA >= p) against p, one panel per sigma."""
+    plt = pyplot()
+    groups = by_sigma(logs)
+    fig, axes = sigma_panels(plt, groups)
+    for ax, (sigma, group) in zip(axes, groups):
+        for log in group:
+            ax.plot(ECDF_GRID, log["ecdf"], label=log["label"])
+        ax.set(title=f"σ = {fmt_sigma(sigma)}", xlabel="p", ylabel="P(pA ≥ p)", xlim=(0.5, 1.0))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save_figure(fig, out, name)
+
+
+def read_ecdf_or_log(path):
+    """budget accepts certification logs and tabulated ECDFs (`x y`, p increasing in [0, 1])."""
+    lines = read_lines(path)
+    if not lines or lines[0].split()[:2] != ["x", "y"]:
+        return read_log(path)
+    cols = read_columns(path, ("x", "y"), ("x", "y"))
+    x, y = cols["x"], cols["y"]
+    common.check(len(x) > 0, f"{path}: no points (only a header)")
+    common.check(np.all(np.diff(x) > 0) and x[0] >= 0 and x[-1] <= 1 and np.all((y >= 0) & (y <= 1)),
+                 f"{path}: an ECDF needs x increasing in [0, 1] and y in [0, 1]")
+    return {"path": path, "grid_p": x, "grid_y": y}
+
+
+def budget_report(logs, N, alpha, radii, log_N, log_alpha, out, name="budget"):
+    """App. B.1: certified accuracy each model is expected to reach when certified with (N, alpha)."""
+    common.check(N >= 1 and 0 < alpha < 1, f"need --N >= 1 and 0 < --alpha < 1 (got {N}, {alpha})")
+    curves = {}
+    for log in logs:
+        sigma = need_sigma(log)
+        if "grid_p" in log:
+            at = lambda ps, log=log: ecdf_lookup(log["grid_p"], log["grid_y"], ps)
+        else:
+            attach_pA([log], log_N, log_alpha)
+            at = lambda ps, log=log: ecdf(log["pA"], ps)
+        top = max_radius(N, alpha, sigma)
+        fine = np.linspace(0, max(top, 0) * 1.05 + 1e-3, 300)
+        curves[id(log)] = (budget_accuracy(at, radii, N, alpha, sigma), fine, budget_accuracy(at, fine, N, alpha, sigma))
+    rows, tsv_rows = [], []
+    for sigma, group in by_sigma(logs):
+        for log in group:
+            acc = curves[id(log)][0]
+            rows.append([fmt_sigma(sigma), log["label"]] + [fmt_percent(a) for a in acc])
+            tsv_rows.append([fmt_sigma(sigma), log["label"]] + [f"{100 * a:.2f}" for a in acc])
+    need = [" ".join(f"{min_pA(r, N, alpha, s):.4g}" for r in radii) for s in sorted({log["sigma"] for log in logs})]
+    md = (f"Expected certified accuracy (%) when certified with N = {N}, α = {alpha:g} (App. B.1):\n\n" +
+          markdown(["σ", "method"] + [f"{r:.2f}" for r in radii], rows) + "\n\nSmallest pA certifying each radius: " +
+          "; ".join(f"σ = {s:g}: {n}" for s, n in zip(sorted({log['sigma'] for log in logs}), need)))
+    write_text(out, f"{name}.md", md)
+    write_text(out, f"{name}.tsv", tsv(["sigma", "label"] + [f"{r:.2f}" for r in radii], tsv_rows))
+    if out:
+        plot_budget(logs, curves, N, alpha, out, name)
+    return md
+
+
+def plot_budget(logs, curves, N, alpha, out, name):
+    """Fig. 8: the converted certified accuracy-radius curves."""
+    plt = pyplot()
+    groups = by_sigma(logs)
+    fig, axes = sigma_panels(plt, groups)
+    for ax, (sigma, group) in zip(axes, groups):
+        for log in group:
+            _, fine, acc = curves[id(log)]
+            ax.plot(fine, 100 * acc, label=log["label"])
+        ax.set(title=f"σ = {fmt_sigma(sigma)}, N = {N}, α = {alpha:g}", xlabel="radius r",
+               ylabel="expected certified accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save_figure(fig, out, name)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# theory (§4.1, §4.2)
+# ----------------------------------------------------------------------------------------------------------
+
+TOY_N = (10, 20, 50, 100, 200, 500, 1000, 10_000, 100_000)
+FIGURE2_P = (0.5, 0.6, 0.76, 0.9, 0.99, 0.999, 0.9999, 1.0)
+
+
+def theory_report(N, alpha, sigma, pA, Nmax, out):
+    common.check(N >= 1 and Nmax >= 1 and 0 < alpha < 1 and sigma > 0 and 0 <= pA <= 1,
+                 "need --N, --Nmax >= 1, 0 < --alpha < 1, --sigma > 0 and 0 <= --pA <= 1")
+    scan = np.arange(1, Nmax + 1)
+    toy = {"trivial": [trivial_acr(n, alpha, sigma) for n in scan],
+           "paper": [constant_pA_acr(pA, n, alpha, sigma) for n in scan],
+           "binomial": [expected_constant_pA_acr(pA, n, alpha, sigma) for n in scan]}
+    rows = []
+    for n in TOY_N:
+        t, o, e = trivial_acr(n, alpha, sigma), constant_pA_acr(pA, n, alpha, sigma), \
+            expected_constant_pA_acr(pA, n, alpha, sigma)
+        rows.append([str(n), f"{t:.4f}", f"{o:.4f}", f"{e:.4f}", "trivial" if t > o else "pA" if o > t else "tie"])
+    ps = np.array(FIGURE2_P)
+    r, dr = radius_curve(ps, N, alpha, sigma)
+    flips = lambda other: ", ".join(map(str, order_flips(scan, toy["trivial"], toy[other]))) or "never"
+    md = (f"§4.1: balanced binary data, α = {alpha:g}, σ = {sigma:g}. ACR of the trivial classifier (one class "
+          f"always: pA = 1 on half the data) and of a classifier with pA = {pA:g} on every input, CERTIFY seeing "
+          f"nA = pA N (the paper's numbers) or nA ~ Binomial(N, pA) (expectation)\n\n" +
+          markdown(["N", "trivial", f"pA = {pA:g}, nA = pA N", f"pA = {pA:g}, E over nA", "higher (nA = pA N)"],
+                   rows) +
+          f"\n\nThe order flips at N = {flips('paper')} with nA = pA N, at N = {flips('binomial')} in expectation "
+          f"(N = 1 .. {Nmax}).\n\n"
+          f"§4.2 / Figure 2: N = {N}, α = {alpha:g}, σ = {sigma:g}: largest certifiable radius "
+          f"σ Φ⁻¹(α^(1/N)) = {max_radius(N, alpha, sigma):.3f}; r(pA) = σ Φ⁻¹(CP_lower(pA N, N, α))\n\n" +
+          markdown(["pA", "radius r", "dr/dpA"], [[f"{p:g}", f"{ri:.3f}", f"{di:.4g}"] for p, ri, di in zip(ps, r, dr)]))
+    write_text(out, "theory.md", md)
+    write_text(out, "theory.tsv", tsv(["N", "trivial", "constant_pA", "constant_pA_expected"],
+                                      [[n] + [f"{toy[k][i]:.6f}" for k in toy] for i, n in enumerate(scan)]))
+    if out:
+        plot_theory(scan, toy, pA, N, alpha, sigma, out)
+    return md
+
+
+def plot_theory(scan, toy, pA, N, alpha, sigma, out):
+    """§4.1 (ACR against the budget N) and Figure 2 (r and dr/dpA against pA)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.plot(scan, toy["trivial"], label="trivial classifier")
+    ax.plot(scan, toy["paper"], label=f"pA = {pA:g} everywhere, nA = pA N")
+    ax.plot(scan, toy["binomial"], ":", label=f"pA = {pA:g} everywhere, E over nA")
+    ax.set(xscale="log", xlabel="certification budget N", ylabel="ACR", title=f"§4.1 (α = {alpha:g}, σ = {sigma:g})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_figure(fig, out, "theorem1")
+    ps = np.linspace(0.5, 1.0, 20001)
+    r, dr = radius_curve(ps, N, alpha, sigma)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+    a.plot(ps, r)
+    a.set(xlabel="pA", ylabel="certified radius r", title=f"(a) r, N = {N}, α = {alpha:g}")
+    b.plot(ps, dr)
+    b.set(xlabel="pA", ylabel="∂r / ∂pA", yscale="log", title="(b) sensitivity")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    save_figure(fig, out, "figure2")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# gradnorm (Table 2, Fig. 5)
+# ----------------------------------------------------------------------------------------------------------
+
+def read_gradnorm(path):
+    cols = read_columns(path, GRADNORM_COLUMNS, ("pA", "grad_norm"))
+    common.check(len(cols["pA"]) > 0, f"{path}: no examples (only a header)")
+    check_rows(cols, path, (cols["pA"] >= 0) & (cols["pA"] <= 1) & (cols["grad_norm"] >= 0),
+               "need 0 <= pA <= 1 and grad_norm >= 0 (finite)")
+    return {"path": path, "pA": cols["pA"], "grad_norm": cols["grad_norm"]}
+
+
+def easy_hard(pA, grad_norm):
+    """Table 2: mean gradient norm of easy (pA > 0.5) and hard (pA < 0.5) examples and easy / hard."""
+    easy, hard = grad_norm[pA > 0.5], grad_norm[pA < 0.5]
+    e = float(np.mean(easy)) if len(easy) else math.nan
+    h = float(np.mean(hard)) if len(hard) else math.nan
+    return {"easy": e, "hard": h, "ratio": e / h if h > 0 else math.nan, "n_easy": len(easy), "n_hard": len(hard)}
+
+
+def gradnorm_report(logs, out, name="gradnorm"):
+    rows = []
+    for log in logs:
+        s = easy_hard(log["pA"], log["grad_norm"])
+        rows.append([log["label"], f"{s['easy']:.2f}", f"{s['hard']:.2f}", f"{s['ratio']:.2f}",
+                     str(s["n_easy"]), str(s["n_hard"])])
+    header = ["method", "easy", "hard", "easy / hard", "n easy", "n hard"]
+    md = "Mean per-example gradient l2 norm, easy: pA > 0.5, hard: pA < 0.5 (Table 2):\n\n" + markdown(header, rows)
+    write_text(out, f"{name}.md", md)
+    write_text(out, f"{name}.tsv", tsv(header, rows))
+    if out:
+        plot_gradnorm(logs, out, name)
+    return md
+
+
+def plot_gradnorm(logs, out, name):
+    """Fig. 5: histograms of the gradient norm of easy and hard examples, log-scale counts."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(logs), figsize=(4.2 * len(logs), 3.2), squeeze=False, layout="constrained")
+    for ax, log in zip(axes[0], logs):
+        bins = np.linspace(0, max(float(np.max(log["grad_norm"])), 1e-9), 40)
+        ax.hist(log["grad_norm"][log["pA"] > 0.5], bins=bins, alpha=0.6, label="easy (pA > 0.5)")
+        ax.hist(log["grad_norm"][log["pA"] < 0.5], bins=bins, alpha=0.6, label="hard (pA < 0.5)")
+        ax.set(yscale="log", title=log["label"], xlabel="gradient l2 norm", ylabel="examples")
+        ax.legend(fontsize=7)
+    save_figure(fig, out, f"{name}_hist")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# paper: the published logs -> Tables 3, 4, Figs. 2, 3, 6-9, 11 and the §7 envelope
+# ----------------------------------------------------------------------------------------------------------
+
+def paper_logs(root, figure):
+    """The logs of one PAPER_FIGURES entry that exist under root, labelled with the paper's method names."""
+    paths, labels = [], []
+    for sigma in figure["sigmas"]:
+        for method in figure["methods"]:
+            found = sorted(glob.glob(os.path.join(root, figure["logs"].format(method=method, sigma=sigma))))
+            if found:
+                paths.append(found[0])
+                labels.append(PAPER_NAMES.get(method, method))
+    common.check(paths, f"no published logs for {figure['name']} under {root!r}: expected "
+                        f"{os.path.join(root, figure['logs'])}")
+    return load_logs(paths, labels)
+
+
+def paper_report(root, out):
+    common.check(os.path.isdir(root), f"--root {root!r} is not a folder")
+    parts = []
+    for figure in PAPER_FIGURES:
+        logs = paper_logs(root, figure)
+        kind, name = figure["kind"], figure["name"]
+        parts.append(f"## {figure['title']}")
+        if kind == "table":
+            parts.append(table_report(logs, figure["radii"], "markdown", out, name))
+            if out:
+                plot_certified_accuracy(logs, out, name + "_curves")
+        elif kind == "envelope":
+            parts.append(envelope_report(logs, figure["radii"], out, name))
+        elif kind == "ecdf":
+            parts.append(ecdf_report(attach_pA(logs, None, None), 0.99, out, name))
+        elif kind == "budget":
+            parts.append(budget_report(logs, figure["N"], figure["alpha"], figure["radii"], None, None, out, name))
+    parts.append("## §4 in numbers")
+    parts.append(theory_report(PAPER_N, PAPER_ALPHA, 1.0, 0.9, 1000, out))
+    return "\n\n".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    args = parse_args(argv)
+    c = args.command
+    if c == "theory":
+        text = theory_report(args.N, args.alpha, args.sigma, args.pA, args.Nmax, args.out)
+    elif c == "paper":
+        text = paper_report(args.root, args.out)
+    elif c == "gradnorm":
+        text = gradnorm_report(load_logs(args.logs, args.labels, args.sigmas, read_gradnorm), args.out)
+    elif c == "budget":
+        logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log)
+        text = budget_report(logs, args.N, args.alpha, args.radii, args.log_N, args.log_alpha, args.out)
+    else:
+        logs = load_logs(args.logs, args.labels, args.sigmas)
+        if c == "table":
+            text = table_report(logs, args.radii, args.format, args.out, baseline=args.baseline)
+            if args.out:
+                plot_certified_accuracy(logs, args.out, "certified_accuracy")
+        elif c == "ablation":
+            common.check(len(args.parts) == len(logs), f"--parts got {len(args.parts)} values for {len(logs)} logs")
+            text = ablation_report(logs, args.parts, args.radii, args.format, args.out)
+        elif c == "envelope":
+            text = envelope_report(logs, args.radii, args.out)
+        else:
+            text = ecdf_report(attach_pA(logs, args.N, args.alpha), args.pmax, args.out)
+    print(text)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The paper's tables and figures from its published logs (`paper --root`): inputs and legends, as data
+# ----------------------------------------------------------------------------------------------------------
+
+PAPER_NAMES = {"gaussian": "Gaussian", "macer": "MACER", "smoothadv": "SmoothAdv", "consistency": "Consistency",
+               "smoothmix": "SmoothMix", "catrs": "CAT-RS", "ours": "Ours"}
+CIFAR = dict(logs="certify/cifar10/{method}/noise_{sigma}.tsv", sigmas=("0.25", "0.5", "1.0"),
+             methods=("gaussian", "macer", "smoothadv", "consistency", "smoothmix", "catrs", "ours"))
+IMAGENET = dict(logs="certify/imagenet/{method}/noise_{sigma}*", sigmas=("0.25", "0.5", "1.0"),
+                methods=("gaussian", "smoothadv", "consistency", "smoothmix", "catrs", "ours"))
+IMAGENET_RADII = [0.5 * i for i in range(8)]
+PAPER_FIGURES = [
+    dict(name="table3_cifar10", kind="table", title="Table 3 and Figure 6: CIFAR-10", radii=DEFAULT_RADII, **CIFAR),
+    dict(name="table4_imagenet", kind="table", title="Table 4: ImageNet", radii=IMAGENET_RADII, **IMAGENET),
+    dict(name="envelope_cifar10", kind="envelope", title="§7: best over σ, CIFAR-10", radii=DEFAULT_RADII, **CIFAR),
+    dict(name="envelope_imagenet", kind="envelope", title="§7: best over σ, ImageNet", radii=IMAGENET_RADII,
+         **IMAGENET),
+    dict(name="figure9_ecdf_cifar10", kind="ecdf", title="Figures 3, 9 and App. B.3: ECDF of pA, CIFAR-10", **CIFAR),
+    dict(name="figure11_ecdf_imagenet", kind="ecdf", title="Figure 11: ECDF of pA, ImageNet", **IMAGENET),
+    dict(name="figure8_budget", kind="budget", title="Figures 7, 8: CIFAR-10, σ = 1.0, certified with N = 100, "
+         "α = 0.01", N=100, alpha=0.01, radii=[0.25 * i for i in range(8)], logs=CIFAR["logs"], sigmas=("1.0",),
+         methods=("gaussian", "consistency", "catrs", "ours")),
+]
+
+if __name__ == "__main__":
+    common.run(main)
