@@ -316,8 +316,9 @@ def catrs_attack(model, x, pb, delta, T, eps):
     """Move each noise draw within the L2 eps-ball around itself to maximise KL(pb || S(f(x + delta'))).
 
     delta: (m, b, C, H, W); pb: (b, K) the precomputed soft target. T steps of size 2 eps / T along the
-    gradient normalised per noise tensor; after each step, project delta' - delta onto the eps-ball and give
-    each tensor back the original's mean and uncentred RMS. x is never perturbed. Returns delta' detached.
+    gradient normalised per noise tensor; after each step, project delta' - delta onto the eps-ball and
+    re-standardise each tensor to the original's moments (match_moments). x is never perturbed.
+    Returns delta' detached.
     """
     model = common.unwrap(model)  # under DDP: attack the plain module (no gradient sync)
     if T == 0:
@@ -336,9 +337,18 @@ def catrs_attack(model, x, pb, delta, T, eps):
                 cur = cur.detach() + (2 * eps / T) * grad / (grad.norm(dim=2, keepdim=True) + 1e-8)
                 diff = cur - orig
                 cur = orig + diff * (eps / diff.norm(dim=2, keepdim=True).clamp_min(1e-12)).clamp(max=1.0)
-                mu, rms = cur.mean(2, keepdim=True), cur.pow(2).mean(2, keepdim=True).sqrt()
-                cur = mu0 + (cur - mu) * rms0 / rms
+                cur = match_moments(cur, mu0, rms0)
     return cur.detach().view_as(delta)
+
+
+def match_moments(v, mu0, rms0):
+    """CAT-RS's re-standardisation of each noise tensor (last dim): mu0 + (v - mean(v)) * rms0 / rms(v).
+
+    rms is the UNcentred root-mean-square sqrt(mean(v^2)), as the official code: the mean is matched exactly,
+    the RMS only up to the (small) mean of the noise.
+    """
+    mu, rms = v.mean(-1, keepdim=True), v.pow(2).mean(-1, keepdim=True).sqrt()
+    return mu0 + (v - mu) * rms0 / rms
 
 
 def bottom_k_sum(values, K):
@@ -439,7 +449,8 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
     for first in range(done, len(dataset), block):
         common.seed_everything(common.epoch_seed(seed, first // block))
         subset = torch.utils.data.Subset(dataset, range(first, min(first + block, len(dataset))))
-        for x, _ in torch.utils.data.DataLoader(subset, batch_size=64, num_workers=workers):
+        workers_gen = torch.Generator().manual_seed(common.epoch_seed(seed, first // block, 1))
+        for x, _ in torch.utils.data.DataLoader(subset, batch_size=64, num_workers=workers, generator=workers_gen):
             counts[done:done + len(x)] = common.sample_counts(model, x.to(device), sigma, N, batch, num_classes).cpu()
             done += len(x)
         print(f"catrs target: {done}/{len(dataset)} images, "
@@ -631,6 +642,7 @@ def main():
         return gradnorm_mode(args)
     args = settings(args)
     device = common.setup_distributed(args.device)
+    common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     target = None
     if args.method == "catrs":
