@@ -628,7 +628,7 @@ def make_outdir(outdir):
     """Create the run folder (or raise a UserError saying it is not writable); returns it."""
     try:
         os.makedirs(outdir, exist_ok=True)
-        probe = os.path.join(outdir, ".write_test")
+        probe = os.path.join(outdir, f".write_test{os.getpid()}")  # per process: torchrun ranks probe at once
         with open(probe, "w"):
             pass
         os.remove(probe)
