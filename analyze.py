@@ -1,4 +1,4 @@
-"""Evaluate certification logs: ACR, certified accuracy, best-over-sigma, the ECDF of pA, budgets (§4, §7, App. B).
+"""Evaluate certification logs: ACR, certified accuracy, best over sigma, ECDF of pA, budgets (§4, §7, App. B).
 
 Reads Cohen-format TSVs only (`idx label predict radius correct time`, ours add `nA N`), never checkpoints:
 the logs this repository's certify.py writes and those other projects publish. Subcommands:
@@ -57,17 +57,18 @@ def parse_args(argv=None):
         return s
 
     s = logs_command("table", "ACR and certified accuracy at radii, grouped by sigma (Tables 3, 4)")
-    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="radii (default 0 to 2.5 step 0.25)")
+    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
     s.add_argument("--format", choices=("markdown", "latex", "tsv"), default="markdown", help="what stdout gets")
     s.add_argument("--baseline", default="gaussian", help="label of the row that LaTeX greys against")
 
     s = logs_command("envelope", "best certified accuracy across sigma at each radius, per label (§7)")
-    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="radii (default 0 to 2.5 step 0.25)")
+    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
 
     s = logs_command("ecdf", "empirical distribution P(pA >= p), p in [0.5, 1], and dominance (App. B.2, B.3)")
     s.add_argument("--N", type=int, help=f"certification N of logs without nA/N columns or sidecar "
                                          f"(default {PAPER_N})")
-    s.add_argument("--alpha", type=float, help=f"certification alpha of logs without sidecar (default {PAPER_ALPHA})")
+    s.add_argument("--alpha", type=float, help=f"certification alpha of logs without sidecar "
+                                               f"(default {PAPER_ALPHA})")
     s.add_argument("--pmax", type=float, default=0.99, help="compare models on p in [0.5, pmax] (default 0.99: "
                                                             "where the paper's App. B.3 statements hold)")
 
@@ -95,7 +96,7 @@ def parse_args(argv=None):
     s = logs_command("ablation", "Table 5: ACR and certified accuracy of logs labelled by the parts that were on")
     s.add_argument("--parts", nargs="+", required=True,
                    help="one per log: 'none' (Gaussian) or parts joined by '+', e.g. discard+weight+attack")
-    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="radii (default 0 to 2.5 step 0.25)")
+    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
     s.add_argument("--format", choices=("markdown", "latex", "tsv"), default="markdown", help="what stdout gets")
 
     s = sub.add_parser("paper", help="every table and figure the paper's published logs allow")
@@ -222,8 +223,9 @@ def sigma_from_path(path):
 
 
 def label_from_path(path):
-    """certify/cifar10/ours/noise_0.5.tsv -> ours; runs/certify/train_ours_cifar10_sigma0.5.tsv -> train_ours_cifar10;
-    our own output files lose their prefix (ecdf_ours_0.5.tsv -> ours, gradnorm_ours_attack.tsv -> ours_attack)."""
+    """The file name without sigma, else its folder's: certify/cifar10/ours/noise_0.5.tsv -> ours,
+    runs/certify/train_ours_cifar10_sigma0.5.tsv -> train_ours_cifar10; our own output files lose their
+    prefix (ecdf_ours_0.5.tsv -> ours, gradnorm_ours_attack.tsv -> ours_attack)."""
     def strip_sigma(name):
         for pattern in SIGMA_PATTERNS:
             name = re.sub(pattern, "", name)
@@ -331,9 +333,11 @@ def min_count(radius, N, alpha, sigma):
     lo = np.zeros(len(values), dtype=np.int64)
     hi = np.full(len(values), N + 1, dtype=np.int64)        # the answer lies in [lo, hi]; N + 1: never
     while np.any(lo < hi):
-        mid = (lo + hi) // 2                                 # <= N while lo < hi
+        active = lo < hi
+        mid = (lo + hi) // 2                                 # <= N where active
         ok = radius_of_count(np.minimum(mid, N), N, alpha, sigma) >= values
-        lo, hi = np.where(ok | (lo >= hi), lo, mid + 1), np.where(ok & (lo < hi), mid, hi)
+        hi = np.where(active & ok, mid, hi)
+        lo = np.where(active & ~ok, mid + 1, lo)
     return lo[inverse].reshape(np.shape(radius))
 
 
@@ -343,14 +347,11 @@ def min_pA(radius, N, alpha, sigma):
     return np.where(k <= N, k / N, np.inf)
 
 
-def row_pA(log, sigma, N, alpha):
-    """pA of each row for the ECDF: nA / N from the counts, else the smallest pA certifying its radius (App.
-    B.2, as the published ECDF files were computed). Rows not certified correct get -inf (never counted)."""
-    if "nA" in log:
-        pA = log["nA"] / log["N"]
-    else:
-        pA = np.minimum(min_count(log["radius"], N, alpha, sigma), N) / N   # rounding can exceed the max radius
-    return np.where(log["correct"], pA, -np.inf)
+def pA_from_radius(radius, N, alpha, sigma):
+    """App. B.2 for logs without counts: the smallest pA = nA / N whose radius reaches the row's radius, the
+    rule the published ECDF files follow. Exact when radius is exact; a printed radius (Cohen: 3 significant
+    digits) can shift nA by a count or more. A radius rounded above the largest one counts as pA = 1."""
+    return np.minimum(min_count(radius, N, alpha, sigma), N) / N
 
 
 def ecdf(pA, ps):
@@ -404,7 +405,7 @@ def trivial_acr(N, alpha, sigma):
 
 
 def constant_pA_acr(pA, N, alpha, sigma):
-    """§4.1, the paper's numbers: ACR when every input has pA and CERTIFY sees nA = pA * N (App. B's convention)."""
+    """§4.1, the paper's numbers: ACR when every input has pA and CERTIFY sees nA = pA N (as in App. B)."""
     return max(0.0, float(radius_of_count(pA * N, N, alpha, sigma)))
 
 
@@ -446,6 +447,7 @@ def markdown(header, rows):
 
 
 def tsv(header, rows):
+    """Tab-separated text with a header line."""
     return "\n".join("\t".join(map(str, r)) for r in [header] + rows)
 
 
@@ -456,6 +458,7 @@ def ranks(values):
 
 
 def latex_cell(text, rank, grey, distinct):
+    """Bold rank 1, underline rank 2 (only when the column is not constant), grey when below the baseline."""
     if distinct and rank == 1:
         text = rf"\textbf{{{text}}}"
     elif distinct and rank == 2:
@@ -472,7 +475,8 @@ def latex_group(rows, values, baseline):
         rk, distinct = ranks(col), len(np.unique(col)) > 1
         for i in range(len(rows)):
             grey = j > 0 and baseline is not None and col[i] < values[baseline, j]
-            cells[i][j - values.shape[1]] = latex_cell(cells[i][j - values.shape[1]], rk[i], grey, distinct)
+            k = j - values.shape[1]                             # numbers are the last cells of a row
+            cells[i][k] = latex_cell(cells[i][k], rk[i], grey, distinct)
     return cells
 
 
@@ -489,6 +493,7 @@ def latex(header, groups, lead):
 
 
 def write_text(out, name, text):
+    """<out>/<name> (when --out was given), announced on stderr so stdout stays Markdown."""
     if out:
         path = os.path.join(common.make_outdir(out), name)
         with open(path, "w") as f:
@@ -520,6 +525,7 @@ def fmt_percent(share):
 
 
 def fmt_sigma(sigma):
+    """sigma as the paper writes it."""
     return "?" if sigma is None else str(float(sigma))             # 0.25, 0.5, 1.0 as in the paper
 
 
@@ -530,7 +536,9 @@ def by_sigma(logs):
 
 
 def sigma_panels(plt, groups):
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False, layout="constrained")
+    """One panel per sigma group."""
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False,
+                             layout="constrained")
     return fig, axes[0]
 
 
@@ -539,7 +547,7 @@ def sigma_panels(plt, groups):
 # ----------------------------------------------------------------------------------------------------------
 
 def table_rows(logs, radii):
-    """Per log: ACR and certified accuracy (%) at the radii."""
+    """Every log gets its ACR ('acr') and certified accuracy at the radii ('acc', shares)."""
     for log in logs:
         log["acr"] = acr(log["radius"], log["correct"])
         log["acc"] = certified_accuracy(log["radius"], log["correct"], radii)
@@ -598,16 +606,14 @@ def parse_parts(text):
 
 def ablation_report(logs, parts, radii, fmt, out):
     """Table 5: one row per log with a check mark for each part that was on; 'none' is the Gaussian row."""
-    cells = {}
+    cells, order = {}, {}
     for log, text in zip(logs, parts):
         on = parse_parts(text)
         cells[id(log)] = ["✓" if p in on else "" for p in PARTS]
+        order[id(log)] = (len(on), [p not in on for p in PARTS])   # Gaussian, one part, two parts, all three
         if not on:
-            log["label"] = "Gaussian"
-        elif log["label"].lower() == "gaussian":
-            log["label"] = "+".join(p for p in PARTS if p in on)
-    order = {id(log): (len(parse_parts(t)), [p not in parse_parts(t) for p in PARTS]) for log, t in zip(logs, parts)}
-    logs = sorted(logs, key=lambda log: order[id(log)])     # Gaussian, one part, two parts, all three
+            log["label"] = "Gaussian"                               # the row LaTeX greys against
+    logs = sorted(logs, key=lambda log: order[id(log)])
     return table_report(logs, radii, fmt, out, "ablation", "gaussian", (list(PARTS), cells))
 
 
@@ -627,6 +633,7 @@ def envelope(logs, radii):
 
 
 def envelope_report(logs, radii, out, name="envelope"):
+    """§7: table of the best certified accuracy over sigma per label, the sigma giving it, the best label."""
     env = envelope(logs, radii)
     header = ["method"] + [f"{r:.2f}" for r in radii]
     rows = [[label] + [f"{fmt_percent(a)} ({fmt_sigma(s)})" for a, s in zip(e["acc"], e["sigma"])]
@@ -640,16 +647,21 @@ def envelope_report(logs, radii, out, name="envelope"):
     write_text(out, f"{name}.md", md)
     write_text(out, f"{name}.tsv", tsv(["method", "what"] + header[1:], tsv_rows))
     if out:
-        plt = pyplot()
-        fine = fine_radii(logs)
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for label, e in envelope(logs, fine).items():
-            ax.plot(fine, 100 * e["acc"], label=label)
-        ax.set(xlabel="radius r", ylabel="best certified accuracy over σ (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        save_figure(fig, out, name)
+        plot_envelope(logs, out, name)
     return md
+
+
+def plot_envelope(logs, out, name):
+    """§7: the best-over-sigma certified accuracy curve of each method."""
+    plt = pyplot()
+    fine = fine_radii(logs)
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
+    for label, e in envelope(logs, fine).items():
+        ax.plot(fine, 100 * e["acc"], label=label)
+    ax.set(xlabel="radius r", ylabel="best certified accuracy over σ (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save_figure(fig, out, name)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -657,14 +669,16 @@ def envelope_report(logs, radii, out, name="envelope"):
 # ----------------------------------------------------------------------------------------------------------
 
 def attach_pA(logs, N_flag, alpha_flag):
-    """Every log gets its rows' pA ('pA') and where it came from ('source')."""
+    """Every log gets the pA of its rows ('pA': nA / N of the true class, -inf where not certified correct,
+    so never counted) and where it came from ('source')."""
     for log in logs:
         if "nA" in log:
-            log["pA"], log["source"] = row_pA(log, None, None, None), "nA/N"
+            pA, log["source"] = log["nA"] / log["N"], "nA/N"
         else:
             N, alpha = log_budget(log, N_flag, alpha_flag)
-            log["pA"] = row_pA(log, need_sigma(log), N, alpha)
+            pA = pA_from_radius(log["radius"], N, alpha, need_sigma(log))
             log["source"] = f"radius (N={N}, α={alpha:g})"
+        log["pA"] = np.where(log["correct"], pA, -np.inf)
     return logs
 
 
@@ -681,9 +695,9 @@ def ecdf_report(logs, pmax, out, name="ecdf"):
             points = [[repr(float(p)), repr(float(y))] for p, y in zip(ECDF_GRID, log["ecdf"])]  # as published
             write_text(out, f"{name}_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y"], points))
         better, incomparable = dominance({log["label"]: log["ecdf"][compared] for log in group})
-        lines.append(f"σ = {fmt_sigma(sigma)}: " + ("; ".join(f"{a} > {b}" for a, b in better) or "no strict order"))
+        lines.append(f"- σ = {fmt_sigma(sigma)}: " + ("; ".join(f"{a} > {b}" for a, b in better) or "no order"))
         if incomparable:
-            lines.append(f"  incomparable: " + "; ".join(f"{a} ~ {b}" for a, b in incomparable))
+            lines.append("  - incomparable: " + "; ".join(f"{a} ~ {b}" for a, b in incomparable))
     md = ("P(pA >= p) in %, pA = nA/N of the true class (App. B):\n\n" +
           markdown(["σ", "method", "from"] + [f"{p:g}" for p in SUMMARY_P], rows) +
           f"\n\nDominance (App. B.3: A > B if A's ECDF is >= B's at every p in [0.5, {pmax:g}] and higher "
@@ -723,7 +737,8 @@ def read_ecdf_or_log(path):
 
 
 def budget_report(logs, N, alpha, radii, log_N, log_alpha, out, name="budget"):
-    """App. B.1: certified accuracy each model is expected to reach when certified with (N, alpha)."""
+    """App. B.1: certified accuracy each model is expected to reach when certified with (N, alpha), from its log
+    (the logs' own budget: log_N, log_alpha where they do not say) or from a tabulated ECDF."""
     common.check(N >= 1 and 0 < alpha < 1, f"need --N >= 1 and 0 < --alpha < 1 (got {N}, {alpha})")
     curves = {}
     for log in logs:
@@ -735,17 +750,20 @@ def budget_report(logs, N, alpha, radii, log_N, log_alpha, out, name="budget"):
             at = lambda ps, log=log: ecdf(log["pA"], ps)
         top = max_radius(N, alpha, sigma)
         fine = np.linspace(0, max(top, 0) * 1.05 + 1e-3, 300)
-        curves[id(log)] = (budget_accuracy(at, radii, N, alpha, sigma), fine, budget_accuracy(at, fine, N, alpha, sigma))
+        curves[id(log)] = (budget_accuracy(at, radii, N, alpha, sigma), fine,
+                           budget_accuracy(at, fine, N, alpha, sigma))
     rows, tsv_rows = [], []
     for sigma, group in by_sigma(logs):
         for log in group:
             acc = curves[id(log)][0]
             rows.append([fmt_sigma(sigma), log["label"]] + [fmt_percent(a) for a in acc])
             tsv_rows.append([fmt_sigma(sigma), log["label"]] + [f"{100 * a:.2f}" for a in acc])
-    need = [" ".join(f"{min_pA(r, N, alpha, s):.4g}" for r in radii) for s in sorted({log["sigma"] for log in logs})]
-    md = (f"Expected certified accuracy (%) when certified with N = {N}, α = {alpha:g} (App. B.1):\n\n" +
-          markdown(["σ", "method"] + [f"{r:.2f}" for r in radii], rows) + "\n\nSmallest pA certifying each radius: " +
-          "; ".join(f"σ = {s:g}: {n}" for s, n in zip(sorted({log['sigma'] for log in logs}), need)))
+    need = [[fmt_sigma(sigma), "smallest pA"] + [f"{p:.4g}" if p <= 1 else "none"
+                                                 for p in min_pA(radii, N, alpha, sigma)]
+            for sigma, _ in by_sigma(logs)]
+    md = (f"Expected certified accuracy (%) when certified with N = {N}, α = {alpha:g} (App. B.1; the last rows: "
+          f"the smallest pA = nA / N certifying each radius):\n\n" +
+          markdown(["σ", "method"] + [f"{r:.2f}" for r in radii], rows + need))
     write_text(out, f"{name}.md", md)
     write_text(out, f"{name}.tsv", tsv(["sigma", "label"] + [f"{r:.2f}" for r in radii], tsv_rows))
     if out:
@@ -778,6 +796,7 @@ FIGURE2_P = (0.5, 0.6, 0.76, 0.9, 0.99, 0.999, 0.9999, 1.0)
 
 
 def theory_report(N, alpha, sigma, pA, Nmax, out):
+    """§4.1's toy example over the budget N (table, flips, plot) and §4.2's Figure 2 at (N, alpha, sigma)."""
     common.check(N >= 1 and Nmax >= 1 and 0 < alpha < 1 and sigma > 0 and 0 <= pA <= 1,
                  "need --N, --Nmax >= 1, 0 < --alpha < 1, --sigma > 0 and 0 <= --pA <= 1")
     scan = np.arange(1, Nmax + 1)
@@ -788,7 +807,8 @@ def theory_report(N, alpha, sigma, pA, Nmax, out):
     for n in TOY_N:
         t, o, e = trivial_acr(n, alpha, sigma), constant_pA_acr(pA, n, alpha, sigma), \
             expected_constant_pA_acr(pA, n, alpha, sigma)
-        rows.append([str(n), f"{t:.4f}", f"{o:.4f}", f"{e:.4f}", "trivial" if t > o else "pA" if o > t else "tie"])
+        higher = "trivial" if t > o else f"pA = {pA:g}" if o > t else "tie"
+        rows.append([str(n), f"{t:.4f}", f"{o:.4f}", f"{e:.4f}", higher])
     ps = np.array(FIGURE2_P)
     r, dr = radius_curve(ps, N, alpha, sigma)
     flips = lambda other: ", ".join(map(str, order_flips(scan, toy["trivial"], toy[other]))) or "never"
@@ -801,7 +821,8 @@ def theory_report(N, alpha, sigma, pA, Nmax, out):
           f"(N = 1 .. {Nmax}).\n\n"
           f"§4.2 / Figure 2: N = {N}, α = {alpha:g}, σ = {sigma:g}: largest certifiable radius "
           f"σ Φ⁻¹(α^(1/N)) = {max_radius(N, alpha, sigma):.3f}; r(pA) = σ Φ⁻¹(CP_lower(pA N, N, α))\n\n" +
-          markdown(["pA", "radius r", "dr/dpA"], [[f"{p:g}", f"{ri:.3f}", f"{di:.4g}"] for p, ri, di in zip(ps, r, dr)]))
+          markdown(["pA", "radius r", "dr/dpA"],
+                   [[f"{p:g}", f"{ri:.3f}", f"{di:.4g}"] for p, ri, di in zip(ps, r, dr)]))
     write_text(out, "theory.md", md)
     write_text(out, "theory.tsv", tsv(["N", "trivial", "constant_pA", "constant_pA_expected"],
                                       [[n] + [f"{toy[k][i]:.6f}" for k in toy] for i, n in enumerate(scan)]))
@@ -817,7 +838,8 @@ def plot_theory(scan, toy, pA, N, alpha, sigma, out):
     ax.plot(scan, toy["trivial"], label="trivial classifier")
     ax.plot(scan, toy["paper"], label=f"pA = {pA:g} everywhere, nA = pA N")
     ax.plot(scan, toy["binomial"], ":", label=f"pA = {pA:g} everywhere, E over nA")
-    ax.set(xscale="log", xlabel="certification budget N", ylabel="ACR", title=f"§4.1 (α = {alpha:g}, σ = {sigma:g})")
+    ax.set(xscale="log", xlabel="certification budget N", ylabel="ACR",
+           title=f"§4.1 (α = {alpha:g}, σ = {sigma:g})")
     ax.grid(alpha=0.3)
     ax.legend()
     save_figure(fig, out, "theorem1")
@@ -838,6 +860,7 @@ def plot_theory(scan, toy, pA, N, alpha, sigma, out):
 # ----------------------------------------------------------------------------------------------------------
 
 def read_gradnorm(path):
+    """A gradient-norm TSV of the training scripts' --gradnorm mode: {'pA', 'grad_norm'} arrays."""
     cols = read_columns(path, GRADNORM_COLUMNS, ("pA", "grad_norm"))
     common.check(len(cols["pA"]) > 0, f"{path}: no examples (only a header)")
     check_rows(cols, path, (cols["pA"] >= 0) & (cols["pA"] <= 1) & (cols["grad_norm"] >= 0),
@@ -854,13 +877,15 @@ def easy_hard(pA, grad_norm):
 
 
 def gradnorm_report(logs, out, name="gradnorm"):
+    """Table 2 (without the ACR column: `table` gives it) and the Fig. 5 histograms."""
     rows = []
     for log in logs:
         s = easy_hard(log["pA"], log["grad_norm"])
         rows.append([log["label"], f"{s['easy']:.2f}", f"{s['hard']:.2f}", f"{s['ratio']:.2f}",
                      str(s["n_easy"]), str(s["n_hard"])])
     header = ["method", "easy", "hard", "easy / hard", "n easy", "n hard"]
-    md = "Mean per-example gradient l2 norm, easy: pA > 0.5, hard: pA < 0.5 (Table 2):\n\n" + markdown(header, rows)
+    md = ("Mean per-example gradient l2 norm, easy: pA > 0.5, hard: pA < 0.5 (Table 2):\n\n" +
+          markdown(header, rows))
     write_text(out, f"{name}.md", md)
     write_text(out, f"{name}.tsv", tsv(header, rows))
     if out:
@@ -871,7 +896,8 @@ def gradnorm_report(logs, out, name="gradnorm"):
 def plot_gradnorm(logs, out, name):
     """Fig. 5: histograms of the gradient norm of easy and hard examples, log-scale counts."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(logs), figsize=(4.2 * len(logs), 3.2), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(1, len(logs), figsize=(4.2 * len(logs), 3.2), squeeze=False,
+                             layout="constrained")
     for ax, log in zip(axes[0], logs):
         bins = np.linspace(0, max(float(np.max(log["grad_norm"])), 1e-9), 40)
         ax.hist(log["grad_norm"][log["pA"] > 0.5], bins=bins, alpha=0.6, label="easy (pA > 0.5)")
@@ -900,6 +926,7 @@ def paper_logs(root, figure):
 
 
 def paper_report(root, out):
+    """Every entry of PAPER_FIGURES whose logs exist under root, then the §4 numbers."""
     common.check(os.path.isdir(root), f"--root {root!r} is not a folder")
     parts = []
     for figure in PAPER_FIGURES:
@@ -965,14 +992,16 @@ IMAGENET_RADII = [0.5 * i for i in range(8)]
 PAPER_FIGURES = [
     dict(name="table3_cifar10", kind="table", title="Table 3 and Figure 6: CIFAR-10", radii=DEFAULT_RADII, **CIFAR),
     dict(name="table4_imagenet", kind="table", title="Table 4: ImageNet", radii=IMAGENET_RADII, **IMAGENET),
-    dict(name="envelope_cifar10", kind="envelope", title="§7: best over σ, CIFAR-10", radii=DEFAULT_RADII, **CIFAR),
+    dict(name="envelope_cifar10", kind="envelope", title="§7: best over σ, CIFAR-10", radii=DEFAULT_RADII,
+         **CIFAR),
     dict(name="envelope_imagenet", kind="envelope", title="§7: best over σ, ImageNet", radii=IMAGENET_RADII,
          **IMAGENET),
-    dict(name="figure9_ecdf_cifar10", kind="ecdf", title="Figures 3, 9 and App. B.3: ECDF of pA, CIFAR-10", **CIFAR),
+    dict(name="figure9_ecdf_cifar10", kind="ecdf", title="Figures 3, 9 and App. B.3: ECDF of pA, CIFAR-10",
+         **CIFAR),
     dict(name="figure11_ecdf_imagenet", kind="ecdf", title="Figure 11: ECDF of pA, ImageNet", **IMAGENET),
-    dict(name="figure8_budget", kind="budget", title="Figures 7, 8: CIFAR-10, σ = 1.0, certified with N = 100, "
-         "α = 0.01", N=100, alpha=0.01, radii=[0.25 * i for i in range(8)], logs=CIFAR["logs"], sigmas=("1.0",),
-         methods=("gaussian", "consistency", "catrs", "ours")),
+    dict(name="figure8_budget", kind="budget", title="Figure 8: the models of Figure 7 (CIFAR-10, σ = 1.0) "
+         "certified with N = 100, α = 0.01", N=100, alpha=0.01, radii=[0.25 * i for i in range(8)],
+         logs=CIFAR["logs"], sigmas=("1.0",), methods=("gaussian", "consistency", "catrs", "ours")),
 ]
 
 if __name__ == "__main__":

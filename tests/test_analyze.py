@@ -59,7 +59,8 @@ def test_toy_example_of_section_4_1_gives_the_printed_acrs(N, trivial, other):
 
 
 def test_toy_example_order_flips_between_50_100_and_200():
-    diff = [analyze.trivial_acr(N, 0.001, 1.0) - analyze.constant_pA_acr(0.9, N, 0.001, 1.0) for N in (50, 100, 200)]
+    diff = [analyze.trivial_acr(N, 0.001, 1.0) - analyze.constant_pA_acr(0.9, N, 0.001, 1.0)
+            for N in (50, 100, 200)]
     assert diff[0] > 0 > diff[1] and diff[2] > 0
     flips = analyze.order_flips(range(1, 401), [analyze.trivial_acr(N, 0.001, 1.0) for N in range(1, 401)],
                                 [analyze.constant_pA_acr(0.9, N, 0.001, 1.0) for N in range(1, 401)])
@@ -328,7 +329,8 @@ def test_published_logs_reproduce_the_published_ecdf_files():
 @needs_reference
 def test_published_ecdfs_give_the_orders_listed_in_appendix_b3():
     listed = {"0.25": [("catrs", "consistency"), ("catrs", "smoothadv"), ("ours", "catrs")],
-              "0.5": [("catrs", "smoothmix")], "1.0": [("catrs", "smoothmix"), ("catrs", "macer"), ("ours", "macer")]}
+              "0.5": [("catrs", "smoothmix")],
+              "1.0": [("catrs", "smoothmix"), ("catrs", "macer"), ("ours", "macer")]}
     upto = analyze.ECDF_GRID <= 0.99 + 1e-12
     for sigma, pairs in listed.items():
         curves = {}
