@@ -222,6 +222,16 @@ def test_ablation_marks_the_parts_and_puts_gaussian_first(tmp_path, capsys):
     assert code == 2 and "discard+magic" in err
 
 
+def test_paper_command_runs_on_the_published_layout_and_skips_what_is_missing(tmp_path, capsys):
+    for method, sigma in (("gaussian", "0.5"), ("ours", "0.5"), ("ours", "1.0")):
+        os.makedirs(tmp_path / "certify" / "cifar10" / method, exist_ok=True)
+        write_log(tmp_path / "certify" / "cifar10" / method / f"noise_{sigma}.tsv", [0.6, 0.2, 0.0], [1, 1, 0])
+    code, out, _ = run_main(["paper", "--root", str(tmp_path)], capsys)
+    assert code == 0
+    assert "| 0.5 | Gaussian | 3 | 0.267 | 66.7 |" in out and "| 1.0 | Ours | 3 | 0.267 |" in out
+    assert "(no logs " in out and "§4.1" in out                 # no ImageNet logs here: skipped, not an error
+
+
 def test_sigma_and_label_come_from_the_path_then_the_sidecar(tmp_path):
     assert analyze.sigma_from_path("certify/cifar10/ours/noise_0.25.tsv") == 0.25
     assert analyze.sigma_from_path("runs/train_ours_cifar10_sigma0.5/certify.tsv") == 0.5
