@@ -355,26 +355,60 @@ def gaussian_noise(shape, sigma, device, generator=None):
     return sigma * torch.randn(shape, device=device, generator=generator)
 
 
-@torch.no_grad()
-def sample_counts(model, x, sigma, n, batch, num_classes, generator=None):
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_precision(precision, device):
+    """Raise a UserError unless `precision` (fp32, bf16, fp16) can run on `device` (fp16: CUDA only)."""
+    device = torch.device(device)
+    check(precision in PRECISIONS, f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    check(precision != "fp16" or device.type == "cuda", "fp16 needs a CUDA device; use bf16 on the CPU")
+    check(precision != "bf16" or device.type != "cuda" or torch.cuda.is_bf16_supported(),
+          "this GPU does not support bf16; use fp16")
+
+
+def autocast(device_type, precision="fp32"):
+    """The autocast context of a precision: fp32 is a no-op, bf16/fp16 run matmuls and convolutions in it."""
+    dtype = PRECISIONS[precision]
+    return torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def pass_sizes(n, per_pass):
+    """Split n draws into ceil(n / per_pass) passes of (nearly) equal size: no nearly empty last pass."""
+    passes = -(-n // per_pass)
+    if passes <= 0:
+        return []
+    q, r = divmod(n, passes)
+    return [q + 1] * r + [q] * (passes - r)
+
+
+def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, *, precision="fp32", stop=None):
     """Count the base classifier's votes on n Gaussian-noised copies of each input.
 
-    model: in eval mode, on x's device. x: (B, C, H, W) in [0, 1]. Each forward pass holds about `batch`
-    noisy inputs (at least one noisy copy of every input). Noise is drawn on the device, votes are
-    counted on the device. Returns an int64 tensor (B, num_classes) on x's device; counts sum to n per row.
+    model: in eval mode, on x's device (any memory format: a channels-last model reorders its input).
+    x: (B, C, H, W) in [0, 1]. The n copies go through the model in pass_sizes(n, batch // B) passes of
+    about `batch` noisy inputs (at least one copy of every input per pass). Noise is drawn on the device in
+    fp32 and votes are counted there, in inference mode; nothing goes to the host. precision: 'fp32', or
+    'bf16'/'fp16' autocast of the forward passes (the certificate is then one of that reduced-precision
+    classifier). stop: optional callable(counts, drawn) -> bool, called after each pass but the last;
+    True ends counting early. The passes before a stop are exactly those of the full count, so the noise
+    stream does not depend on `stop`. Returns an int64 tensor (B, num_classes) on x's device; each row
+    sums to the number of draws made (n unless stopped).
     """
     B = x.shape[0]
-    counts = torch.zeros(B, num_classes, dtype=torch.long, device=x.device)
-    per_pass = max(1, batch // B)  # noisy copies of each input per forward pass
-    remaining = n
-    while remaining > 0:
-        k = min(per_pass, remaining)
-        noise = gaussian_noise((k, *x.shape), sigma, x.device, generator)      # (k, B, C, H, W)
-        pred = model((x.unsqueeze(0) + noise).flatten(0, 1)).argmax(1)         # (k*B,)
-        rows = torch.arange(B, device=x.device).repeat(k)                      # copy j of input b -> b
-        counts.view(-1).index_add_(0, rows * num_classes + pred, torch.ones_like(pred))
-        remaining -= k
-    return counts
+    with torch.inference_mode():
+        counts = torch.zeros(B, num_classes, dtype=torch.long, device=x.device)
+        drawn = 0
+        for k in pass_sizes(n, max(1, batch // B)):
+            noise = gaussian_noise((k, *x.shape), sigma, x.device, generator)      # (k, B, C, H, W)
+            with autocast(x.device.type, precision):
+                pred = model((x.unsqueeze(0) + noise).flatten(0, 1)).argmax(1)    # (k*B,)
+            slots = torch.arange(B, device=x.device).repeat(k) * num_classes + pred  # copy j of input b -> b
+            counts.view(-1).index_add_(0, slots, torch.ones_like(pred))
+            drawn += k
+            if stop is not None and drawn < n and stop(counts, drawn):
+                break
+    return counts.clone()  # a normal tensor: callers may update it in place outside inference mode
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -546,16 +580,20 @@ def split_chunks(batch, m):
     return [tuple(t[i * b:(i + 1) * b] for t in batch) for i in range(m)]
 
 
-def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None, max_batches=None):
+def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None, max_batches=None, *,
+                precision="fp32"):
     """One training epoch: every loader batch is split into `chunks` chunks, one optimizer step each.
 
     loss_fn(model, x, y, idx) -> dict with 'loss' (scalar tensor to minimise), 'correct' (tensor: correct
     predictions among its noisy inputs) and 'total' (int: number of noisy inputs). Loss and accuracy are
     accumulated on the device (no per-step host synchronisation). Returns {'train_loss', 'train_acc'}.
     progress: optional callable(batches_done, batches_total) for a progress line. max_batches: stop after
-    that many loader batches (smoke tests and timing; None = the whole epoch).
+    that many loader batches (smoke tests and timing; None = the whole epoch). precision: 'fp32', or
+    'bf16'/'fp16' autocast of loss_fn (mixed precision, --amp); fp16 scales the loss (a GradScaler per
+    epoch, so a run resumed at an epoch boundary repeats the uninterrupted one).
     """
     model.train()
+    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None  # bf16 has fp32's range
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)
     total, steps = 0, 0
@@ -565,10 +603,16 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
             break
         batch = tuple(t.to(device, non_blocking=True) for t in batch)
         for x, y, idx in split_chunks(batch, chunks):
-            out = loss_fn(model, x, y, idx)
+            with autocast(device.type, precision):
+                out = loss_fn(model, x, y, idx)
             optimizer.zero_grad(set_to_none=True)
-            out["loss"].backward()
-            optimizer.step()
+            if scaler is None:
+                out["loss"].backward()
+                optimizer.step()
+            else:  # skips the step when the scaled gradients overflowed
+                scaler.scale(out["loss"]).backward()
+                scaler.step(optimizer)
+                scaler.update()
             loss_sum += out["loss"].detach()
             correct += out["correct"]
             total += out["total"]
