@@ -10,7 +10,7 @@ NOTE: each epoch is one shuffled pass over the data; the paper's own Gaussian nu
 train.py with all parts off, which samples with replacement (`train_ours.py --no-discard --no-reweight
 --T 0` reproduces that).
 
-CIFAR-10 with the paper's schedule (150 epochs, lr 0.1, x0.1 every 50), writes runs/train_gaussian_cifar10_sigma0.5:
+CIFAR-10, the paper's schedule (150 epochs, lr 0.1, x0.1 every 50), into runs/train_gaussian_cifar10_sigma0.5:
     python train_gaussian.py --dataset cifar10 --data-dir ../shared/data/cifar10 --sigma 0.5
 Gradient norms of Table 2 (TSV idx label pA grad_norm, written beside the checkpoint):
     python train_gaussian.py --gradnorm runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --probe 200
@@ -40,7 +40,8 @@ def parse_args():
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--outdir", help="run folder (default runs/train_gaussian_<dataset>_sigma<sigma>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --outdir from its checkpoint")
-    p.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E epochs")
+    p.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E "
+                   "epochs")
     p.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests, timing)")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT")
     p.add_argument("--probe", type=int, default=1000, help="--gradnorm: training examples probed")
@@ -90,12 +91,14 @@ def main():
     device = common.setup_distributed(args.device)
     common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
-    test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
+    test_set = common.get_dataset(args.dataset, "test", args.data_dir)
+    test_loader = common.make_test_loader(test_set, 256, args.workers)
     model = common.get_architecture(args.arch, args.dataset).to(device)
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step)
-    first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir), args.resume,
-                                      expect={"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma})
+    expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
+    first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir),
+                                      args.resume, expect)
     model = common.wrap_model(model, device)
     if common.is_main_process():
         common.write_json(vars(args), os.path.join(args.outdir, "args.json"))

@@ -85,7 +85,8 @@ def parse_args():
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--outdir", help="run folder (default runs/train_ours_<dataset>_sigma<sigma>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --outdir from its checkpoint")
-    p.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E epochs")
+    p.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E "
+                   "epochs")
     p.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests, timing)")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of "
                    "CKPT, with and without the attack")
@@ -117,7 +118,8 @@ def check_settings(s):
     common.check(s["m"] >= 1, f"--m must be >= 1, got {s['m']}")
     common.check(0 <= s["pt"] <= 1, f"--pt must lie in [0, 1], got {s['pt']}")
     common.check(s["T"] >= 0, f"--T must be >= 0 (0 switches the attack off), got {s['T']}")
-    common.check(s["T"] == 0 or s["eps"] > 0, f"--eps must be > 0 with the attack on (--T {s['T']}), got {s['eps']}")
+    common.check(s["T"] == 0 or s["eps"] > 0,
+                 f"--eps must be > 0 with the attack on (--T {s['T']}), got {s['eps']}")
     common.check(s["Et"] >= 0 and s["N"] >= 1 and s["N_weight"] >= 1 and s["reweight_every"] >= 1,
                  "--Et must be >= 0 and --N, --N_weight, --reweight_every >= 1")
     common.check(0 < s["alpha"] < 1 and 0 < s["p_min"] < 1, "--alpha and --p_min must lie in (0, 1)")
@@ -161,7 +163,8 @@ def estimate_counts(model, dataset, indices, sigma, n, batch, path):
 def discard_hard(model, dataset, sigma, N, pt, outdir, epoch):
     """§5.1: keep the training examples whose estimated pA = count / N is at least pt; returns their indices."""
     everything = torch.arange(len(dataset))
-    counts = estimate_counts(model, dataset, everything, sigma, N, 1024, os.path.join(outdir, f"pA_epoch{epoch}_discard.tsv"))
+    path = os.path.join(outdir, f"pA_epoch{epoch}_discard.tsv")
+    counts = estimate_counts(model, dataset, everything, sigma, N, 1024, path)
     kept = everything[counts.double() / N >= pt]
     if common.is_main_process():
         ratio = len(kept) / len(dataset)
@@ -215,12 +218,14 @@ def main():
     device = common.setup_distributed(args.device)
     common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
-    test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
+    test_set = common.get_dataset(args.dataset, "test", args.data_dir)
+    test_loader = common.make_test_loader(test_set, 256, args.workers)
     model = common.get_architecture(args.arch, args.dataset).to(device)
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step)
-    first, state = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir), args.resume,
-                                          expect={"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma})
+    expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
+    first, state = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir),
+                                          args.resume, expect)
     kept = state.get("kept", torch.arange(len(train_set))).cpu()   # D', all of D until the discard
     weights = state.get("weights")                                   # §5.2 sampling weights over kept
     weights = None if weights is None else weights.cpu()             # None: uniform
@@ -237,7 +242,8 @@ def main():
         common.seed_epoch(args.seed, epoch)
         if args.discard and epoch == start:                                             # Alg. 2: epoch == Et
             pA_model = common.load_model(args.pA_checkpoint, device=device)[0] if args.pA_checkpoint else model
-            kept, weights = discard_hard(pA_model, train_set, args.sigma, args.N, args.pt, args.outdir, epoch), None
+            kept = discard_hard(pA_model, train_set, args.sigma, args.N, args.pt, args.outdir, epoch)
+            weights = None
         if args.reweight and epoch >= start and (epoch - start) % args.reweight_every == 0:  # Et, Et + 10, ...
             counts = estimate_counts(model, train_set, kept, args.sigma, args.N_weight, 1024,
                                      os.path.join(args.outdir, f"pA_epoch{epoch}_weights.tsv"))
