@@ -35,9 +35,14 @@ CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA",
 PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N")
 # Settings that change what a line means: a resumed file must have been written with the same ones.
 CHECKED_SETTINGS = ("mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N", "alpha", "seed",
-                    "skip")
-# Settings that change the random draws but not their distribution: a change is only worth a note.
-NOTED_SETTINGS = ("batch", "device_type")
+                    "skip", "precision", "early_abstain")
+# Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
+NOTED_SETTINGS = ("batch", "device_type", "channels_last", "compile")
+# What a sidecar written before a setting existed meant by it.
+SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "compile": False}
+# --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
+# the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
+EARLY_ABSTAIN_ALPHA = 0.001
 
 
 def parse_args(argv=None):
@@ -60,6 +65,16 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--predict", action="store_true", help="run PREDICT (no radius) instead of CERTIFY")
     p.add_argument("--overwrite", action="store_true", help="start again instead of resuming an existing outfile")
+    p.add_argument("--precision", default="fp32", choices=tuple(common.PRECISIONS),
+                   help="arithmetic of the base classifier: fp32 (the paper's), bf16 (CPU, CUDA) or fp16 (CUDA) "
+                        "autocast; the certificate then holds for that reduced-precision classifier")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="channels-last memory format (default: on for convolutional models)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the base classifier (a minute of "
+                   "compilation per batch shape; falls back to eager with a note where it cannot run)")
+    p.add_argument("--early-abstain", action="store_true",
+                   help=f"CERTIFY: stop and abstain once an upper confidence bound on pA falls below 1/2 "
+                        f"(tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws made")
     argv = sys.argv[1:] if argv is None else argv
     return p.parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `torchrun certify.py -- ...` may pass the --
 
@@ -68,32 +83,66 @@ def parse_args(argv=None):
 # CERTIFY and PREDICT on one input (Cohen et al. 2019, Alg. "certify" and "predict")
 # ----------------------------------------------------------------------------------------------------------
 
-def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator):
+def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision="fp32", early_abstain=None):
     """CERTIFY of Cohen et al.: pick cA on N0 noisy copies, lower-bound pA on N fresh ones.
 
     x: one input (C, H, W) in [0, 1] on the model's device; generator: a torch.Generator on that device (the
     selection draws come first, then the estimation draws). With probability >= 1 - alpha, a returned radius
     is a true l2 robustness radius of the smoothed classifier at x. Returns a dict: predict (cA, or -1 when
     the lower bound on pA is below 1/2: abstain), radius (sigma * Phi^-1(pA_lower), 0.0 on abstention),
-    nA (votes for cA among the N estimation draws) and N.
+    nA (votes for cA among the estimation draws) and N (the number of estimation draws made).
+    early_abstain: None, or the alpha of early abstention (see abstain_rule): the estimation may then stop
+    early and abstain, with N < the N asked for. Unstopped, the result is exactly that of the full run.
     """
-    counts0 = common.sample_counts(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator)[0]
+    counts0 = common.sample_counts(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator,
+                                   precision=precision)[0]
     cA = int(counts0.argmax())  # first class on ties, as numpy's argmax in Cohen's code
-    counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0]
-    nA = int(counts[cA])
+    stop = None if early_abstain is None else abstain_rule(cA, N, batch, early_abstain)
+    counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator,
+                                  precision=precision, stop=stop)[0].cpu()  # one transfer
+    nA, drawn = int(counts[cA]), int(counts.sum())
+    if drawn < N:  # stopped early: abstain
+        return {"predict": -1, "radius": 0.0, "nA": nA, "N": drawn}
     pA_lower = common.clopper_pearson_lower(nA, N, alpha)
     if pA_lower < 0.5:
         return {"predict": -1, "radius": 0.0, "nA": nA, "N": N}
     return {"predict": cA, "radius": float(common.certified_radius(pA_lower, sigma)), "nA": nA, "N": N}
 
 
-def predict(model, x, sigma, N, alpha, batch, num_classes, generator):
+def abstain_checks(N, batch):
+    """Early abstention tests pA after 1, 2, 4, 8, ... of the full count's passes (never after the last one).
+
+    Returns the draw counts at those pass ends. Growing stages: an example far below 1/2 stops after 1 % of
+    N = 100,000 draws (batch 1000), one near 1/2 runs on; the tests cost log2(passes) shares of the alpha.
+    """
+    ends = np.cumsum(common.pass_sizes(N, batch))
+    return [int(ends[k - 1]) for k in (2 ** j for j in range(len(ends).bit_length())) if k < len(ends)]
+
+
+def abstain_rule(cA, N, batch, alpha):
+    """stop(counts, drawn) for common.sample_counts: stop when a one-sided Clopper-Pearson upper bound on
+    pA(cA) at level alpha / (number of tests) is below 1/2, at the draw counts of abstain_checks.
+
+    With probability >= 1 - alpha an example whose pA >= 1/2 is never stopped (Bonferroni over the tests).
+    A stop only abstains, so CERTIFY's guarantee is unchanged whatever alpha is.
+    """
+    checks = abstain_checks(N, batch)
+    level = alpha / max(len(checks), 1)
+
+    def stop(counts, drawn):
+        if drawn not in checks:
+            return False
+        return common.clopper_pearson_upper(int(counts[0, cA]), drawn, level) < 0.5
+    return stop
+
+
+def predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision="fp32"):
     """PREDICT of Cohen et al.: the top class of N noisy copies, unless a two-sided binomial test cannot tell it
     from the runner-up at level alpha (then abstain: -1). x: (C, H, W). Returns a dict: predict, nA (votes for
     the top class), N and the test's pvalue. The smoothed classifier's answer is wrong w.p. at most alpha.
     """
-    counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0]
-    counts = counts.cpu().numpy()
+    counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator,
+                                  precision=precision)[0].cpu().numpy()
     order = np.argsort(-counts, kind="stable")  # ties: the lower class first
     nA = int(counts[order[0]])
     nB = int(counts[order[1]]) if len(order) > 1 else 0
@@ -101,14 +150,15 @@ def predict(model, x, sigma, N, alpha, batch, num_classes, generator):
     return {"predict": int(order[0]) if pvalue <= alpha else -1, "nA": nA, "N": N, "pvalue": pvalue}
 
 
-def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, seed, use_predict):
+def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, seed, use_predict,
+                 precision="fp32", early_abstain=None):
     """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline)."""
     generator = common.example_generator(seed, idx, x.device)
     start = time.time()
     if use_predict:
-        out = predict(model, x, sigma, N, alpha, batch, num_classes, generator)
+        out = predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision)
     else:
-        out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator)
+        out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision, early_abstain)
     elapsed = str(datetime.timedelta(seconds=time.time() - start))
     correct = int(out["predict"] == label)
     if use_predict:
@@ -175,15 +225,16 @@ def check_resumable(outfile, settings, columns):
     except (OSError, ValueError) as e:
         raise common.UserError(f"cannot read settings file {sidecar!r} ({type(e).__name__}); "
                                f"pass --overwrite to start again") from None
-    diff = [f"{k} {old.get(k)!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if old.get(k) != settings[k]]
+    old = {k: old.get(k, SETTING_DEFAULTS.get(k)) for k in CHECKED_SETTINGS + NOTED_SETTINGS}
+    diff = [f"{k} {old[k]!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if old[k] != settings[k]]
     common.check(not diff, f"{outfile!r} was written with other settings ({'; '.join(diff)}); rerun with the "
                            f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
     for path in existing:
         read_rows(path, columns)
     for k in NOTED_SETTINGS:
-        if old.get(k) != settings[k]:
-            sys.stderr.write(f"note: resuming with {k} {settings[k]!r} (was {old.get(k)!r}): new lines are valid "
-                             f"but draw other noise than an uninterrupted run would\n")
+        if old[k] != settings[k]:
+            sys.stderr.write(f"note: resuming with {k} {settings[k]!r} (was {old[k]!r}): new lines are valid "
+                             f"but may differ from those an uninterrupted run would write (noise or rounding)\n")
 
 
 def prepare_outputs(outfile, settings, columns, overwrite):
@@ -260,6 +311,7 @@ def check_args(args):
     common.check(args.max is None or args.max >= 1, f"--max must be >= 1 (got {args.max}); omit it for all")
     common.check(args.batch >= 1, f"--batch must be >= 1 (got {args.batch})")
     common.check(args.seed >= 0, f"--seed must be >= 0 (got {args.seed})")
+    common.check(not (args.early_abstain and args.predict), "--early-abstain applies to CERTIFY, not --predict")
 
 
 def default_outfile(checkpoint, sigma, split, use_predict):
@@ -279,6 +331,41 @@ def file_sha256(path):
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def is_convolutional(model):
+    """True for models with a 2D convolution: channels-last pays off for them (measured: see bench.py)."""
+    return any(isinstance(mod, torch.nn.Conv2d) for mod in model.modules())
+
+
+def fast_model(model, channels_last, compile_model, shapes, precision):
+    """The base classifier on the fast path: channels-last weights and, if asked, torch.compile.
+
+    Compilation happens here, once per input shape in `shapes` (the pass shapes of the run); where it fails
+    (no C++ compiler, an unsupported model, ...) a note says why and the eager model is returned.
+    """
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if not compile_model:
+        return model
+    # freezing: the weights become constants, so BatchNorm folds into the convolutions (inference only)
+    compiled = torch.compile(model, dynamic=False, options={"freezing": True})
+    device = next(model.parameters()).device
+    try:
+        with torch.inference_mode(), common.autocast(device.type, precision):
+            for shape in shapes:
+                compiled(torch.zeros(shape, device=device))
+    except Exception as e:  # whatever the compiler raises: say so, and run eager
+        reason = (str(e).strip().splitlines() or [""])[0][:200]
+        sys.stderr.write(f"note: --compile is not available here ({type(e).__name__}: {reason}); running eager\n")
+        return model
+    return compiled
+
+
+def pass_shapes(input_shape, N0, N, batch, use_predict):
+    """The distinct input shapes of the forward passes of a run (what torch.compile specialises on)."""
+    sizes = set(common.pass_sizes(N, batch)) | (set() if use_predict else set(common.pass_sizes(N0, batch)))
+    return [(k, *input_shape) for k in sorted(sizes)]
 
 
 def select_examples(n, skip, max_count, done):
@@ -322,6 +409,7 @@ def main(argv=None):
     check_args(args)
     rank, world, device_name = distributed_setup(args.device)
     device = common.get_device(device_name)
+    common.check_precision(args.precision, device)
     model, ckpt = common.load_model(args.checkpoint, args.dataset, args.arch, device)
     dataset_name = args.dataset or ckpt.get("dataset")
     common.check(dataset_name is not None, f"checkpoint {args.checkpoint!r} names no dataset; pass --dataset")
@@ -338,7 +426,9 @@ def main(argv=None):
                 "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
                 "N0": None if args.predict else args.N0,  # PREDICT has no selection step
                 "seed": args.seed, "skip": args.skip, "batch": args.batch, "device_type": device.type,
-                "columns": list(columns)}
+                "precision": args.precision, "early_abstain": EARLY_ABSTAIN_ALPHA if args.early_abstain else False,
+                "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
+                "compile": args.compile, "columns": list(columns)}
     common.check(not os.path.isdir(outfile), f"--outfile {outfile!r} is a folder; name a .tsv file")
     if not args.overwrite:
         check_resumable(outfile, settings, columns)
@@ -346,6 +436,8 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
     except OSError as e:
         raise common.UserError(f"cannot create the folder of {outfile!r} ({e.strerror}); pass another --outfile")
+    shapes = pass_shapes(tuple(dataset[0][0].shape), args.N0, args.N, args.batch, args.predict)
+    model = fast_model(model, settings["channels_last"], args.compile, shapes, args.precision)
 
     todo = [None]
     if rank == 0:
@@ -364,7 +456,8 @@ def main(argv=None):
         for k, idx in enumerate(mine):
             x, label = dataset[idx]
             line = example_line(model, x.to(device), int(label), idx, sigma, args.N0, args.N, args.alpha,
-                                args.batch, num_classes, args.seed, args.predict)
+                                args.batch, num_classes, args.seed, args.predict, args.precision,
+                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None)
             print(line, file=out, flush=True)
             if progress is not None:
                 progress.update(k + 1)
