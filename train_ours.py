@@ -88,6 +88,9 @@ def parse_args():
     p.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E "
                    "epochs")
     p.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests, timing)")
+    p.add_argument("--amp", nargs="?", const="bf16", choices=("bf16", "fp16"), help="mixed precision training: "
+                   "bf16 autocast (CPU, CUDA; the default of a bare --amp) or fp16 with loss scaling (CUDA)")
+    p.add_argument("--channels-last", action="store_true", help="channels-last memory format (faster convolutions)")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of "
                    "CKPT, with and without the attack")
     p.add_argument("--probe", type=int, default=1000, help="--gradnorm: training examples probed")
@@ -216,11 +219,14 @@ def main():
         return gradnorm_mode(args)
     args = settings(args, args.sigma, args.dataset)
     device = common.setup_distributed(args.device)
+    common.check_precision(args.amp or "fp32", device)
     common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_set = common.get_dataset(args.dataset, "test", args.data_dir)
     test_loader = common.make_test_loader(test_set, 256, args.workers)
     model = common.get_architecture(args.arch, args.dataset).to(device)
+    if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
+        model = model.to(memory_format=torch.channels_last)
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
@@ -258,7 +264,8 @@ def main():
 
         lr = optimizer.param_groups[0]["lr"]
         row = common.train_epoch(model, loader, optimizer, loss_fn, args.m, device,
-                                 common.progress_line(f"epoch {epoch + 1}"), args.max_batches)
+                                 common.progress_line(f"epoch {epoch + 1}"), args.max_batches,
+                                 precision=args.amp or "fp32")
         if common.is_main_process():
             row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device))
         scheduler.step()
