@@ -12,9 +12,8 @@ CIFAR-10, the released setting of a method for a sigma (writes runs/train_<metho
     python train_baselines.py --method smoothmix --sigma 0.5 --dataset cifar10 --data-dir ../shared/data/cifar10
 CAT-RS needs the soft labels of a Gaussian sigma = 0.25 model on the training set, computed once and used for
 every training sigma (N = 10,000 noisy votes per image):
-    python train_baselines.py --make-catrs-target --checkpoint runs/train_gaussian_cifar10_sigma0.25/checkpoint.pth.tar \
-        --out runs/catrs_target_cifar10.pt
-    python train_baselines.py --method catrs --sigma 0.5 --catrs-target runs/catrs_target_cifar10.pt --dataset cifar10
+    python train_baselines.py --make-catrs-target --checkpoint GAUSSIAN_SIGMA0.25.pth.tar --out runs/catrs_target.pt
+    python train_baselines.py --method catrs --sigma 0.5 --catrs-target runs/catrs_target.pt --dataset cifar10
 Gradient norms of Table 2 (TSV idx label pA grad_norm beside the checkpoint), each with its method's own loss:
     python train_baselines.py --method macer --gradnorm runs/train_macer_cifar10_sigma0.5/checkpoint.pth.tar
 
@@ -609,6 +608,7 @@ def gradnorm_mode(args):
     device = common.get_device(args.device)
     model, ckpt = common.load_model(args.gradnorm, device=device)
     dataset = ckpt.get("dataset") or args.dataset
+    outdir = args.outdir or os.path.dirname(os.path.abspath(args.gradnorm))   # default: beside the checkpoint
     args = settings(common.argparse.Namespace(**dict(vars(args), sigma=args.sigma or ckpt.get("sigma"),
                                                      dataset=dataset)))
     common.check(args.probe >= 1 and (args.N is None or args.N >= 1), "--probe and --N must be >= 1")
@@ -618,8 +618,7 @@ def gradnorm_mode(args):
         target = load_catrs_target(args.catrs_target, dataset, len(train_set), common.NUM_CLASSES[dataset])
     epoch = max(int(ckpt.get("epoch", args.epochs)), 1) - 1  # the loss of the checkpoint's last epoch
     loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)
-    outdir = common.make_outdir(args.outdir or os.path.dirname(os.path.abspath(args.gradnorm)))
-    path = os.path.join(outdir, f"gradnorm_{args.method}.tsv")
+    path = os.path.join(common.make_outdir(outdir), f"gradnorm_{args.method}.tsv")
     rows = common.measure_grad_norms(model, train_set, loss_fn, args.sigma, args.probe, args.N or 100, args.seed,
                                      256, path)
     print(f"wrote {len(rows['idx'])} gradient norms ({args.method} loss, epoch {epoch}) to {path}")
