@@ -95,6 +95,9 @@ CHUNKED = {"smoothadv": True, "macer": False, "consistency": True, "smoothmix": 
 # statistics depend on the order, so one layout serves all methods.
 # ----------------------------------------------------------------------------------------------------------
 
+# Every loss and attack takes the logits in float32 (`model(...).float()`): under --amp the model computes in
+# bf16/fp16, but softmax averages, KL terms and MACER's Phi^-1 near 1 need full precision.
+
 def draw_noise(x, sigma, m, noise=None):
     """m Gaussian draws for the chunk x, shape (m, b, C, H, W), drawn exactly as common.gaussian_loss draws them.
 
@@ -147,7 +150,7 @@ def smoothed_nll(model, u, y, noise):
     The target of SmoothAdv's and SmoothMix's attacks; clamped at 1e-20 as in the official code. Returns (b,).
     """
     m, b = noise.shape[:2]
-    pbar = F.softmax(model(add_noise(u, noise)), 1).view(m, b, -1).mean(0)      # (b, K)
+    pbar = F.softmax(model(add_noise(u, noise)).float(), 1).view(m, b, -1).mean(0)  # (b, K)
     return -pbar.gather(1, y[:, None]).squeeze(1).clamp_min(1e-20).log()
 
 
@@ -199,7 +202,7 @@ def smoothadv_loss(model, x, y, idx, *, sigma, m, T, eps, noise=None):
     """
     noise = draw_noise(x, sigma, m, noise)
     x_adv = smoothadv_attack(model, x, y, noise, T, eps)
-    logits = model(add_noise(x_adv, noise))                                   # (m*b, K)
+    logits = model(add_noise(x_adv, noise)).float()                           # (m*b, K)
     targets = y.repeat(m)
     return result(F.cross_entropy(logits, targets), logits, targets)
 
@@ -217,7 +220,7 @@ def macer_loss(model, x, y, idx, *, sigma, m, beta, gamma, lbd, noise=None):
     """
     noise = draw_noise(x, sigma, m, noise)
     b = len(y)
-    logits = model(add_noise(x, noise))                                       # (m*b, K)
+    logits = model(add_noise(x, noise)).float()                               # (m*b, K)
     z = logits.view(m, b, -1)
     pbar = F.softmax(z, 2).mean(0)                                            # (b, K)
     classification = -(pbar.gather(1, y[:, None]).squeeze(1) + 1e-10).log()  # (b,)
@@ -240,7 +243,7 @@ def consistency_loss(model, x, y, idx, *, sigma, m, lbd, eta, noise=None):
     """Consistency: mean CE + lbd * mean_{x,i} KL(pbar || p_i) + eta * mean_x H(pbar); pbar is not detached."""
     noise = draw_noise(x, sigma, m, noise)
     b = len(y)
-    logits = model(add_noise(x, noise))                                       # (m*b, K)
+    logits = model(add_noise(x, noise)).float()                               # (m*b, K)
     targets = y.repeat(m)
     logp = F.log_softmax(logits, 1).view(m, b, -1)
     pbar = logp.exp().mean(0)                                                 # (b, K)
@@ -296,11 +299,11 @@ def smoothmix_loss(model, x, y, idx, *, sigma, m, T, alpha, eta, mix_step, warm,
     noise = draw_noise(x, sigma, m, noise)
     b = len(y)
     u_init, x_adv = smoothmix_attack(model, x, y, noise, T, alpha, mix_step, warm, maxnorm)
-    logits = model(add_noise(u_init, noise))                                  # (m*b, K)
+    logits = model(add_noise(u_init, noise)).float()                          # (m*b, K)
     targets = y.repeat(m)
     pbar = F.softmax(logits, 1).view(m, b, -1).mean(0)                        # (b, K), not detached
     mix = smoothmix_mixup(u_init, x_adv, pbar)
-    logq_mix = F.log_softmax(model(add_noise(mix["x_mix"], noise)), 1)        # second, separate forward
+    logq_mix = F.log_softmax(model(add_noise(mix["x_mix"], noise)).float(), 1)  # second, separate forward
     mask = (pbar.argmax(1) == y).float().repeat(m)
     mixup = (mask * kl_div(mix["y_mix"].repeat(m, 1), logq_mix)).mean()
     loss = F.cross_entropy(logits, targets) + eta * warm * mixup
@@ -330,7 +333,7 @@ def catrs_attack(model, x, pb, delta, T, eps):
     with frozen_eval(model):
         for _ in range(T):
             cur.requires_grad_(True)
-            logq = F.log_softmax(model(add_noise(x, cur.view_as(delta))), 1)
+            logq = F.log_softmax(model(add_noise(x, cur.view_as(delta))).float(), 1)
             grad, = torch.autograd.grad(kl_div(target, logq).sum() / m, cur)
             with torch.no_grad():
                 cur = cur.detach() + (2 * eps / T) * grad / (grad.norm(dim=2, keepdim=True) + 1e-8)
@@ -367,14 +370,14 @@ def catrs_loss(model, x, y, idx, *, sigma, m, T, eps, lbd, target, confidence_ma
     b = len(y)
     pb = target[idx.to(target.device)].to(x.device)                          # (b, K)
     targets = y.repeat(m)
-    logits = model(add_noise(x, delta))                                       # Gaussian forward (m*b, K)
+    logits = model(add_noise(x, delta)).float()                               # Gaussian forward (m*b, K)
     ce = F.cross_entropy(logits, targets, reduction="none").view(m, b)
     with torch.no_grad():
         votes = (logits.argmax(1) == targets).float().view(m, b).mean(0)
         phat = pb.gather(1, y[:, None]).squeeze(1) if confidence_mask else votes
         K = torch.binomial(torch.full_like(phat, m), phat).long().clamp_min(1)  # (b,)
     delta_adv = catrs_attack(model, x, pb, delta, T, eps)
-    logq_adv = F.log_softmax(model(add_noise(x, delta_adv)), 1)               # adversarial forward
+    logq_adv = F.log_softmax(model(add_noise(x, delta_adv)).float(), 1)       # adversarial forward
     high = kl_div(pb.repeat(m, 1), logq_adv).view(m, b).max(0).values         # worst copy per image
     low = bottom_k_sum(ce, K) / m                                             # divided by m, not by K
     loss = (low + lbd * (K == m).float() * high).mean()
@@ -388,8 +391,8 @@ def catrs_loss(model, x, y, idx, *, sigma, m, T, eps, lbd, target, confidence_ma
 def stability_loss(model, x, y, idx, *, sigma, lbd, noise=None):
     """Stability: CE(f(x), y) + lbd * mean_x CE(S(f(x)) -> S(f(x + delta))), two forwards, target not detached."""
     delta = draw_noise(x, sigma, 1, noise)[0]
-    clean = model(x)
-    noisy = model(x + delta)
+    clean = model(x).float()
+    noisy = model(x + delta).float()
     stability = -(F.softmax(clean, 1) * F.log_softmax(noisy, 1)).sum(1).mean()
     loss = F.cross_entropy(clean, y) + lbd * stability
     return result(loss, noisy, y)
@@ -551,6 +554,10 @@ def parse_args():
     t.add_argument("--resume", action="store_true", help="continue the run in --outdir from its checkpoint")
     t.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E epochs")
     t.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests, timing)")
+    t.add_argument("--amp", nargs="?", const="bf16", choices=("bf16", "fp16"), help="mixed precision training: "
+                   "bf16 autocast (CPU, CUDA; the default of a bare --amp) or fp16 with loss scaling (CUDA; "
+                   "the attacks' gradients are not scaled, so prefer bf16)")
+    t.add_argument("--channels-last", action="store_true", help="channels-last memory format (faster convolutions)")
     g = p.add_argument_group("other modes")
     g.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT "
                    "under --method's loss (Table 2)")
@@ -624,6 +631,19 @@ def gradnorm_mode(args):
     print(f"wrote {len(rows['idx'])} gradient norms ({args.method} loss, epoch {epoch}) to {path}")
 
 
+@contextlib.contextmanager
+def lr_factor(optimizer, factor):
+    """Multiply the learning rate by factor inside the block, then restore it exactly (the scheduler never sees it)."""
+    saved = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] *= factor
+    try:
+        yield
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved):
+            group["lr"] = lr
+
+
 def check_resume_method(outdir, method):
     """--resume must continue a run of the same method (start_or_resume checks arch, dataset and sigma)."""
     path = os.path.join(outdir, common.CHECKPOINT)
@@ -641,6 +661,7 @@ def main():
         return gradnorm_mode(args)
     args = settings(args)
     device = common.setup_distributed(args.device)
+    common.check_precision(args.amp or "fp32", device)
     common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     target = None
@@ -648,6 +669,8 @@ def main():
         target = load_catrs_target(args.catrs_target, args.dataset, len(train_set), common.NUM_CLASSES[args.dataset])
     test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
     model = common.get_architecture(args.arch, args.dataset).to(device)
+    if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
+        model = model.to(memory_format=torch.channels_last)
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step)
     if args.resume:
@@ -668,15 +691,11 @@ def main():
         common.seed_epoch(args.seed, epoch)
         loader = common.make_train_loader(train_set, args.batch, args.workers, args.seed, epoch)
         loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)  # warm-ups need the epoch
-        lrs = [group["lr"] for group in optimizer.param_groups]
-        if epoch == args.lr_drop:  # CAT-RS ImageNet: lr x0.1 for this one epoch
-            for group in optimizer.param_groups:
-                group["lr"] *= 0.1
-        lr = optimizer.param_groups[0]["lr"]
-        row = common.train_epoch(model, loader, optimizer, loss_fn, chunks, device,
-                                 common.progress_line(f"epoch {epoch + 1}"), args.max_batches)
-        for group, saved in zip(optimizer.param_groups, lrs):
-            group["lr"] = saved
+        with lr_factor(optimizer, 0.1 if epoch == args.lr_drop else 1.0):  # CAT-RS ImageNet's one-epoch drop
+            lr = optimizer.param_groups[0]["lr"]
+            row = common.train_epoch(model, loader, optimizer, loss_fn, chunks, device,
+                                     common.progress_line(f"epoch {epoch + 1}"), args.max_batches,
+                                     precision=args.amp or "fp32")
         if common.is_main_process():
             row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device))
         scheduler.step()

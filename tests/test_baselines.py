@@ -256,6 +256,13 @@ def test_warm_ups_and_the_deferred_term_follow_the_epoch():
     assert kw("catrs", 80, "--double_eps_from", 80)["eps"] == 2.0
 
 
+def test_the_lr_drop_lasts_one_epoch_and_leaves_the_schedule_alone():
+    optimizer = torch.optim.SGD(linear_model().parameters(), lr=0.1)
+    with tb.lr_factor(optimizer, 0.1):
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+    assert optimizer.param_groups[0]["lr"] == 0.1
+
+
 def run_main(monkeypatch, *argv):
     """Run train_baselines.main() as the command line would (through common.run); returns the exit code."""
     monkeypatch.setattr(sys, "argv", ["train_baselines.py", *map(str, argv)])
@@ -346,6 +353,15 @@ def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(monkey
     a = common.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
     b = common.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("method, extra", [("smoothadv", ("--T", 1)), ("macer", ()), ("catrs", ("--T", 1))])
+def test_mixed_precision_and_channels_last_runs_train(method, extra, monkeypatch, tmp_path, catrs_target):
+    if method == "catrs":
+        extra = (*extra, "--catrs-target", catrs_target / "target.pt")
+    assert run_main(monkeypatch, "--method", method, *DIGITS, "--epochs", 1, "--max-batches", 1, "--m", 2,
+                    "--amp", "--channels-last", "--outdir", tmp_path, *extra) == 0
+    assert torch.isfinite(torch.tensor(float(read_log(tmp_path)[0]["train_loss"])))
 
 
 def test_gradnorm_mode_uses_each_methods_own_loss(monkeypatch, tmp_path, catrs_target):
