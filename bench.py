@@ -1,0 +1,429 @@
+"""Speed benchmark of certification (App. C.2) and training (§3, Alg. 2) against their ceilings and textbook loops.
+
+Usage: python bench.py --quick     # smoke run, a few minutes on a 2-core CPU
+       python bench.py             # the full benchmark (about 10-15 minutes on a 2-core CPU)
+
+Every figure is a ratio of two throughputs measured side by side in one process: each repetition runs all
+variants of a section one after the other (A B C, A B C, ...), the ratio is taken within a repetition, and
+the median over --reps repetitions is printed, so a machine shared with other work slows both sides alike.
+Printed, with the machine, torch version, threads and settings:
+  (a) certify.py's noise samples/s (N0 + N draws of one input through certify.certify) against the plain
+      forward pass of the same model in the same layout, precision and compilation (the ceiling: one
+      pre-built batch, inference mode), and against a textbook CERTIFY kept below (Cohen et al.'s loop:
+      fp32, contiguous layout, no_grad, each batch's predictions moved to the host and counted with numpy)
+  (b) training noisy samples/s of train_gaussian.py's and train_ours.py's loss (attack on) through
+      common.train_epoch, with and without --amp/--channels-last, against a plain fp32 eager loop
+      (per-step loss.item() logging); same model, same m, one optimizer step per chunk of 64 images
+  (c) train-time pA estimation (common.count_correct, n = 100 draws, 1024 per pass) against the ceiling
+  (d) --early-abstain on trained models at sigma 0.5 and 1.0: model evaluations saved and the largest
+      change of certified accuracy at any radius, full and early runs on the same examples and noise
+      (default: digits_cnn trained here with train_gaussian.py; --checkpoint for your own models)
+(a)-(c) use cifar_resnet20 with random weights and random inputs: throughput does not depend on either.
+"""
+import argparse
+import copy
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+import certify
+import common
+import train_ours
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+ARCH, DATASET = "cifar_resnet20", "cifar10"
+BATCH = 1000     # noisy inputs per forward pass (certify.py's default)
+
+
+def parse_args():
+    p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes, no torch.compile: a smoke run")
+    p.add_argument("--reps", type=int, help="repetitions of every comparison (default 5; --quick 2)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's, usually one per core)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of (a)")
+    p.add_argument("--checkpoint", nargs="+", help="(d): trained models (with their sigma) instead of digits "
+                   "models trained here; CIFAR-10 ones need --data-dir")
+    p.add_argument("--data-dir", default=None, help="(d): dataset folder of the --checkpoint models")
+    p.add_argument("--abstain-N", type=int, help="(d): N of the certification runs (default 10000; quick 2000)")
+    p.add_argument("--abstain-examples", type=int, help="(d): test examples per model (default 120; quick 20)")
+    return p.parse_args()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Measuring: throughputs, interleaved repetitions, medians of ratios
+# ----------------------------------------------------------------------------------------------------------
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rate(fn, items, device):
+    """items / seconds of one call of fn()."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return items / (time.perf_counter() - start)
+
+
+def interleaved(variants, reps, device):
+    """{name: [rate per repetition]}; variants: {name: (fn, items)}, run A B C, A B C, ... after one warm-up each."""
+    for fn, _ in variants.values():
+        fn()
+    rates = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, (fn, items) in variants.items():
+            rates[name].append(rate(fn, items, device))
+    return rates
+
+
+def median_ratio(rates, a, b):
+    return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+
+
+def show_rates(rates):
+    for name, values in rates.items():
+        print(f"    {name:44s} {statistics.median(values):10.0f} /s   (runs: "
+              f"{', '.join(f'{v:.0f}' for v in values)})")
+
+
+def show_ratio(label, rates, a, b, target=None):
+    value = median_ratio(rates, a, b)
+    verdict = "" if target is None else f"   target >= {target}: {'met' if value >= target else 'NOT met'}"
+    print(f"  {label:62s} {value:6.2f}x{verdict}")
+    return value
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Textbook baselines: the loops of the original RS code, kept here as the reference of the ratios
+# ----------------------------------------------------------------------------------------------------------
+
+def textbook_counts(model, x, sigma, n, batch, num_classes, generator):
+    """Cohen et al.'s sampling loop: fp32, no_grad, each batch's predictions to the host, numpy bincount.
+
+    x: one input (C, H, W). Draws the same noise as common.sample_counts when n is a multiple of batch.
+    """
+    counts = np.zeros(num_classes, dtype=np.int64)
+    with torch.no_grad():
+        for start in range(0, n, batch):
+            k = min(batch, n - start)
+            inputs = x.unsqueeze(0).repeat(k, 1, 1, 1)
+            noise = sigma * torch.randn(inputs.shape, device=x.device, generator=generator)
+            predictions = model(inputs + noise).argmax(1)
+            counts += np.bincount(predictions.cpu().numpy(), minlength=num_classes)
+    return counts
+
+
+def textbook_certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator):
+    """CERTIFY as in the original code, on textbook_counts: (cA, radius) or (-1, 0.0)."""
+    cA = int(textbook_counts(model, x, sigma, N0, batch, num_classes, generator).argmax())
+    nA = int(textbook_counts(model, x, sigma, N, batch, num_classes, generator)[cA])
+    pA_lower = common.clopper_pearson_lower(nA, N, alpha)
+    return (cA, float(common.certified_radius(pA_lower, sigma))) if pA_lower >= 0.5 else (-1, 0.0)
+
+
+def plain_train_steps(model, optimizer, batches, loss_fn):
+    """A plain fp32 eager training loop: one step per batch, the loss and accuracy read every step."""
+    model.train()
+    loss_total, correct, total = 0.0, 0, 0
+    for x, y, idx in batches:
+        out = loss_fn(model, x, y, idx)
+        optimizer.zero_grad()
+        out["loss"].backward()
+        optimizer.step()
+        loss_total += out["loss"].item()   # host synchronisation every step, as in most research code
+        correct += int(out["correct"].item())
+        total += out["total"]
+    return loss_total, correct / max(total, 1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (a) certification, (c) train-time pA estimation: against the forward ceiling and the textbook CERTIFY
+# ----------------------------------------------------------------------------------------------------------
+
+def make_model(device, channels_last=False, seed=0):
+    torch.manual_seed(seed)
+    model = common.get_architecture(ARCH, DATASET).to(device).eval()
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+def ceiling_fn(model, device, precision, channels_last, passes):
+    """`passes` forward passes of one pre-built batch of BATCH inputs in inference mode: the ceiling."""
+    x = torch.rand(BATCH, *common.INPUT_SHAPE[DATASET], device=device)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+
+    def run():
+        with torch.inference_mode(), common.autocast(device.type, precision):
+            for _ in range(passes):
+                model(x)
+    return run
+
+
+def certify_fn(model, x, sigma, N0, N, precision):
+    def run():
+        certify.certify(model, x, sigma, N0, N, 0.001, BATCH, 10, common.example_generator(0, 0, x.device),
+                        precision)
+    return run
+
+
+def bench_certify(device, reps, N, use_compile):
+    """(a): rows of samples/s and the ratios of the targets."""
+    sigma, N0 = 0.5, 100
+    x = torch.rand(*common.INPUT_SHAPE[DATASET], device=device)
+    plain, cl = make_model(device), make_model(device, channels_last=True)
+    passes = N // BATCH
+    variants = {
+        "textbook CERTIFY (fp32, contiguous)": (lambda: textbook_certify(
+            plain, x, sigma, N0, N, 0.001, BATCH, 10, common.example_generator(0, 0, device)), N0 + N),
+        "ceiling fp32 contiguous": (ceiling_fn(plain, device, "fp32", False, passes), passes * BATCH),
+        "ceiling fp32 channels-last": (ceiling_fn(cl, device, "fp32", True, passes), passes * BATCH),
+        "certify fp32 channels-last (default)": (certify_fn(cl, x, sigma, N0, N, "fp32"), N0 + N),
+        "ceiling bf16 channels-last": (ceiling_fn(cl, device, "bf16", True, passes), passes * BATCH),
+        "certify --precision bf16": (certify_fn(cl, x, sigma, N0, N, "bf16"), N0 + N),
+    }
+    compiled = {}
+    if use_compile:
+        shapes = certify.pass_shapes(common.INPUT_SHAPE[DATASET], N0, N, BATCH, False)
+        for precision in ("fp32", "bf16"):
+            start = time.time()
+            model = certify.fast_model(make_model(device), True, True, shapes, precision)
+            compiled[precision] = isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+            print(f"  torch.compile {precision}: {'compiled' if compiled[precision] else 'FELL BACK to eager'} "
+                  f"in {time.time() - start:.0f} s ({len(shapes)} batch shapes)", flush=True)
+            variants[f"ceiling {precision} channels-last compiled"] = (
+                ceiling_fn(model, device, precision, True, passes), passes * BATCH)
+            variants[f"certify {precision} --compile"] = (certify_fn(model, x, sigma, N0, N, precision), N0 + N)
+    rates = interleaved(variants, reps, device)
+    show_rates(rates)
+    print(f"  ratios (median of {reps} interleaved repetitions):")
+    show_ratio("certify fp32 / ceiling fp32 channels-last", rates, "certify fp32 channels-last (default)",
+               "ceiling fp32 channels-last", 0.9)
+    show_ratio("certify fp32 / textbook", rates, "certify fp32 channels-last (default)",
+               "textbook CERTIFY (fp32, contiguous)", 2.5)
+    show_ratio("certify bf16 / ceiling bf16 channels-last", rates, "certify --precision bf16",
+               "ceiling bf16 channels-last", 0.9)
+    show_ratio("certify bf16 / textbook", rates, "certify --precision bf16", "textbook CERTIFY (fp32, contiguous)",
+               5)
+    for precision in compiled:
+        show_ratio(f"certify {precision} --compile / ceiling {precision} compiled", rates,
+                   f"certify {precision} --compile", f"ceiling {precision} channels-last compiled", 0.9)
+        show_ratio(f"certify {precision} --compile / textbook", rates, f"certify {precision} --compile",
+                   "textbook CERTIFY (fp32, contiguous)", 2.5 if precision == "fp32" else 5)
+    show_ratio("(context) textbook / ceiling fp32 contiguous", rates, "textbook CERTIFY (fp32, contiguous)",
+               "ceiling fp32 contiguous")
+    show_ratio("(context) ceiling channels-last / contiguous, fp32", rates, "ceiling fp32 channels-last",
+               "ceiling fp32 contiguous")
+
+
+def bench_pA(device, reps, examples):
+    """(c): common.count_correct (Alg. 2's discard estimate, n = 100) against the fp32 channels-last ceiling."""
+    n, batch = 100, 1024
+    model = make_model(device, channels_last=True)
+    images = torch.rand(examples, *common.INPUT_SHAPE[DATASET])
+    data = common.TensorImages(images, torch.zeros(examples, dtype=torch.long))
+    indices = torch.arange(examples)
+    passes = examples * n // BATCH
+    variants = {
+        "count_correct fp32 channels-last (n=100)": (
+            lambda: common.count_correct(model, data, indices, 0.5, n, batch), examples * n),
+        "ceiling fp32 channels-last": (ceiling_fn(model, device, "fp32", True, passes), passes * BATCH),
+    }
+    rates = interleaved(variants, reps, device)
+    show_rates(rates)
+    show_ratio("pA estimation / ceiling fp32 channels-last", rates, "count_correct fp32 channels-last (n=100)",
+               "ceiling fp32 channels-last", 0.9)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (b) training: the scripts' losses through common.train_epoch against a plain fp32 eager loop
+# ----------------------------------------------------------------------------------------------------------
+
+def train_fn(base, batches, loss_fn, device, channels_last, precision, plain_loop=False):
+    """One measurement: len(batches) optimizer steps of a copy of the model that each variant keeps."""
+    model = copy.deepcopy(base)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = common.make_optimizer(model)
+
+    def run():
+        if plain_loop:
+            plain_train_steps(model, optimizer, batches, loss_fn)
+        else:
+            common.train_epoch(model, batches, optimizer, loss_fn, 1, device, precision=precision)
+    return run
+
+
+def bench_training(device, reps, steps, images_per_step, T):
+    """(b): noisy samples/s of the Gaussian and of Alg. 2's loss (with the attack), fast path vs plain loop."""
+    sigma, m = 0.5, 4
+    preset = train_ours.PRESETS[DATASET][sigma]
+    T = preset["T"] if T is None else T
+    base = make_model(device).train()
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.rand(images_per_step, *common.INPUT_SHAPE[DATASET], generator=g).to(device),
+                torch.randint(0, 10, (images_per_step,), generator=g).to(device),
+                torch.arange(images_per_step, device=device)) for _ in range(steps)]
+    noisy = steps * images_per_step * m
+    losses = {
+        "train_gaussian.py": lambda f, x, y, idx: common.gaussian_loss(f, x, y, sigma, m),
+        f"train_ours.py (attack T={T})": lambda f, x, y, idx: train_ours.ours_loss(f, x, y, sigma, m, T,
+                                                                                  preset["eps"], "l2"),
+    }
+    print(f"  cifar_resnet20, m = {m}, {images_per_step} images x {m} noise copies = {images_per_step * m} noisy "
+          f"inputs per optimizer step, {steps} steps per measurement, sigma {sigma}")
+    for script, loss_fn in losses.items():
+        print(f"  {script}:")
+        variants = {
+            "plain fp32 eager loop": (train_fn(base, batches, loss_fn, device, False, "fp32", True), noisy),
+            "train_epoch (no flags)": (train_fn(base, batches, loss_fn, device, False, "fp32"), noisy),
+            "train_epoch --channels-last": (train_fn(base, batches, loss_fn, device, True, "fp32"), noisy),
+            "train_epoch --amp --channels-last": (train_fn(base, batches, loss_fn, device, True, "bf16"), noisy),
+        }
+        rates = interleaved(variants, reps, device)
+        show_rates(rates)
+        show_ratio("--amp --channels-last / plain fp32 eager loop", rates, "train_epoch --amp --channels-last",
+                   "plain fp32 eager loop", 2)
+        show_ratio("--channels-last / plain fp32 eager loop", rates, "train_epoch --channels-last",
+                   "plain fp32 eager loop")
+        show_ratio("no flags / plain fp32 eager loop", rates, "train_epoch (no flags)", "plain fp32 eager loop")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (d) early abstention: the same examples and noise, certified with and without --early-abstain
+# ----------------------------------------------------------------------------------------------------------
+
+def train_digits_models(folder, epochs):
+    """Quick trained models for (d): digits_cnn with train_gaussian.py at sigma 0.5 and 1.0; their paths."""
+    paths = []
+    for sigma in (0.5, 1.0):
+        outdir = os.path.join(folder, f"gaussian_digits_sigma{sigma}")
+        start = time.time()
+        subprocess.run([sys.executable, os.path.join(ROOT, "train_gaussian.py"), "--dataset", "digits",
+                        "--sigma", str(sigma), "--epochs", str(epochs), "--workers", "0", "--outdir", outdir],
+                       check=True, stdout=subprocess.DEVNULL)
+        print(f"  trained digits_cnn with train_gaussian.py, sigma {sigma}, {epochs} epochs, "
+              f"in {time.time() - start:.0f} s", flush=True)
+        paths.append(os.path.join(outdir, common.CHECKPOINT))
+    return paths
+
+
+def certified_accuracy_change(full, early):
+    """Largest drop of certified accuracy (points) at any radius; rows: dicts with 'radius' and 'correct'."""
+    radii = sorted({0.0} | {r["radius"] for r in full + early})
+    def accuracy(rows, r):
+        return 100.0 * sum(row["correct"] and row["radius"] >= r for row in rows) / len(rows)
+    return max(abs(accuracy(full, r) - accuracy(early, r)) for r in radii)
+
+
+def parse_line(line):
+    cells = line.split("\t")
+    return {"predict": int(cells[2]), "radius": float(cells[3]), "correct": int(cells[4]), "nA": int(cells[6]),
+            "N": int(cells[7])}
+
+
+def bench_early_abstain(paths, device, data_dir, N, examples):
+    """(d) for each model: evaluations and time of full vs early-abstaining CERTIFY on the same examples."""
+    N0, alpha = 100, 0.001
+    print(f"  N0 = {N0}, N = {N}, batch {BATCH}, alpha {alpha}; early abstention tests after "
+          f"{certify.abstain_checks(N, BATCH)} draws, alpha_e = {certify.EARLY_ABSTAIN_ALPHA} in total")
+    for path in paths:
+        model, ckpt = common.load_model(path, device=device)
+        common.check(ckpt.get("sigma") and ckpt.get("dataset"), f"{path!r} stores no sigma or dataset")
+        sigma, dataset_name = float(ckpt["sigma"]), ckpt["dataset"]
+        model = certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32")
+        dataset = common.get_dataset(dataset_name, "test", data_dir, train_transform=False)
+        picked = np.linspace(0, len(dataset) - 1, min(examples, len(dataset))).round().astype(int)
+        full, early, time_full, time_early = [], [], 0.0, 0.0
+        for idx in picked:
+            x, label = dataset[int(idx)]
+            x = x.to(device)
+            for rows, abstain in ((full, None), (early, certify.EARLY_ABSTAIN_ALPHA)):
+                start = time.perf_counter()
+                line = certify.example_line(model, x, int(label), int(idx), sigma, N0, N, alpha, BATCH,
+                                            common.NUM_CLASSES[dataset_name], 0, False, "fp32", abstain)
+                sync(device)
+                rows.append(parse_line(line))
+                if abstain is None:
+                    time_full += time.perf_counter() - start
+                else:
+                    time_early += time.perf_counter() - start
+        evaluations_full = sum(N0 + r["N"] for r in full)
+        evaluations_early = sum(N0 + r["N"] for r in early)
+        stopped = sum(r["N"] < N for r in early)
+        differ = sum(a != b for a, b in zip(full, early))
+        print(f"  {os.path.relpath(path)} ({ckpt.get('arch')}, {dataset_name}, sigma {sigma}), "
+              f"{len(picked)} test examples:")
+        print(f"    stopped early: {stopped} of {len(picked)} (full run abstains on "
+              f"{sum(r['predict'] == -1 for r in full)}); lines that differ from the full run: {differ}")
+        saved = 100.0 * (1 - evaluations_early / evaluations_full)
+        print(f"    model evaluations: full {evaluations_full}, early {evaluations_early}: {saved:.1f} % fewer"
+              f"{'   target >= 30 % at sigma 1.0: ' + ('met' if saved >= 30 else 'NOT met') if sigma == 1.0 else ''}")
+        print(f"    wall time: full {time_full:.1f} s, early {time_early:.1f} s: "
+              f"{time_full / max(time_early, 1e-9):.2f}x faster")
+        change = certified_accuracy_change(full, early)
+        print(f"    largest change of certified accuracy at any radius: {change:.2f} points   "
+              f"target <= 0.2: {'met' if change <= 0.2 else 'NOT met'}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------------------------------------
+
+def machine_line(device):
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    if device.type == "cuda":
+        cpu += f"; GPU {torch.cuda.get_device_name(device)}"
+    load = " ".join(f"{v:.1f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return (f"machine: {cpu}, {os.cpu_count()} logical CPUs, load average {load}; python {platform.python_version()}, "
+            f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, device {device}")
+
+
+def main():
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = common.get_device(args.device)
+    quick = args.quick
+    reps = args.reps or (2 if quick else 5)
+    common.check(reps >= 1, "--reps must be >= 1")
+    N = 1000 if quick else 2000
+    abstain_N = args.abstain_N or (2000 if quick else 10_000)
+    abstain_examples = args.abstain_examples or (20 if quick else 120)
+    use_compile = not (quick or args.no_compile)
+    started = time.time()
+    print(machine_line(device))
+    print(f"settings: {'--quick' if quick else 'full'}, {reps} interleaved repetitions per comparison, "
+          f"batch {BATCH}, certify N0 = 100 + N = {N} per measurement, torch.compile rows: "
+          f"{'on' if use_compile else 'off'}", flush=True)
+
+    print(f"\n(a) certification, {ARCH}, one input, noise samples per second", flush=True)
+    bench_certify(device, reps, N, use_compile)
+    print("\n(b) training, noisy samples per second", flush=True)
+    bench_training(device, reps, steps=1 if quick else 2, images_per_step=16 if quick else 64,
+                   T=1 if quick else None)
+    print(f"\n(c) train-time pA estimation, {ARCH}, samples per second", flush=True)
+    bench_pA(device, reps, examples=10 if quick else 20)
+    print("\n(d) early abstention (--early-abstain)", flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+        paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20)
+        bench_early_abstain(paths, device, args.data_dir, abstain_N, abstain_examples)
+    print(f"\ndone in {time.time() - started:.0f} s; {machine_line(device).split(';')[0]} at the end")
+
+
+if __name__ == "__main__":
+    common.run(main)
