@@ -7,6 +7,7 @@ CERTIFY and the training-time pA estimates share, atomic checkpoints and the sha
 No argparse here and nothing runs on import: copy any function into a notebook.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -415,6 +416,26 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, *, pre
 # The adaptive attack on the noise sphere (Alg. 1, App. C.3; official behaviour in BASELINES.md 7.2)
 # ----------------------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def frozen_eval(model):
+    """Run attacks with model.eval() and frozen parameters (BASELINES.md 0.2); both are restored afterwards.
+
+    Eval mode keeps BatchNorm statistics untouched; frozen parameters keep the attack's backward pass from
+    computing (or accumulating) weight gradients.
+    """
+    was_training = model.training
+    flags = [p.requires_grad for p in model.parameters()]
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
+        model.train(was_training)
+
+
 def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
     """Move each Gaussian noise along its sphere ||delta|| = const to make the base model err (Alg. 1).
 
@@ -431,12 +452,7 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
     model = unwrap(model)  # under DDP: attack the plain module, no gradient synchronisation
     m, B = delta.shape[:2]
     d = x[0].numel()
-    was_training = model.training
-    flags = [p.requires_grad for p in model.parameters()]
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    try:
+    with frozen_eval(model):
         xs, ys = x.unsqueeze(0).expand_as(delta).flatten(0, 1), y.repeat(m)    # block order (m*B, ...)
         r0 = delta.flatten(2).norm(dim=2).view(m * B, *[1] * (x.dim() - 1))    # (m*B, 1, 1, 1)
         cur = delta.detach().flatten(0, 1).clone()
@@ -459,15 +475,12 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
                 cur = cur * r0 / (cur.flatten(1).norm(dim=1).view_as(r0) + 1e-8)  # back onto the sphere
         best[~found] = cur.detach()[~found]
         return best.view_as(delta)
-    finally:
-        for p, flag in zip(model.parameters(), flags):
-            p.requires_grad_(flag)
-        model.train(was_training)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Checkpoints: atomic save, tolerant load of ours and of the released ones (Cohen, SmoothAdv, ...)
 # ----------------------------------------------------------------------------------------------------------
+
 
 def save_checkpoint(state, path):
     """torch.save to a temporary file, then os.replace: a crash never leaves a torn checkpoint."""

@@ -128,22 +128,6 @@ def project_l2(v, radius):
     return v * (radius / per_image_norm(v).clamp_min(1e-12)).clamp(max=1.0)
 
 
-@contextlib.contextmanager
-def frozen_eval(model):
-    """Attacks run with model.eval() and frozen parameters (BASELINES.md 0.2); both are restored afterwards."""
-    was_training = model.training
-    flags = [p.requires_grad for p in model.parameters()]
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    try:
-        yield model
-    finally:
-        for p, flag in zip(model.parameters(), flags):
-            p.requires_grad_(flag)
-        model.train(was_training)
-
-
 def smoothed_nll(model, u, y, noise):
     """-log of the soft smoothed classifier's probability of y, -log((1/m) sum_i S(f(u + n_i))_y), per image.
 
@@ -179,7 +163,7 @@ def smoothadv_attack(model, x, y, noise, T, eps):
     if T == 0 or eps == 0:
         return x.detach()
     e = torch.zeros_like(x)
-    with frozen_eval(model):
+    with common.frozen_eval(model):
         for _ in range(T):
             e.requires_grad_(True)
             grad, = torch.autograd.grad(smoothed_nll(model, x + e, y, noise).sum(), e)
@@ -266,7 +250,7 @@ def smoothmix_attack(model, x, y, noise, T, alpha, mix_step, warm, maxnorm=None)
     """
     model = common.unwrap(model)  # under DDP: attack the plain module (no gradient sync)
     u, u_init = x.detach(), x.detach()
-    with frozen_eval(model):
+    with common.frozen_eval(model):
         for t in range(T):
             if t == mix_step:
                 u_init = u.detach()
@@ -330,7 +314,7 @@ def catrs_attack(model, x, pb, delta, T, eps):
     mu0, rms0 = orig.mean(2, keepdim=True), orig.pow(2).mean(2, keepdim=True).sqrt()
     target = pb.repeat(m, 1)                                                  # block order (m*b, K)
     cur = orig.clone()
-    with frozen_eval(model):
+    with common.frozen_eval(model):
         for _ in range(T):
             cur.requires_grad_(True)
             logq = F.log_softmax(model(add_noise(x, cur.view_as(delta))).float(), 1)
