@@ -1,7 +1,9 @@
 # The two commands of the README: `make demo` (the paper's story on the bundled digits data) and `make test`.
+# The paper's experiments, one target each (README, Experiments): make table3 SIGMA=0.5 DATA_DIR=..., ...
 PYTHON ?= python3
+SIGMA ?= 0.5
 
-.PHONY: install test
+.PHONY: install test demo table2 table3 table4 table5 ecdf budget
 
 # Install the requirements only when one of them is missing (a no-op on a prepared machine).
 install:
@@ -10,3 +12,21 @@ install:
 
 test: install
 	$(PYTHON) -m pytest -q tests
+
+# Train, certify and analyse four small models on 8x8 digits; writes runs/demo/report.md (scripts/demo.sh).
+demo: install
+	PYTHON=$(PYTHON) bash scripts/demo.sh
+
+# Paper scale, on GPUs with the data in place (scripts/lib.sh lists DATA_DIR, RUNS, GPUS, EXTRA_TRAIN, ...).
+table3:
+	PYTHON=$(PYTHON) bash scripts/table3.sh $(SIGMA)
+table4:
+	PYTHON=$(PYTHON) bash scripts/table4.sh $(SIGMA)
+table5:
+	PYTHON=$(PYTHON) bash scripts/table5.sh $(SIGMA)
+table2:
+	PYTHON=$(PYTHON) bash scripts/table2.sh $(SIGMA)
+ecdf:
+	PYTHON=$(PYTHON) bash scripts/ecdf.sh
+budget:
+	PYTHON=$(PYTHON) bash scripts/budget.sh

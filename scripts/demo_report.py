@@ -1,0 +1,149 @@
+"""The demo's analysis and report.md: does the paper's claim (§4.3, §6) show on the digits demo, in numbers?
+
+The claim: the paper's method (and the ACR-oriented baselines) raise ACR above Gaussian training at the same
+sigma while lowering clean accuracy (certified accuracy at r = 0) or the ECDF of pA at low pA (p in [0.5,
+0.75], where App. B.3 finds Gaussian training best). Into --out this writes what `analyze.py table`,
+`envelope` and `ecdf` write with `--out` (one process instead of three: the demo is short), then report.md.
+Every number comes from analyze.py's functions on the same logs, so it equals what analyze.py prints.
+
+Usage: python scripts/demo_report.py runs/demo/certify/*.tsv --out runs/demo
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+import analyze  # noqa: E402
+import common  # noqa: E402
+
+LOW_P_MAX = 0.75                      # "low pA": p in [0.5, 0.75] (App. B.3: Gaussian is best up to ~0.65-0.75)
+REPORT_P = [0.5, 0.6, 0.7, 0.9, 0.99]  # ECDF columns of the summary table
+RADII = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]  # N = 10,000 certifies at most 3.2 sigma
+FILES = ["table.md", "certified_accuracy.png", "envelope.md", "envelope.png", "ecdf.md", "ecdf.png"]
+
+
+def parse_args(argv=None):
+    p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("logs", nargs="+", help="certification TSVs named <method>_sigma<S>.tsv (certify.py's)")
+    p.add_argument("--out", required=True, help="folder for analyze.py's tables and figures and report.md")
+    p.add_argument("--reference", default="gaussian", help="label every other method is compared with")
+    p.add_argument("--claim", default="ours", help="label of the paper's method (the verdict is about it)")
+    p.add_argument("--seconds", type=float, help="wall time of the demo, for the report")
+    return p.parse_args(argv)
+
+
+def summarise(log):
+    """ACR, clean accuracy and the ECDF of one log (analyze.py's definitions), as shares."""
+    return {"label": log["label"], "sigma": log["sigma"], "n": len(log["radius"]),
+            "acr": analyze.acr(log["radius"], log["correct"]),
+            "clean": float(analyze.certified_accuracy(log["radius"], log["correct"], [0.0])[0]),
+            "ecdf": analyze.ecdf(log["pA"], analyze.ECDF_GRID),
+            "at": dict(zip(REPORT_P, analyze.ecdf(log["pA"], REPORT_P)))}
+
+
+def compare(s, ref):
+    """s against the reference at the same sigma: ACR gain, clean accuracy loss, the ECDF at low pA, order."""
+    low = analyze.ECDF_GRID <= LOW_P_MAX + 1e-12
+    gap = s["ecdf"][low] - ref["ecdf"][low]
+    worst = int(np.argmin(gap))
+    better, _ = analyze.dominance({s["label"]: s["ecdf"], ref["label"]: ref["ecdf"]})
+    return {"acr_up": s["acr"] > ref["acr"], "clean_down": s["clean"] < ref["clean"],
+            "low_down": gap[worst] < 0, "gap": gap[worst], "gap_p": analyze.ECDF_GRID[low][worst],
+            "order": f"{better[0][0]} > {better[0][1]}" if better else "incomparable"}
+
+
+def pct(share):
+    return analyze.fmt_percent(share)
+
+
+def comparison_line(s, ref, c):
+    """One bullet: what a method does to ACR, clean accuracy and the low-pA ECDF relative to Gaussian."""
+    sign = lambda up: "raises" if up else "does not raise"
+    low = (f"lowers P(pA ≥ p) at low pA by up to {pct(-c['gap'])} points (p = {c['gap_p']:.3f})"
+           if c["low_down"] else f"does not lower P(pA ≥ p) anywhere in p ∈ [0.5, {LOW_P_MAX}]")
+    return (f"- **{s['label']}** (σ = {analyze.fmt_sigma(s['sigma'])}) {sign(c['acr_up'])} ACR: "
+            f"{s['acr']:.3f} against {ref['acr']:.3f} ({s['acr'] - ref['acr']:+.3f}); clean accuracy "
+            f"{pct(s['clean'])} % against {pct(ref['clean'])} %; it {low}. "
+            f"ECDF order on [0.5, 1] (App. B.3): {c['order']}.")
+
+
+def verdict(claim, ref, c):
+    """The paper's claim, checked on the method it is about."""
+    if claim is None or ref is None:
+        return "The claim cannot be checked: the logs hold no pair of the method and Gaussian at one σ."
+    holds = c["acr_up"] and (c["clean_down"] or c["low_down"])
+    lowered = " and ".join(w for w, on in (("clean accuracy", c["clean_down"]),
+                                          ("the ECDF at low pA", c["low_down"])) if on) or "nothing"
+    return (f"**The paper's claim {'shows' if holds else 'does not show'} at this scale.** At σ = "
+            f"{analyze.fmt_sigma(claim['sigma'])} the paper's method {'raises' if c['acr_up'] else 'does not raise'}"
+            f" ACR over Gaussian training ({claim['acr']:.3f} against {ref['acr']:.3f}) and lowers {lowered} "
+            f"(clean accuracy {pct(claim['clean'])} % against {pct(ref['clean'])} %; P(pA ≥ p) down by up to "
+            f"{pct(max(-c['gap'], 0.0))} points at p = {c['gap_p']:.3f}).")
+
+
+def envelope_lines(logs, RADII[:5]):
+    """§7: the method with the best certified accuracy over sigma at each radius."""
+    env = analyze.envelope(logs, radii)
+    lines = []
+    for j, r in enumerate(radii):
+        best = max(env, key=lambda label: env[label]["acc"][j])
+        cells = ", ".join(f"{label} {pct(e['acc'][j])} (σ = {analyze.fmt_sigma(e['sigma'][j])})"
+                          for label, e in env.items())
+        lines.append(f"- r = {r:.2f}: best **{best}**; {cells}")
+    return lines
+
+
+def report(logs, reference, claim_label, seconds):
+    """The Markdown text of report.md."""
+    stats = [summarise(log) for log in logs]
+    refs = {s["sigma"]: s for s in stats if s["label"] == reference}
+    rows = [[analyze.fmt_sigma(s["sigma"]), s["label"], str(s["n"]), f"{s['acr']:.3f}", pct(s["clean"])] +
+            [pct(s["at"][p]) for p in REPORT_P] for s in stats]
+    lines, claim, claim_ref, claim_cmp = [], None, None, None
+    for s in stats:
+        ref = refs.get(s["sigma"])
+        if s["label"] != reference and ref is not None:
+            c = compare(s, ref)
+            lines.append(comparison_line(s, ref, c))
+            if s["label"] == claim_label and claim is None:
+                claim, claim_ref, claim_cmp = s, ref, c
+    N, alpha = analyze.log_budget(logs[0], None, None)
+    took = f" The demo took {seconds / 60:.1f} minutes." if seconds is not None else ""
+    return "\n".join([
+        "# Demo: ACR against the distribution of pA on 8x8 digits", "",
+        f"{len(stats)} models, each certified on {stats[0]['n']} test digits with CERTIFY at N = {N:,}, "
+        f"α = {alpha:g} (the paper: N = 100,000 on CIFAR-10 and ImageNet).{took}", "",
+        verdict(claim, claim_ref, claim_cmp), "",
+        "ACR, clean accuracy (certified accuracy at r = 0) and P(pA ≥ p), in %, pA = nA / N of the true class:", "",
+        analyze.markdown(["σ", "method", "n", "ACR", "clean"] + [f"pA ≥ {p:g}" for p in REPORT_P], rows), "",
+        f"Against {reference} training at the same σ:", ""] + lines + ["",
+        "Best certified accuracy over σ (§7), in %:", ""] + envelope_lines(logs, RADII[:5]) + ["",
+        "Files beside this report: " + ", ".join(FILES) + " (analyze.py's output), and the logs in certify/.", ""])
+
+
+def analyze_logs(logs, out):
+    """What `analyze.py table`, `envelope` and `ecdf` write with --out: tables, curves, dominance, figures."""
+    analyze.table_report(logs, RADII, "markdown", out)
+    analyze.plot_certified_accuracy(logs, out, "certified_accuracy")
+    analyze.envelope_report(logs, RADII, out)
+    analyze.ecdf_report(logs, 0.99, out)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logs = analyze.attach_pA(analyze.load_logs(args.logs), None, None)
+    for log in logs:
+        analyze.need_sigma(log)
+    analyze_logs(logs, args.out)
+    text = report(logs, args.reference, args.claim, args.seconds)
+    path = os.path.join(args.out, "report.md")
+    with open(path, "w") as f:
+        f.write(text)
+    print(text)
+    print(f"The report is {path}")
+
+
+if __name__ == "__main__":
+    common.run(main)
