@@ -106,12 +106,53 @@ def test_channels_last_counts_match_the_plain_layout_within_the_tolerance():
 
 def test_certify_fast_path_gives_the_plain_lines(trained_ckpt, tmp_path):
     base = ["--checkpoint", trained_ckpt, "--max", 6, "--N0", 50, "--N", 1000, "--batch", 500]
-    assert run_cli([*base, "--no-channels-last", "--outfile", tmp_path / "plain.tsv"]) == 0
-    assert run_cli([*base, "--outfile", tmp_path / "fast.tsv"]) == 0  # channels-last: the default for CNNs
-    assert json.load(open(tmp_path / "fast.tsv.json"))["channels_last"] is True
+    assert run_cli([*base, "--no-channels-last", "--no-fold-bn", "--outfile", tmp_path / "plain.tsv"]) == 0
+    assert run_cli([*base, "--outfile", tmp_path / "fast.tsv"]) == 0  # channels-last, BatchNorm folded: defaults
+    settings = json.load(open(tmp_path / "fast.tsv.json"))
+    assert settings["channels_last"] is True and settings["fold_bn"] is True
     for a, b in zip(tsv_rows(tmp_path / "plain.tsv"), tsv_rows(tmp_path / "fast.tsv")):
         assert a["predict"] == b["predict"] and abs(int(a["nA"]) - int(b["nA"])) <= TOLERANCE * 1000
         assert float(a["radius"]) == pytest.approx(float(b["radius"]), abs=0.01)
+
+
+def test_folded_batchnorm_is_the_same_classifier_up_to_rounding():
+    model = digits_model()
+    g = torch.Generator().manual_seed(1)
+    for bn in (model[1].bn1, model[1].bn2):  # statistics far from the identity, so that folding matters
+        bn.running_mean.uniform_(-0.5, 0.5, generator=g)
+        bn.running_var.uniform_(0.2, 3.0, generator=g)
+        bn.weight.data.uniform_(0.5, 2.0, generator=g)
+        bn.bias.data.uniform_(-0.5, 0.5, generator=g)
+    folded = certify.fold_batchnorm(model)
+    assert not any(isinstance(mod, nn.BatchNorm2d) for mod in folded.modules())
+    assert any(isinstance(mod, nn.BatchNorm2d) for mod in model.modules())  # the original is left alone
+    x = torch.rand(500, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.allclose(folded(x), model(x), rtol=1e-4, atol=1e-5)
+    n, images = 4000, common.get_dataset("digits", "test").images[:2]
+    plain = common.sample_counts(model, images, 0.5, n, 1000, 10, torch.Generator().manual_seed(2))
+    fast = common.sample_counts(certify.fast_model(model, True, False, [], "fp32", fold_bn=True), images, 0.5, n,
+                                1000, 10, torch.Generator().manual_seed(2))
+    assert ((fast - plain).abs().sum(1) <= TOLERANCE * n).all()
+
+
+class DataDependent(nn.Module):
+    """forward() branches on a tensor value: torch.fx cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)
+
+    def forward(self, x):
+        out = self.bn(self.conv(x))
+        return out.flatten(1) if out.sum() > 0 else -out.flatten(1)
+
+
+def test_an_untraceable_model_is_certified_unfolded_with_a_note(capsys):
+    model = DataDependent().eval()
+    assert certify.fold_batchnorm(model) is model
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "BatchNorm" in err
 
 
 def test_bf16_counts_sum_to_n_and_agree_with_fp32_on_the_top_class():
@@ -241,7 +282,7 @@ def test_a_sidecar_without_the_new_settings_resumes_as_fp32_without_early_absten
     assert run_cli([*base, "--max", 2, "--no-channels-last"]) == 0
     sidecar = tmp_path / "o.tsv.json"
     settings = json.load(open(sidecar))
-    for key in ("precision", "early_abstain", "channels_last", "compile"):
+    for key in ("precision", "early_abstain", "channels_last", "fold_bn", "compile"):
         del settings[key]
     sidecar.write_text(json.dumps(settings))
     assert run_cli([*base, "--max", 4, "--no-channels-last"]) == 0
