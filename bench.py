@@ -22,6 +22,7 @@ Printed, with the machine, torch version, threads and settings:
 """
 import argparse
 import copy
+import json
 import os
 import platform
 import statistics
@@ -45,7 +46,7 @@ BATCH = 1000     # noisy inputs per forward pass (certify.py's default)
 def parse_args():
     p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes, no torch.compile: a smoke run")
-    p.add_argument("--reps", type=int, help="repetitions of every comparison (default 5; --quick 2)")
+    p.add_argument("--reps", type=int, help="repetitions of every comparison (default 5, training 3; --quick 2)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, usually one per core)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of (a)")
@@ -54,6 +55,7 @@ def parse_args():
     p.add_argument("--data-dir", default=None, help="(d): dataset folder of the --checkpoint models")
     p.add_argument("--abstain-N", type=int, help="(d): N of the certification runs (default 10000; quick 2000)")
     p.add_argument("--abstain-examples", type=int, help="(d): test examples per model (default 120; quick 20)")
+    p.add_argument("--probe", choices=("default", "tuned"), help=argparse.SUPPRESS)  # (a) as shipped: a child
     return p.parse_args()
 
 
@@ -177,52 +179,112 @@ def certify_fn(model, x, sigma, N0, N, precision):
 
 
 def bench_certify(device, reps, N, use_compile):
-    """(a): rows of samples/s and the ratios of the targets."""
-    sigma, N0 = 0.5, 100
+    """(a): rows of samples/s and the ratios of the targets.
+
+    certify runs the model as certify.py does by default: BatchNorm folded, channels-last (certify.fast_model);
+    its ceiling is the forward pass of that same model in the same precision. N0 = N / 1000, the paper's ratio
+    (N0 = 100, N = 100,000), so that the selection pass weighs as much as it does there.
+    """
+    sigma, N0 = 0.5, max(1, N // 1000)
     x = torch.rand(*common.INPUT_SHAPE[DATASET], device=device)
-    plain, cl = make_model(device), make_model(device, channels_last=True)
+    plain = make_model(device)
+    fast = certify.fast_model(make_model(device), True, False, [], "fp32", fold_bn=True)
     passes = N // BATCH
+    textbook = "textbook CERTIFY (fp32, contiguous)"
     variants = {
-        "textbook CERTIFY (fp32, contiguous)": (lambda: textbook_certify(
-            plain, x, sigma, N0, N, 0.001, BATCH, 10, common.example_generator(0, 0, device)), N0 + N),
-        "ceiling fp32 contiguous": (ceiling_fn(plain, device, "fp32", False, passes), passes * BATCH),
-        "ceiling fp32 channels-last": (ceiling_fn(cl, device, "fp32", True, passes), passes * BATCH),
-        "certify fp32 channels-last (default)": (certify_fn(cl, x, sigma, N0, N, "fp32"), N0 + N),
-        "ceiling bf16 channels-last": (ceiling_fn(cl, device, "bf16", True, passes), passes * BATCH),
-        "certify --precision bf16": (certify_fn(cl, x, sigma, N0, N, "bf16"), N0 + N),
+        textbook: (lambda: textbook_certify(plain, x, sigma, N0, N, 0.001, BATCH, 10,
+                                            common.example_generator(0, 0, device)), N0 + N),
+        "ceiling fp32, channels-last, BN not folded": (
+            ceiling_fn(make_model(device, channels_last=True), device, "fp32", True, passes), passes * BATCH),
+        "ceiling fp32": (ceiling_fn(fast, device, "fp32", True, passes), passes * BATCH),
+        "certify fp32 (default)": (certify_fn(fast, x, sigma, N0, N, "fp32"), N0 + N),
+        "ceiling bf16": (ceiling_fn(fast, device, "bf16", True, passes), passes * BATCH),
+        "certify --precision bf16": (certify_fn(fast, x, sigma, N0, N, "bf16"), N0 + N),
     }
-    compiled = {}
+    compiled = []
     if use_compile:
         shapes = certify.pass_shapes(common.INPUT_SHAPE[DATASET], N0, N, BATCH, False)
         for precision in ("fp32", "bf16"):
             start = time.time()
-            model = certify.fast_model(make_model(device), True, True, shapes, precision)
-            compiled[precision] = isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
-            print(f"  torch.compile {precision}: {'compiled' if compiled[precision] else 'FELL BACK to eager'} "
+            model = certify.fast_model(make_model(device), True, True, shapes, precision, fold_bn=True)
+            ok = isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+            print(f"  torch.compile {precision}: {'compiled' if ok else 'FELL BACK to eager'} "
                   f"in {time.time() - start:.0f} s ({len(shapes)} batch shapes)", flush=True)
-            variants[f"ceiling {precision} channels-last compiled"] = (
-                ceiling_fn(model, device, precision, True, passes), passes * BATCH)
-            variants[f"certify {precision} --compile"] = (certify_fn(model, x, sigma, N0, N, precision), N0 + N)
+            if ok:
+                compiled.append(precision)
+                variants[f"ceiling {precision} compiled"] = (
+                    ceiling_fn(model, device, precision, True, passes), passes * BATCH)
+                variants[f"certify {precision} --compile"] = (certify_fn(model, x, sigma, N0, N, precision),
+                                                              N0 + N)
     rates = interleaved(variants, reps, device)
     show_rates(rates)
-    print(f"  ratios (median of {reps} interleaved repetitions):")
-    show_ratio("certify fp32 / ceiling fp32 channels-last", rates, "certify fp32 channels-last (default)",
-               "ceiling fp32 channels-last", 0.9)
-    show_ratio("certify fp32 / textbook", rates, "certify fp32 channels-last (default)",
-               "textbook CERTIFY (fp32, contiguous)", 2.5)
-    show_ratio("certify bf16 / ceiling bf16 channels-last", rates, "certify --precision bf16",
-               "ceiling bf16 channels-last", 0.9)
-    show_ratio("certify bf16 / textbook", rates, "certify --precision bf16", "textbook CERTIFY (fp32, contiguous)",
-               5)
+    print(f"  ratios (median of {reps} interleaved repetitions); ceilings: the same model, layout and precision:")
+    show_ratio("certify fp32 / ceiling fp32", rates, "certify fp32 (default)", "ceiling fp32", 0.9)
+    show_ratio("certify fp32 / textbook, same process (code only; see (a'))", rates, "certify fp32 (default)",
+               textbook)
+    show_ratio("certify bf16 / ceiling bf16", rates, "certify --precision bf16", "ceiling bf16", 0.9)
+    show_ratio("certify bf16 / textbook, same process (code only; see (a'))", rates, "certify --precision bf16",
+               textbook)
     for precision in compiled:
         show_ratio(f"certify {precision} --compile / ceiling {precision} compiled", rates,
-                   f"certify {precision} --compile", f"ceiling {precision} channels-last compiled", 0.9)
-        show_ratio(f"certify {precision} --compile / textbook", rates, f"certify {precision} --compile",
-                   "textbook CERTIFY (fp32, contiguous)", 2.5 if precision == "fp32" else 5)
-    show_ratio("(context) textbook / ceiling fp32 contiguous", rates, "textbook CERTIFY (fp32, contiguous)",
-               "ceiling fp32 contiguous")
-    show_ratio("(context) ceiling channels-last / contiguous, fp32", rates, "ceiling fp32 channels-last",
-               "ceiling fp32 contiguous")
+                   f"certify {precision} --compile", f"ceiling {precision} compiled", 0.9)
+        show_ratio(f"certify {precision} --compile / textbook, same process", rates, f"certify {precision} --compile",
+                   textbook, 2.5 if precision == "fp32" else 5)
+    show_ratio("(context) certify fp32 / ceiling with BN not folded", rates, "certify fp32 (default)",
+               "ceiling fp32, channels-last, BN not folded")
+    show_ratio("(context) ceiling fp32, BN not folded / textbook", rates,
+               "ceiling fp32, channels-last, BN not folded", textbook)
+
+
+def probe(device, mode, N):
+    """Child process of bench_as_shipped: one measurement of each loop, as JSON on stdout.
+
+    mode 'tuned' sets glibc up the way certify.py's main does (certify.keep_freed_memory); 'default' leaves it.
+    """
+    if mode == "tuned":
+        certify.keep_freed_memory()
+    x = torch.rand(*common.INPUT_SHAPE[DATASET], device=device)
+    plain = make_model(device)
+    fast = certify.fast_model(make_model(device), True, False, [], "fp32", fold_bn=True)
+    N0 = max(1, N // 1000)
+    variants = {"textbook": (lambda: textbook_certify(plain, x, 0.5, N0, N, 0.001, BATCH, 10,
+                                                      common.example_generator(0, 0, device)), N0 + N),
+                "certify fp32": (certify_fn(fast, x, 0.5, N0, N, "fp32"), N0 + N),
+                "certify bf16": (certify_fn(fast, x, 0.5, N0, N, "bf16"), N0 + N)}
+    rates = interleaved(variants, 1, device)
+    print(json.dumps({name: values[0] for name, values in rates.items()}))
+
+
+def bench_as_shipped(device, N, alternations):
+    """(a) as users run the code: certify.py keeps freed memory (glibc), the original code does not.
+
+    The allocator setting is per process, so each side runs in its own child process; the children alternate
+    (default, tuned, default, tuned, ...) and the ratios are taken within each alternation.
+    """
+    runs = {"default": [], "tuned": []}
+    cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(torch.get_num_threads()), "--device",
+           str(device), "--probe"]
+    for _ in range(alternations):
+        for mode in runs:
+            out = subprocess.run([*cmd, mode], capture_output=True, text=True, check=True).stdout
+            runs[mode].append(json.loads(out.strip().splitlines()[-1]))
+
+    def ratio(a_mode, a, b_mode, b):
+        return statistics.median(x[a] / y[b] for x, y in zip(runs[a_mode], runs[b_mode]))
+
+    def line(label, value, target=None):
+        verdict = "" if target is None else f"   target >= {target}: {'met' if value >= target else 'NOT met'}"
+        print(f"  {label:62s} {value:6.2f}x{verdict}")
+    for mode, values in runs.items():
+        for name in values[0]:
+            print(f"    {name + ', ' + ('glibc default' if mode == 'default' else 'freed memory kept'):44s} "
+                  f"{statistics.median(v[name] for v in values):10.0f} /s")
+    print(f"  ratios (median of {alternations} alternations of child processes):")
+    line("certify.py fp32 / textbook, as each is run", ratio("tuned", "certify fp32", "default", "textbook"), 2.5)
+    line("certify.py bf16 / textbook, as each is run", ratio("tuned", "certify bf16", "default", "textbook"), 5)
+    line("(context) textbook with / without freed memory kept", ratio("tuned", "textbook", "default", "textbook"))
+    line("(context) certify fp32 with / without freed memory kept",
+         ratio("tuned", "certify fp32", "default", "certify fp32"))
 
 
 def bench_pA(device, reps, examples):
@@ -264,7 +326,10 @@ def train_fn(base, batches, loss_fn, device, channels_last, precision, plain_loo
 
 
 def bench_training(device, reps, steps, images_per_step, T):
-    """(b): noisy samples/s of the Gaussian and of Alg. 2's loss (with the attack), fast path vs plain loop."""
+    """(b): noisy samples/s of the Gaussian and of Alg. 2's loss (with the attack), fast path vs plain loop.
+
+    Alg. 2's step costs about T + 1 Gaussian steps: it gets one step per measurement and no channels-last-only row.
+    """
     sigma, m = 0.5, 4
     preset = train_ours.PRESETS[DATASET][sigma]
     T = preset["T"] if T is None else T
@@ -273,28 +338,29 @@ def bench_training(device, reps, steps, images_per_step, T):
     batches = [(torch.rand(images_per_step, *common.INPUT_SHAPE[DATASET], generator=g).to(device),
                 torch.randint(0, 10, (images_per_step,), generator=g).to(device),
                 torch.arange(images_per_step, device=device)) for _ in range(steps)]
-    noisy = steps * images_per_step * m
     losses = {
         "train_gaussian.py": lambda f, x, y, idx: common.gaussian_loss(f, x, y, sigma, m),
         f"train_ours.py (attack T={T})": lambda f, x, y, idx: train_ours.ours_loss(f, x, y, sigma, m, T,
                                                                                   preset["eps"], "l2"),
     }
     print(f"  cifar_resnet20, m = {m}, {images_per_step} images x {m} noise copies = {images_per_step * m} noisy "
-          f"inputs per optimizer step, {steps} steps per measurement, sigma {sigma}")
-    for script, loss_fn in losses.items():
-        print(f"  {script}:")
-        variants = {
-            "plain fp32 eager loop": (train_fn(base, batches, loss_fn, device, False, "fp32", True), noisy),
-            "train_epoch (no flags)": (train_fn(base, batches, loss_fn, device, False, "fp32"), noisy),
-            "train_epoch --channels-last": (train_fn(base, batches, loss_fn, device, True, "fp32"), noisy),
-            "train_epoch --amp --channels-last": (train_fn(base, batches, loss_fn, device, True, "bf16"), noisy),
-        }
+          f"inputs per optimizer step (the scripts' 256-image batch cut into m chunks), sigma {sigma}")
+    for k, (script, loss_fn) in enumerate(losses.items()):
+        todo = batches if k == 0 else batches[:1]
+        items = len(todo) * images_per_step * m
+        print(f"  {script}, {len(todo)} optimizer step(s) per measurement:")
+        variants = {"plain fp32 eager loop": (train_fn(base, todo, loss_fn, device, False, "fp32", True), items),
+                    "train_epoch (no flags)": (train_fn(base, todo, loss_fn, device, False, "fp32"), items)}
+        if k == 0:
+            variants["train_epoch --channels-last"] = (train_fn(base, todo, loss_fn, device, True, "fp32"), items)
+        variants["train_epoch --amp --channels-last"] = (train_fn(base, todo, loss_fn, device, True, "bf16"), items)
         rates = interleaved(variants, reps, device)
         show_rates(rates)
         show_ratio("--amp --channels-last / plain fp32 eager loop", rates, "train_epoch --amp --channels-last",
                    "plain fp32 eager loop", 2)
-        show_ratio("--channels-last / plain fp32 eager loop", rates, "train_epoch --channels-last",
-                   "plain fp32 eager loop")
+        if "train_epoch --channels-last" in rates:
+            show_ratio("--channels-last / plain fp32 eager loop", rates, "train_epoch --channels-last",
+                       "plain fp32 eager loop")
         show_ratio("no flags / plain fp32 eager loop", rates, "train_epoch (no flags)", "plain fp32 eager loop")
 
 
@@ -340,7 +406,7 @@ def bench_early_abstain(paths, device, data_dir, N, examples):
         model, ckpt = common.load_model(path, device=device)
         common.check(ckpt.get("sigma") and ckpt.get("dataset"), f"{path!r} stores no sigma or dataset")
         sigma, dataset_name = float(ckpt["sigma"]), ckpt["dataset"]
-        model = certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32")
+        model = certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True)
         dataset = common.get_dataset(dataset_name, "test", data_dir, train_transform=False)
         picked = np.linspace(0, len(dataset) - 1, min(examples, len(dataset))).round().astype(int)
         full, early, time_full, time_early = [], [], 0.0, 0.0
@@ -360,11 +426,11 @@ def bench_early_abstain(paths, device, data_dir, N, examples):
         evaluations_full = sum(N0 + r["N"] for r in full)
         evaluations_early = sum(N0 + r["N"] for r in early)
         stopped = sum(r["N"] < N for r in early)
-        differ = sum(a != b for a, b in zip(full, early))
+        changed = sum((a["predict"], a["radius"]) != (b["predict"], b["radius"]) for a, b in zip(full, early))
         print(f"  {os.path.relpath(path)} ({ckpt.get('arch')}, {dataset_name}, sigma {sigma}), "
               f"{len(picked)} test examples:")
-        print(f"    stopped early: {stopped} of {len(picked)} (full run abstains on "
-              f"{sum(r['predict'] == -1 for r in full)}); lines that differ from the full run: {differ}")
+        print(f"    stopped early: {stopped} of {len(picked)} (the full run abstains on "
+              f"{sum(r['predict'] == -1 for r in full)}); prediction or radius changed on {changed}")
         saved = 100.0 * (1 - evaluations_early / evaluations_full)
         print(f"    model evaluations: full {evaluations_full}, early {evaluations_early}: {saved:.1f} % fewer"
               f"{'   target >= 30 % at sigma 1.0: ' + ('met' if saved >= 30 else 'NOT met') if sigma == 1.0 else ''}")
@@ -398,6 +464,8 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     device = common.get_device(args.device)
+    if args.probe:
+        return probe(device, args.probe, 1000)
     quick = args.quick
     reps = args.reps or (2 if quick else 5)
     common.check(reps >= 1, "--reps must be >= 1")
@@ -408,16 +476,19 @@ def main():
     started = time.time()
     print(machine_line(device))
     print(f"settings: {'--quick' if quick else 'full'}, {reps} interleaved repetitions per comparison, "
-          f"batch {BATCH}, certify N0 = 100 + N = {N} per measurement, torch.compile rows: "
-          f"{'on' if use_compile else 'off'}", flush=True)
+          f"batch {BATCH}, certify N0 = {max(1, N // 1000)} + N = {N} per measurement (the paper's N0/N = "
+          f"1/1000), torch.compile rows: {'on' if use_compile else 'off'}", flush=True)
 
     print(f"\n(a) certification, {ARCH}, one input, noise samples per second", flush=True)
     bench_certify(device, reps, N, use_compile)
+    print(f"\n(a') certification as shipped: certify.py's process keeps freed memory (glibc), the textbook's does "
+          f"not", flush=True)
+    bench_as_shipped(device, 1000, 1 if quick else 3)
     print("\n(b) training, noisy samples per second", flush=True)
-    bench_training(device, reps, steps=1 if quick else 2, images_per_step=16 if quick else 64,
-                   T=1 if quick else None)
+    bench_training(device, args.reps or (2 if quick else 3), steps=1 if quick else 2,
+                   images_per_step=16 if quick else 64, T=1 if quick else None)
     print(f"\n(c) train-time pA estimation, {ARCH}, samples per second", flush=True)
-    bench_pA(device, reps, examples=10 if quick else 20)
+    bench_pA(device, reps, examples=10 if quick else 30)
     print("\n(d) early abstention (--early-abstain)", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20)

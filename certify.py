@@ -395,6 +395,23 @@ def select_examples(n, skip, max_count, done):
     return [i for i in selected if i not in done]
 
 
+def keep_freed_memory():
+    """Linux/glibc: keep freed memory in the process instead of giving large blocks back to the OS at once.
+
+    glibc serves large blocks with mmap and unmaps them when freed, so every forward pass of a big batch
+    faults in (and zeroes) fresh pages for its activations; with mmap and trimming off, the next pass reuses
+    the same memory (measured 1.4-2x faster CPU certification, bench.py). The price: the process keeps its
+    peak memory. Returns True where applied; elsewhere (macOS, Windows, musl) a no-op returning False.
+    """
+    import ctypes
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameter numbers
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 30))
+    except (OSError, AttributeError):
+        return False
+
+
 def distributed_setup(device_name):
     """Under torchrun: (rank, world size, device name for this rank); gloo carries the barrier only."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -431,6 +448,8 @@ def main(argv=None):
     rank, world, device_name = distributed_setup(args.device)
     device = common.get_device(device_name)
     common.check_precision(args.precision, device)
+    if device.type == "cpu":
+        keep_freed_memory()
     model, ckpt = common.load_model(args.checkpoint, args.dataset, args.arch, device)
     dataset_name = args.dataset or ckpt.get("dataset")
     common.check(dataset_name is not None, f"checkpoint {args.checkpoint!r} names no dataset; pass --dataset")
