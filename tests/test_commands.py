@@ -1,0 +1,166 @@
+"""Every documented command parses: the experiment scripts (scripts/*.sh, dry run), the Makefile's experiment
+targets and each `python ...`, `make ...` and `bash scripts/...` line in the README's code blocks go through
+the parse_args of the script they call, so a renamed flag cannot silently break the documentation."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+import analyze
+import certify
+import train_baselines
+import train_gaussian
+import train_ours
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPERIMENTS = ["table3.sh", "table4.sh", "table5.sh", "table2.sh", "ecdf.sh", "budget.sh"]
+TRAINS = {"table3.sh", "table4.sh", "table5.sh"}
+SIGMAS = ["0.25", "0.5", "1.0"]
+
+
+def parse(script, argv, monkeypatch):
+    """parse_args of `script` on argv; a usage error fails the test with the command line."""
+    name = os.path.basename(script)
+    try:
+        if name == "certify.py":
+            return certify.parse_args(argv)
+        if name == "analyze.py":
+            return analyze.parse_args(argv)
+        module = {"train_gaussian.py": train_gaussian, "train_ours.py": train_ours,
+                  "train_baselines.py": train_baselines}[name]
+        monkeypatch.setattr(sys, "argv", [name] + argv)   # the training scripts parse sys.argv
+        return module.parse_args()
+    except SystemExit as e:
+        if e.code != 0:                                   # 0: a documented --help
+            pytest.fail(f"does not parse: {name} {shlex.join(argv)}")
+
+
+def split_launcher(words):
+    """(script, argv) of `python X.py ...` / `torchrun [opts] X.py [--] ...`; None for any other command."""
+    if not words or not (os.path.basename(words[0]).startswith("python") or words[0] == "torchrun"):
+        return None
+    scripts = [i for i, w in enumerate(words) if w.endswith(".py")]
+    if not scripts:
+        return None                                       # python -m pytest, python -c ...
+    i = scripts[0]
+    argv = words[i + 1:]
+    if words[0] == "torchrun" and argv[:1] == ["--"]:
+        argv = argv[1:]                                   # certify.py's `--` guard
+    return words[i], argv
+
+
+def dry_run(command, env=None, cwd=ROOT):
+    """Run a shell command with DRY_RUN=1 and return the commands it prints ('+ ...' lines), split."""
+    full_env = dict(os.environ, DRY_RUN="1", PYTHON=sys.executable, **(env or {}))
+    result = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"{command}: exit {result.returncode}\n{result.stderr}"
+    return [shlex.split(line[2:]) for line in result.stdout.splitlines() if line.startswith("+ ")]
+
+
+def check_all(commands, monkeypatch):
+    parsed = []
+    for words in commands:
+        split = split_launcher(words)
+        assert split is not None, f"unexpected command {words}"
+        parsed.append((os.path.basename(split[0]), parse(*split, monkeypatch)))
+    return parsed
+
+
+@pytest.mark.parametrize("script", EXPERIMENTS)
+@pytest.mark.parametrize("sigma", SIGMAS)
+def test_every_experiment_command_parses(script, sigma, monkeypatch):
+    commands = dry_run(["bash", f"scripts/{script}", sigma])
+    assert commands, f"{script} printed no command"
+    parsed = check_all(commands, monkeypatch)
+    assert parsed[-1][0] == "analyze.py"                 # every experiment ends with its table or figure
+    if script in TRAINS:
+        trained = [args for name, args in parsed if name.startswith("train_") and not args.gradnorm
+                   and not getattr(args, "make_catrs_target", False)]
+        # every training run but CAT-RS's Gaussian sigma = 0.25 teacher is at the requested sigma
+        assert trained and all(args.sigma == float(sigma) or args.outdir.endswith("gaussian_sigma0.25")
+                               for args in trained)
+
+
+def test_certification_uses_the_papers_budget_and_the_full_test_set(monkeypatch):
+    parsed = check_all(dry_run(["bash", "scripts/table3.sh", "0.5"]), monkeypatch)
+    runs = [args for name, args in parsed if name == "certify.py"]
+    assert len(runs) == 7                                # the seven rows of Table 3
+    assert all((a.N, a.N0, a.alpha, a.skip, a.max) == (100_000, 100, 0.001, 1, None) for a in runs)
+    imagenet = [a for name, a in check_all(dry_run(["bash", "scripts/table4.sh", "0.5"]), monkeypatch)
+                if name == "certify.py"]
+    assert len(imagenet) == 6 and all(a.skip == 100 for a in imagenet)   # 500 of the 50,000 val images
+
+
+def test_table5_runs_the_eight_ablation_variants_with_their_parts(monkeypatch):
+    parsed = check_all(dry_run(["bash", "scripts/table5.sh", "1.0"]), monkeypatch)
+    trained = [args for name, args in parsed if name == "train_ours.py"]
+    switches = {(a.discard is not False, a.reweight is not False, a.T != 0) for a in trained}
+    assert len(trained) == 8 and len(switches) == 8      # every on/off combination of the three parts once
+    ablation = parsed[-1][1]
+    assert ablation.command == "ablation" and len(ablation.parts) == 8 and len(ablation.logs) == 8
+
+
+def test_smoke_overrides_and_gpus_reach_every_command(monkeypatch):
+    env = {"EXTRA_TRAIN": "--epochs 1 --max-batches 2", "EXTRA_CERTIFY": "--max 2 --N 100", "GPUS": "4"}
+    commands = dry_run(["bash", "scripts/table3.sh", "0.25"], env)
+    launched = [w for w in commands if w[0] == "torchrun"]
+    assert launched and all(w[1:3] == ["--nproc_per_node", "4"] for w in launched)
+    parsed = check_all(commands, monkeypatch)
+    for name, args in parsed:
+        if name == "certify.py":
+            assert (args.max, args.N) == (2, 100)
+        elif name.startswith("train_") and not getattr(args, "make_catrs_target", False):
+            assert (args.epochs, args.max_batches) == (1, 2)
+
+
+def test_a_missing_sigma_is_a_usage_error():
+    result = subprocess.run(["bash", "scripts/table3.sh"], cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, DRY_RUN="1"), timeout=60)
+    assert result.returncode != 0 and "usage" in result.stderr
+
+
+@pytest.mark.parametrize("target", ["table2", "table3", "table4", "table5", "ecdf", "budget"])
+def test_make_targets_run_their_script(target, monkeypatch):
+    commands = dry_run(["make", "-s", target, "SIGMA=1.0"])
+    assert commands
+    check_all(commands, monkeypatch)
+
+
+def readme_commands():
+    """The command lines of the README's code blocks, continuation lines joined."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    lines = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        block = re.sub(r"\\\n\s*", " ", block)
+        lines += [line.strip() for line in block.splitlines() if line.strip()]
+    return lines
+
+
+def test_every_readme_command_parses(monkeypatch, tmp_path):
+    checked = 0
+    for line in readme_commands():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue                                      # not a command (a table row, output)
+        env = {}
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+            key, value = words.pop(0).split("=", 1)
+            env[key] = value
+        if not words:
+            continue
+        if words[0] == "make" and len(words) > 1 and words[1] not in ("demo", "test", "install"):
+            commands = dry_run(["make", "-s"] + words[1:], env)
+        elif words[0] == "bash" and len(words) > 1 and words[1].startswith("scripts/") and words[1] != "scripts/demo.sh":
+            commands = dry_run(words, env)
+        elif split_launcher(words) is not None:
+            commands = [words]
+        else:
+            continue
+        check_all(commands, monkeypatch)
+        checked += 1
+    assert checked >= 10                                  # the README documents many commands

@@ -1,0 +1,128 @@
+"""The demo (`make demo`, scripts/demo.sh) end to end at a reduced size, and its report's numbers against
+analyze.py's on the same logs; the report's verdict on logs where the answer is known."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import analyze
+import common
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import demo_report  # noqa: E402
+
+MODELS = ["gaussian_sigma0.25", "ours_sigma0.25", "consistency_sigma0.25", "gaussian_sigma0.5"]
+EXAMPLES, N = 12, 200
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The demo with 1 epoch, N = 200 and 12 test digits (the real one: 20 epochs, N = 10,000, all 360)."""
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    env = dict(os.environ, DEMO_EPOCHS="1", DEMO_N=str(N), DEMO_MAX=str(EXAMPLES), DEMO_OUT=str(out),
+               PYTHON=sys.executable)
+    result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return out, result.stdout
+
+
+def test_demo_writes_every_output_and_each_parses(demo):
+    out, _ = demo
+    for name in MODELS:
+        log = analyze.read_log(str(out / "certify" / f"{name}.tsv"))
+        assert len(log["radius"]) == EXAMPLES and np.all(log["N"] == N)
+        assert (out / "train" / name / "checkpoint.pth.tar").is_file()
+    table = analyze.read_columns(str(out / "table.tsv"), ("sigma", "label", "n", "ACR"), ("sigma", "n", "ACR"))
+    assert list(table["n"]) == [EXAMPLES] * 4 and sorted(table["sigma"]) == [0.25, 0.25, 0.25, 0.5]
+    for sigma, label in [("0.25", "gaussian"), ("0.25", "ours"), ("0.25", "consistency"), ("0.5", "gaussian")]:
+        curve = analyze.read_ecdf_or_log(str(out / f"ecdf_{label}_{sigma}.tsv"))
+        assert len(curve["grid_p"]) == len(analyze.ECDF_GRID)
+    for name in ["table.md", "envelope.md", "envelope.tsv", "ecdf.md", "report.md"]:
+        assert (out / name).stat().st_size > 0
+    for name in ["certified_accuracy", "envelope", "ecdf"]:
+        with open(out / f"{name}.png", "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        with open(out / f"{name}.pdf", "rb") as f:
+            assert f.read(5) == b"%PDF-"
+    assert "Dominance" in (out / "ecdf.md").read_text()
+
+
+def test_demo_shows_progress_of_every_model_and_says_where_the_report_is(demo):
+    out, stdout = demo
+    for name in MODELS:
+        assert re.search(rf"^\[{re.escape(name)}\] epoch 1/1 ", stdout, re.M), name
+        assert re.search(rf"^\[{re.escape(name)}\] {EXAMPLES}/{EXAMPLES} examples", stdout, re.M), name
+    assert stdout.rstrip().splitlines()[-1] == f"The report is {out / 'report.md'}"
+
+
+def report_rows(text):
+    """The summary table of report.md: {(sigma, label): [cells after the label]}."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 10 and re.fullmatch(r"\d+(\.\d+)?", cells[0]):
+            rows[(float(cells[0]), cells[1])] = cells[2:]
+    return rows
+
+
+def test_report_numbers_equal_analyze_on_the_same_logs(demo):
+    out, _ = demo
+    rows = report_rows((out / "report.md").read_text())
+    assert len(rows) == 4
+    paths = [str(out / "certify" / f"{name}.tsv") for name in MODELS]
+    # analyze.py's own command line on the logs: the ACR and certified accuracy at r = 0 it prints
+    printed = subprocess.run([sys.executable, "analyze.py", "table", *paths, "--radii", "0", "--format", "tsv"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    cli = {(float(r[0]), r[1]): r for r in (line.split("\t") for line in printed.splitlines()[1:])}
+    logs = analyze.attach_pA(analyze.load_logs(paths), None, None)
+    for log in logs:
+        cells = rows[(log["sigma"], log["label"])]
+        n, acr, clean, ecdf_cells = int(cells[0]), float(cells[1]), float(cells[2]), cells[3:]
+        assert n == EXAMPLES
+        assert acr == pytest.approx(float(cli[(log["sigma"], log["label"])][3]), abs=5e-4)
+        assert clean == pytest.approx(float(cli[(log["sigma"], log["label"])][4]), abs=0.05)
+        expected = analyze.ecdf(log["pA"], demo_report.REPORT_P)
+        assert ecdf_cells == [analyze.fmt_percent(y) for y in expected]
+
+
+def write_log(path, nA, sigma, N=1000, alpha=0.001):
+    """A certify.py-style log from the count nA of the true class (label 0) of each example."""
+    lines = ["idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN"]
+    for i, k in enumerate(nA):
+        lower = common.clopper_pearson_lower(k, N, alpha)
+        certified = lower >= 0.5
+        radius = float(common.certified_radius(lower, sigma)) if certified else 0.0
+        lines.append(f"{i}\t0\t{0 if certified else -1}\t{radius:.6}\t{int(certified)}\t0:00:01\t{k}\t{N}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_verdict_says_the_claim_shows_when_acr_rises_and_clean_accuracy_falls(tmp_path):
+    # ours: certified at pA = 1 on 7 of 10, abstains on 3; Gaussian: pA = 0.8 on all 10 (higher clean accuracy)
+    gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [800] * 10, 0.5)
+    ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 7 + [100] * 3, 0.5)
+    demo_report.main([gaussian, ours, "--out", str(tmp_path)])
+    text = (tmp_path / "report.md").read_text()
+    assert "**The paper's claim shows at this scale.**" in text
+    assert "clean accuracy 70.0 % against 100.0 %" in text
+
+
+def test_verdict_says_the_claim_does_not_show_when_acr_does_not_rise(tmp_path):
+    gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [1000] * 10, 0.5)
+    ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 7 + [100] * 3, 0.5)
+    demo_report.main([gaussian, ours, "--out", str(tmp_path)])
+    assert "**The paper's claim does not show at this scale.**" in (tmp_path / "report.md").read_text()
+
+
+def test_demo_refuses_a_folder_it_did_not_make(tmp_path):
+    keep = tmp_path / "mine.txt"
+    keep.write_text("precious")
+    result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, DEMO_OUT=str(tmp_path), PYTHON=sys.executable))
+    assert result.returncode == 2 and "not made by the demo" in result.stderr
+    assert keep.read_text() == "precious"
