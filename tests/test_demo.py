@@ -102,12 +102,17 @@ def write_log(path, nA, sigma, N=1000, alpha=0.001):
     return str(path)
 
 
+def report(paths):
+    """report.md's text for these logs (without the tables and figures main() also writes)."""
+    logs = analyze.attach_pA(analyze.load_logs(paths), None, None)
+    return demo_report.report(logs, "gaussian", "ours", None)
+
+
 def test_verdict_says_the_claim_shows_when_acr_rises_and_clean_accuracy_falls(tmp_path):
     # ours: certified at pA = 1 on 7 of 10, abstains on 3; Gaussian: pA = 0.8 on all 10 (higher clean accuracy)
     gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [800] * 10, 0.5)
     ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 7 + [100] * 3, 0.5)
-    demo_report.main([gaussian, ours, "--out", str(tmp_path)])
-    text = (tmp_path / "report.md").read_text()
+    text = report([gaussian, ours])
     assert "**The paper's claim shows at this scale.**" in text
     assert "clean accuracy 70.0 % against 100.0 %" in text
 
@@ -115,8 +120,7 @@ def test_verdict_says_the_claim_shows_when_acr_rises_and_clean_accuracy_falls(tm
 def test_verdict_says_the_claim_does_not_show_when_acr_does_not_rise(tmp_path):
     gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [1000] * 10, 0.5)
     ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 7 + [100] * 3, 0.5)
-    demo_report.main([gaussian, ours, "--out", str(tmp_path)])
-    assert "**The paper's claim does not show at this scale.**" in (tmp_path / "report.md").read_text()
+    assert "**The paper's claim does not show at this scale.**" in report([gaussian, ours])
 
 
 def test_demo_refuses_a_folder_it_did_not_make(tmp_path):
