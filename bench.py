@@ -1,24 +1,28 @@
 """Speed benchmark of certification (App. C.2) and training (§3, Alg. 2) against their ceilings and textbook loops.
 
-Usage: python bench.py --quick     # smoke run, a few minutes on a 2-core CPU
-       python bench.py             # the full benchmark (about 10-15 minutes on a 2-core CPU)
+Usage: python bench.py --quick     # smoke run, about 4 minutes on a 2-core CPU
+       python bench.py             # the full benchmark, 10-15 minutes on a 2-core CPU
 
-Every figure is a ratio of two throughputs measured side by side in one process: each repetition runs all
-variants of a section one after the other (A B C, A B C, ...), the ratio is taken within a repetition, and
-the median over --reps repetitions is printed, so a machine shared with other work slows both sides alike.
-Printed, with the machine, torch version, threads and settings:
-  (a) certify.py's noise samples/s (N0 + N draws of one input through certify.certify) against the plain
-      forward pass of the same model in the same layout, precision and compilation (the ceiling: one
-      pre-built batch, inference mode), and against a textbook CERTIFY kept below (Cohen et al.'s loop:
-      fp32, contiguous layout, no_grad, each batch's predictions moved to the host and counted with numpy)
-  (b) training noisy samples/s of train_gaussian.py's and train_ours.py's loss (attack on) through
-      common.train_epoch, with and without --amp/--channels-last, against a plain fp32 eager loop
-      (per-step loss.item() logging); same model, same m, one optimizer step per chunk of 64 images
-  (c) train-time pA estimation (common.count_correct, n = 100 draws, 1024 per pass) against the ceiling
-  (d) --early-abstain on trained models at sigma 0.5 and 1.0: model evaluations saved and the largest
-      change of certified accuracy at any radius, full and early runs on the same examples and noise
-      (default: digits_cnn trained here with train_gaussian.py; --checkpoint for your own models)
-(a)-(c) use cifar_resnet20 with random weights and random inputs: throughput does not depend on either.
+Every figure is a ratio of two throughputs measured side by side: each repetition runs all variants of a
+section one after the other (A B C, A B C, ...), the ratio is taken within a repetition, and the median over
+the repetitions is printed, so a machine shared with other work slows both sides alike. Printed, with the
+machine, its load, torch version, threads and settings:
+  (a)  certify.certify's noise samples/s (N0 + N draws of one input; N0/N = 1/1000 as in the paper) against
+       the forward pass of the same model (BatchNorm folded, channels-last, as certify.py runs it) in the
+       same precision and compilation on one pre-built batch (the ceiling), and against a textbook CERTIFY
+       kept below (Cohen et al.'s loop: fp32, contiguous, no_grad, each batch's predictions moved to the
+       host and counted with numpy's bincount)
+  (a') the same two certification loops as users run them, each in its own process: certify.py keeps freed
+       memory (glibc, certify.keep_freed_memory), the textbook code does not
+  (b)  training noisy samples/s of train_gaussian.py's and train_ours.py's loss (attack on) through
+       common.train_epoch, with and without --amp/--channels-last, against a plain fp32 eager loop
+       (per-step loss.item()); same model, same m, 64 images x m copies per optimizer step
+  (c)  train-time pA estimation (common.count_correct, n = 100 draws, 1024 per pass) against the ceiling
+  (d)  --early-abstain on trained models at sigma 0.5 and 1.0: model evaluations saved and the largest
+       change of certified accuracy at any radius, full and early runs on the same examples and noise
+       (default: digits_cnn trained here with train_gaussian.py; --checkpoint for your own models)
+(a)-(c) use cifar_resnet20 with random weights and random inputs: throughput depends on neither. On a
+machine shared with other jobs, --threads 1 avoids measuring the scheduler (threads waiting for each other).
 """
 import argparse
 import copy
@@ -43,7 +47,7 @@ ARCH, DATASET = "cifar_resnet20", "cifar10"
 BATCH = 1000     # noisy inputs per forward pass (certify.py's default)
 
 
-def parse_args():
+def parse_args(argv=None):
     p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes, no torch.compile: a smoke run")
     p.add_argument("--reps", type=int, help="repetitions of every comparison (default 5, training 3; --quick 2)")
@@ -54,9 +58,9 @@ def parse_args():
                    "models trained here; CIFAR-10 ones need --data-dir")
     p.add_argument("--data-dir", default=None, help="(d): dataset folder of the --checkpoint models")
     p.add_argument("--abstain-N", type=int, help="(d): N of the certification runs (default 10000; quick 2000)")
-    p.add_argument("--abstain-examples", type=int, help="(d): test examples per model (default 120; quick 20)")
-    p.add_argument("--probe", choices=("default", "tuned"), help=argparse.SUPPRESS)  # (a) as shipped: a child
-    return p.parse_args()
+    p.add_argument("--abstain-examples", type=int, help="(d): test examples per model (default 150; quick 20)")
+    p.add_argument("--probe", choices=("default", "tuned"), help=argparse.SUPPRESS)  # (a') child processes
+    return p.parse_args(argv)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -427,8 +431,8 @@ def bench_early_abstain(paths, device, data_dir, N, examples):
         evaluations_early = sum(N0 + r["N"] for r in early)
         stopped = sum(r["N"] < N for r in early)
         changed = sum((a["predict"], a["radius"]) != (b["predict"], b["radius"]) for a, b in zip(full, early))
-        print(f"  {os.path.relpath(path)} ({ckpt.get('arch')}, {dataset_name}, sigma {sigma}), "
-              f"{len(picked)} test examples:")
+        print(f"  {os.path.basename(os.path.dirname(os.path.abspath(path)))} ({ckpt.get('arch')}, {dataset_name}, "
+              f"sigma {sigma}), {len(picked)} test examples:")
         print(f"    stopped early: {stopped} of {len(picked)} (the full run abstains on "
               f"{sum(r['predict'] == -1 for r in full)}); prediction or radius changed on {changed}")
         saved = 100.0 * (1 - evaluations_early / evaluations_full)
@@ -461,6 +465,8 @@ def machine_line(device):
 
 def main():
     args = parse_args()
+    common.check(all(v is None or v >= 1 for v in (args.threads, args.reps, args.abstain_N, args.abstain_examples)),
+                 "--threads, --reps, --abstain-N and --abstain-examples must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = common.get_device(args.device)
@@ -468,13 +474,15 @@ def main():
         return probe(device, args.probe, 1000)
     quick = args.quick
     reps = args.reps or (2 if quick else 5)
-    common.check(reps >= 1, "--reps must be >= 1")
     N = 1000 if quick else 2000
     abstain_N = args.abstain_N or (2000 if quick else 10_000)
-    abstain_examples = args.abstain_examples or (20 if quick else 120)
+    abstain_examples = args.abstain_examples or (20 if quick else 150)
     use_compile = not (quick or args.no_compile)
     started = time.time()
     print(machine_line(device))
+    if hasattr(os, "getloadavg") and os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1) and not args.threads:
+        print("note: other work is running on this machine; with several torch threads the figures include time "
+              "the threads spend waiting for each other (try --threads 1)")
     print(f"settings: {'--quick' if quick else 'full'}, {reps} interleaved repetitions per comparison, "
           f"batch {BATCH}, certify N0 = {max(1, N // 1000)} + N = {N} per measurement (the paper's N0/N = "
           f"1/1000), torch.compile rows: {'on' if use_compile else 'off'}", flush=True)

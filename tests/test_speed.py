@@ -365,3 +365,11 @@ def test_training_scripts_accept_amp_and_channels_last(script, tmp_path):
         res = subprocess.run([*cmd, "--amp", "fp16", "--outdir", str(tmp_path / "run16")], env=env,
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 2 and len(res.stderr.splitlines()) == 1 and "fp16" in res.stderr
+
+
+def test_bench_reports_the_largest_certified_accuracy_change_over_all_radii():
+    full = [{"radius": 0.8, "correct": 1}, {"radius": 0.3, "correct": 1}, {"radius": 0.5, "correct": 0}]
+    early = [{"radius": 0.8, "correct": 1}, {"radius": 0.0, "correct": 0}, {"radius": 0.5, "correct": 0}]
+    # the second example lost its radius 0.3: one of three examples, at every radius up to 0.3
+    assert bench.certified_accuracy_change(full, early) == pytest.approx(100 / 3)
+    assert bench.certified_accuracy_change(full, full) == 0.0
