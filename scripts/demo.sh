@@ -50,7 +50,7 @@ model() {
 
 echo "demo: training 4 models on digits ($EPOCHS epochs) and certifying each with N = $N, two at a time"
 # Two lanes of about equal work. Each lane is its own process group (set -m), so that Ctrl-C or a failure in
-# one lane stops all of the other.
+# one lane stops the other lane too.
 set -m
 ( model gaussian_sigma0.25 train_gaussian.py --sigma 0.25 &&
   model ours_sigma0.25 train_ours.py --sigma 0.25 ) &

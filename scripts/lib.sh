@@ -7,6 +7,7 @@
 #   GPUS           processes per command; above 1, training and certification run under torchrun
 #   EXTRA_TRAIN    flags added to every training command, e.g. "--epochs 1 --max-batches 2" for a smoke run
 #   EXTRA_CERTIFY  flags added to every certify.py command, e.g. "--max 2 --N 100"
+#   EXTRA_TARGET   flags added to the CAT-RS soft-label command (table3.sh, table4.sh), e.g. "--N 1"
 #   DRY_RUN=1      print the commands (one "+ command" line each) without running them
 #   PYTHON         the interpreter (default python3)
 # A run folder holding a DONE file is trained already and skipped: put a released checkpoint.pth.tar and an
