@@ -164,3 +164,11 @@ def test_every_readme_command_parses(monkeypatch, tmp_path):
         check_all(commands, monkeypatch)
         checked += 1
     assert checked >= 10                                  # the README documents many commands
+
+
+def test_every_makefile_target_is_in_the_readme():
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        targets = re.search(r"^\.PHONY:(.*)$", f.read(), re.M).group(1).split()
+    commands = " ".join(readme_commands())
+    missing = [t for t in targets if t != "install" and not re.search(rf"\bmake {t}\b", commands)]
+    assert not missing, f"Makefile targets the README does not show: {missing}"
