@@ -9,6 +9,8 @@ Output (tab-separated, one flushed line per example; `predict` is -1 on abstenti
   CERTIFY:   idx label predict radius correct time nA N   (nA: votes for the selected class among the N draws)
   --predict: idx label predict correct time nA N          (nA: votes for the top class; no radius)
 The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line.
+Speed (README, Speed; measured by bench.py): channels-last and folded BatchNorm by default, --precision bf16,
+--compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
 
 Usage (after `python train_gaussian.py --dataset digits --sigma 0.5 --epochs 5`; about a minute on a CPU):
     python certify.py --checkpoint runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --N 1000
