@@ -462,7 +462,7 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
             cur.requires_grad_(True)
             logits = model(xs + cur)
             wrong = (logits.argmax(1) != ys) & ~found                          # first misclassification
-            best[wrong] = cur.detach()[wrong]
+            best = torch.where(wrong.view_as(r0), cur.detach(), best)          # no host sync (vs. masking)
             found |= wrong
             loss = F.cross_entropy(logits, ys, reduction="sum") / m
             grad, = torch.autograd.grad(loss, cur)
@@ -473,7 +473,7 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
                     step = grad.sign() / d ** 0.5
                 cur = cur.detach() + eps * step
                 cur = cur * r0 / (cur.flatten(1).norm(dim=1).view_as(r0) + 1e-8)  # back onto the sphere
-        best[~found] = cur.detach()[~found]
+        best = torch.where(found.view_as(r0), best, cur.detach())
         return best.view_as(delta)
 
 
