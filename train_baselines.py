@@ -23,6 +23,7 @@ later), a loader batch of 256 cut into m chunks with one step each (MACER: 64 im
 """
 import contextlib
 import functools
+import math
 import os
 import time
 
@@ -41,10 +42,9 @@ DEFAULTS = {
         "cifar10": {0.25: {"m": 4, "T": 10, "eps": 1.0, "warmup": 10},
                     0.5: {"m": 8, "T": 10, "eps": 1.0, "warmup": 10},
                     1.0: {"m": 2, "T": 10, "eps": 2.0, "warmup": 10}},
-        # Salman's released ImageNet models (eps 255/256, m = 1). NOTE: the sigma 0.25 one was trained with DDN
-        # (2 steps), which is not implemented here: PGD with one step stands in. Warm-up UNVERIFIED: we take
-        # Salman's script default of 1 epoch, i.e. full eps from epoch 0.
-        "imagenet": {0.25: {"m": 1, "T": 1, "eps": 255 / 256, "warmup": 1},
+        # Salman's released ImageNet models (eps 255/256, m = 1; sigma 0.25: DDN with 2 steps, the others PGD
+        # with 1). Warm-up UNVERIFIED: we take Salman's script default of 1 epoch, i.e. full eps from epoch 0.
+        "imagenet": {0.25: {"m": 1, "T": 2, "eps": 255 / 256, "warmup": 1, "attack": "ddn"},
                      0.5: {"m": 1, "T": 1, "eps": 255 / 256, "warmup": 1},
                      1.0: {"m": 1, "T": 1, "eps": 512 / 256, "warmup": 1}},
     },
@@ -79,7 +79,8 @@ DEFAULTS = {
 }
 
 # Hyper-parameters that only some runs set (released values above where they differ).
-OPTIONAL = {"smoothmix": {"maxnorm": None},
+OPTIONAL = {"smoothadv": {"attack": "pgd"},
+            "smoothmix": {"maxnorm": None},
             "catrs": {"double_eps_from": None, "lr_drop": None, "confidence_mask": False}}
 
 # Methods that cut each loader batch into m chunks, one optimizer step each (BASELINES.md 0.1);
@@ -179,13 +180,57 @@ def smoothadv_attack(model, x, y, noise, T, eps):
     return (x + e).detach()
 
 
-def smoothadv_loss(model, x, y, idx, *, sigma, m, T, eps, noise=None):
+def ddn_attack(model, x, y, noise, T, eps, gamma=0.05, levels=256):
+    """Decoupled Direction and Norm (Rony et al. 2019), SmoothAdv's attack for its ImageNet sigma = 0.25 model.
+
+    T steps of normalised-gradient ascent on smoothed_nll with a cosine learning rate from 1 to 0.01; after
+    each step e is rescaled to a norm budget r (starting at eps, times 1 - gamma while x + e is adversarial,
+    times 1 + gamma while not, at most the largest norm the [0, 1] box allows), and x + e is quantised to
+    `levels` grey levels and clipped. The smallest adversarial e seen is returned, shrunk to norm eps and
+    quantised; where none was seen, x itself. "Adversarial": the soft smoothed classifier over the fixed
+    noises (with m = 1: f(x + e + n)) does not predict y. Returns x' detached, (b, C, H, W).
+    """
+    model = common.unwrap(model)
+    if T == 0 or eps == 0:
+        return x.detach()
+    m, b = noise.shape[:2]
+    quantise = lambda v: (v * (levels - 1)).round() / (levels - 1)
+    r = torch.full((b,), float(eps), device=x.device)
+    r_max = per_image_norm(torch.maximum(x, 1 - x)).flatten()               # the longest e the box allows
+    best_norm, best_e = r_max.clone(), torch.zeros_like(x)
+    e = torch.zeros_like(x)
+    with common.frozen_eval(model):
+        for t in range(T):
+            # The official code steps its cosine scheduler (T_max = T) before each step: rates at t + 1 = 1..T.
+            lr = 0.01 + (1 - 0.01) * (1 + math.cos(math.pi * (t + 1) / T)) / 2
+            e.requires_grad_(True)
+            pbar = F.softmax(model(add_noise(x + e, noise)).float(), 1).view(m, b, -1).mean(0)
+            loss = -pbar.gather(1, y[:, None]).squeeze(1).clamp_min(1e-20).log()
+            grad, = torch.autograd.grad(loss.sum(), e)
+            with torch.no_grad():
+                e = e.detach()
+                adversarial, l2 = pbar.argmax(1) != y, per_image_norm(e).flatten()   # of the e before this step
+                better = adversarial & (l2 < best_norm)
+                best_norm = torch.where(better, l2, best_norm)
+                best_e = torch.where(better.view(-1, 1, 1, 1), e, best_e)
+                norm = per_image_norm(grad)
+                step = torch.where(norm == 0, torch.randn_like(grad), grad / norm.clamp_min(1e-12))
+                e = e + lr * step
+                r = torch.minimum(r * (1 - gamma * (2 * adversarial.float() - 1)), r_max)
+                e = e * (r.view(-1, 1, 1, 1) / per_image_norm(e).clamp_min(1e-12))
+                e = quantise(x + e).clamp(0, 1) - x
+    best_e = quantise(project_l2(best_e, eps))
+    return (x + best_e).clamp(0, 1).detach()   # the clip only acts on inputs off the 256-level grid
+
+
+def smoothadv_loss(model, x, y, idx, *, sigma, m, T, eps, attack="pgd", noise=None):
     """SmoothAdv: mean CE of f(x' + n_i) over the m copies, with x' attacked through the SAME noises n_i.
 
     eps is this epoch's (warmed-up) radius; with m = 1 the attack is plain PGD on CE(f(x + e + n)).
+    attack: "pgd" (smoothadv_attack) or "ddn" (ddn_attack, Salman's ImageNet sigma = 0.25 model).
     """
     noise = draw_noise(x, sigma, m, noise)
-    x_adv = smoothadv_attack(model, x, y, noise, T, eps)
+    x_adv = (ddn_attack if attack == "ddn" else smoothadv_attack)(model, x, y, noise, T, eps)
     logits = model(add_noise(x_adv, noise)).float()                           # (m*b, K)
     targets = y.repeat(m)
     return result(F.cross_entropy(logits, targets), logits, targets)
@@ -390,7 +435,7 @@ def make_loss_fn(method, hp, sigma, epoch, target=None):
     """This epoch's loss_fn(model, x, y, idx) for common.train_epoch: the method's loss with hp bound (0-based epoch)."""
     if method == "smoothadv":  # eps warm-up: min(eps, (epoch + 1) eps / W); the step 2 eps / T follows it
         eps = hp["eps"] * warmup_factor(epoch, hp["warmup"])
-        return functools.partial(smoothadv_loss, sigma=sigma, m=hp["m"], T=hp["T"], eps=eps)
+        return functools.partial(smoothadv_loss, sigma=sigma, m=hp["m"], T=hp["T"], eps=eps, attack=hp["attack"])
     if method == "macer":  # --deferred: no robustness term in epochs 0..lr_step (until after the first decay)
         lbd = 0.0 if hp["deferred"] and epoch <= hp["lr_step"] else hp["lbd"]
         return functools.partial(macer_loss, sigma=sigma, m=hp["m"], beta=hp["beta"], gamma=hp["gamma"], lbd=lbd)
@@ -505,6 +550,8 @@ def parse_args():
     h.add_argument("--T", type=int, help="attack steps (SmoothAdv, SmoothMix, CAT-RS)")
     h.add_argument("--eps", type=float, help="L2 radius in [0,1] pixel units (SmoothAdv: of the image attack; "
                    "CAT-RS: of the noise attack). The official --epsilon 256 is 1.0")
+    h.add_argument("--attack", choices=("pgd", "ddn"), help="SmoothAdv: PGD (default) or DDN (the released "
+                   "ImageNet sigma 0.25 model; T steps, norm factor 1 +- 0.05, 256 grey levels)")
     h.add_argument("--warmup", type=int, help="SmoothAdv eps and SmoothMix mixup weight ramp up linearly over "
                    "this many epochs (0: none)")
     h.add_argument("--lbd", type=float, help="weight of the robustness term (MACER, Consistency, CAT-RS, Stability)")
@@ -575,7 +622,7 @@ def settings(args):
     common.check(args.m is None or args.m >= 1, f"--m must be >= 1, got {args.m}")
     hp, note = method_defaults(args.method, args.dataset, args.sigma)
     s = dict(vars(args))
-    for key in ("m", "T", "eps", "warmup", "lbd", "eta", "beta", "gamma", "deferred", "alpha", "mix_step", "maxnorm",
+    for key in ("m", "T", "eps", "attack", "warmup", "lbd", "eta", "beta", "gamma", "deferred", "alpha", "mix_step", "maxnorm",
                 "double_eps_from", "lr_drop", "confidence_mask"):
         common.check(s[key] is None or key in hp, f"--{key} does not apply to --method {args.method}")
         s[key] = s[key] if s[key] is not None else hp.get(key)

@@ -3,6 +3,7 @@ the released defaults, the CAT-RS target, and short training runs on digits (CPU
 import json
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -89,6 +90,68 @@ def test_smoothadv_trains_on_the_noises_its_attack_used():
     x_adv = tb.smoothadv_attack(model, x, y, noise, T=4, eps=0.5)   # deterministic given the noises
     expected = F.cross_entropy(model((x_adv.unsqueeze(0) + noise).flatten(0, 1)), y.repeat(2))
     assert torch.allclose(out, expected, rtol=1e-6)
+
+
+def grid_batch(b=64, seed=1):
+    """Images on the 256-level grid, as 8-bit data loads, so that DDN's quantisation is exact."""
+    x, y = batch(b, seed)
+    return (x * 255).round() / 255, y
+
+
+def test_ddn_with_eps_or_steps_zero_returns_the_clean_image():
+    model, (x, y) = linear_model(), grid_batch()
+    noise = SIGMA * torch.randn(1, *x.shape)
+    assert torch.equal(tb.ddn_attack(model, x, y, noise, T=2, eps=0.0), x)
+    assert torch.equal(tb.ddn_attack(model, x, y, noise, T=0, eps=1.0), x)
+
+
+def test_ddn_returns_the_smallest_adversarial_it_saw_or_the_clean_image():
+    model, (x, y) = linear_model(), grid_batch()
+    noise = SIGMA * torch.randn(2, *x.shape)
+    x_adv = tb.ddn_attack(model, x, y, noise, T=8, eps=2.0)
+    slack = 0.5 / 255 * 64 ** 0.5             # the final rounding of e to 256 levels
+    assert (x_adv - x).flatten(1).norm(dim=1).max() <= 2.0 + slack
+    assert x_adv.min() >= 0 and x_adv.max() <= 1
+    assert torch.allclose(x_adv * 255, (x_adv * 255).round(), atol=1e-4)   # stays on the 8-bit grid
+    moved = (x_adv != x).flatten(1).any(1)
+    assert 0 < moved.sum() < len(x)           # found for some images, not for all
+    pbar = lambda u: F.softmax(model((u.unsqueeze(0) + noise).flatten(0, 1)), 1).view(2, len(x), -1).mean(0)
+    fooled = pbar(x_adv).argmax(1) != y
+    clean_fooled = pbar(x).argmax(1) != y
+    assert fooled[moved].all()                # every image it moved is adversarial (eps 2 never shrinks it)
+    assert not moved[clean_fooled].any()      # already adversarial at e = 0: the clean image is the smallest
+
+
+def test_ddn_matches_a_loop_over_torch_optim_with_the_official_scheduler_order():
+    """The vectorised attack against a per-step transcription that uses SGD and CosineAnnealingLR stepped first."""
+    model, (x, y) = linear_model(), grid_batch(b=16)
+    noise, T, eps, gamma = SIGMA * torch.randn(1, *x.shape), 4, 1.5, 0.05
+    b = len(x)
+    delta = torch.zeros_like(x, requires_grad=True)
+    optimizer = torch.optim.SGD([delta], lr=1.0)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=T, eta_min=0.01)
+    r = torch.full((b,), eps)
+    r_max = torch.maximum(x, 1 - x).flatten(1).norm(dim=1)
+    best_norm, best = r_max.clone(), torch.zeros_like(x)
+    for _ in range(T):
+        with warnings.catch_warnings():       # torch warns about this order; it is the official code's
+            warnings.simplefilter("ignore")
+            scheduler.step()                  # before optimizer.step(): the rates are the cosine at 1..T
+        logits = model(x + delta + noise[0])
+        adversarial, l2 = logits.argmax(1) != y, delta.detach().flatten(1).norm(dim=1)
+        better = adversarial & (l2 < best_norm)
+        best_norm[better], best[better] = l2[better], delta.detach()[better]
+        optimizer.zero_grad()
+        (-F.cross_entropy(logits, y, reduction="sum")).backward()
+        delta.grad /= delta.grad.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+        optimizer.step()
+        with torch.no_grad():
+            r = torch.minimum(r * (1 - gamma * (2 * adversarial.float() - 1)), r_max)
+            delta *= (r / delta.flatten(1).norm(dim=1)).view(-1, 1, 1, 1)
+            delta.copy_(((x + delta) * 255).round().div(255).clamp(0, 1) - x)
+    best = best.renorm(2, 0, eps)
+    expected = x + (best * 255).round() / 255
+    assert torch.allclose(tb.ddn_attack(model, x, y, noise, T=T, eps=eps), expected, atol=1e-6)
 
 
 def test_macer_with_one_copy_and_lambda_zero_is_the_gaussian_loss():
@@ -196,7 +259,7 @@ def test_stability_with_lambda_zero_is_clean_cross_entropy():
     assert torch.allclose(out, F.cross_entropy(model(x), y), rtol=1e-6)
 
 
-@pytest.mark.parametrize("attack", ["smoothadv", "smoothmix", "catrs"])
+@pytest.mark.parametrize("attack", ["smoothadv", "ddn", "smoothmix", "catrs"])
 def test_attacks_run_in_eval_mode_and_leave_weights_and_batchnorm_statistics_unchanged(attack):
     model, (x, y) = digits_model(), batch()
     noise = SIGMA * torch.randn(2, *x.shape)
@@ -205,6 +268,8 @@ def test_attacks_run_in_eval_mode_and_leave_weights_and_batchnorm_statistics_unc
     model[1].register_forward_pre_hook(lambda module, inputs: modes.append(module.training))
     if attack == "smoothadv":
         tb.smoothadv_attack(model, x, y, noise, T=3, eps=0.5)
+    elif attack == "ddn":
+        tb.ddn_attack(model, x, y, noise, T=3, eps=0.5)
     elif attack == "smoothmix":
         tb.smoothmix_attack(model, x, y, noise, T=3, alpha=0.5, mix_step=1, warm=1.0)
     else:
@@ -235,6 +300,9 @@ def test_defaults_are_the_released_settings_and_flags_override_them():
     assert (s.m, s.beta, s.gamma, s.lbd, s.deferred, s.batch) == (16, 16.0, 8.0, 12.0, True, 64)
     s = tb.settings(parse("--method", "smoothadv", "--sigma", 1.0, "--T", 2))
     assert (s.m, s.T, s.eps, s.warmup) == (2, 2, 2.0, 10)
+    s = tb.settings(parse("--method", "smoothadv", "--sigma", 0.25, "--dataset", "imagenet"))
+    assert (s.m, s.T, s.eps, s.attack) == (1, 2, 255 / 256, "ddn")   # Salman's released ImageNet sigma 0.25
+    assert tb.settings(parse("--method", "smoothadv", "--sigma", 0.5, "--dataset", "imagenet")).attack == "pgd"
     s = tb.settings(parse("--method", "smoothmix", "--sigma", 0.25))
     assert (s.m, s.T, s.alpha, s.eta, s.mix_step, s.maxnorm) == (2, 4, 0.5, 5.0, 0, None)
     s = tb.settings(parse("--method", "consistency", "--sigma", 1.0, "--dataset", "imagenet", "--lbd", 3))
