@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, usually one per core)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of (a)")
+    p.add_argument("--sections", default="abcd", help="which parts to run, e.g. 'd' (default: all, abcd; a "
+                   "includes a')")
     p.add_argument("--checkpoint", nargs="+", help="(d): trained models (with their sigma) instead of digits "
                    "models trained here; CIFAR-10 ones need --data-dir")
     p.add_argument("--data-dir", default=None, help="(d): dataset folder of the --checkpoint models")
@@ -467,6 +469,8 @@ def main():
     args = parse_args()
     common.check(all(v is None or v >= 1 for v in (args.threads, args.reps, args.abstain_N, args.abstain_examples)),
                  "--threads, --reps, --abstain-N and --abstain-examples must be >= 1")
+    common.check(args.sections and set(args.sections) <= set("abcd"), f"--sections takes letters of 'abcd', "
+                                                                      f"got {args.sections!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = common.get_device(args.device)
@@ -487,20 +491,24 @@ def main():
           f"batch {BATCH}, certify N0 = {max(1, N // 1000)} + N = {N} per measurement (the paper's N0/N = "
           f"1/1000), torch.compile rows: {'on' if use_compile else 'off'}", flush=True)
 
-    print(f"\n(a) certification, {ARCH}, one input, noise samples per second", flush=True)
-    bench_certify(device, reps, N, use_compile)
-    print(f"\n(a') certification as shipped: certify.py's process keeps freed memory (glibc), the textbook's does "
-          f"not", flush=True)
-    bench_as_shipped(device, 1000, 1 if quick else 3)
-    print("\n(b) training, noisy samples per second", flush=True)
-    bench_training(device, args.reps or (2 if quick else 3), steps=1 if quick else 2,
-                   images_per_step=16 if quick else 64, T=1 if quick else None)
-    print(f"\n(c) train-time pA estimation, {ARCH}, samples per second", flush=True)
-    bench_pA(device, reps, examples=10 if quick else 30)
-    print("\n(d) early abstention (--early-abstain)", flush=True)
-    with tempfile.TemporaryDirectory() as folder:
-        paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20)
-        bench_early_abstain(paths, device, args.data_dir, abstain_N, abstain_examples)
+    if "a" in args.sections:
+        print(f"\n(a) certification, {ARCH}, one input, noise samples per second", flush=True)
+        bench_certify(device, reps, N, use_compile)
+        print(f"\n(a') certification as shipped: certify.py's process keeps freed memory (glibc), the textbook's "
+              f"does not", flush=True)
+        bench_as_shipped(device, 1000, 1 if quick else 3)
+    if "b" in args.sections:
+        print("\n(b) training, noisy samples per second", flush=True)
+        bench_training(device, args.reps or (2 if quick else 3), steps=1 if quick else 2,
+                       images_per_step=16 if quick else 64, T=1 if quick else None)
+    if "c" in args.sections:
+        print(f"\n(c) train-time pA estimation, {ARCH}, samples per second", flush=True)
+        bench_pA(device, reps, examples=10 if quick else 30)
+    if "d" in args.sections:
+        print("\n(d) early abstention (--early-abstain)", flush=True)
+        with tempfile.TemporaryDirectory() as folder:
+            paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20)
+            bench_early_abstain(paths, device, args.data_dir, abstain_N, abstain_examples)
     print(f"\ndone in {time.time() - started:.0f} s; {machine_line(device).split(';')[0]} at the end")
 
 

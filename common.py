@@ -303,8 +303,17 @@ class WithIndex(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.dataset)
 
-    def __getitem__(self, i):
-        x, y = self.dataset[i]
+    def __getitem__(self, key):
+        """key: an index, or (index, seed) from TrainLoader, whose random augmentation then draws from seed."""
+        if not isinstance(key, tuple):
+            return (*self.dataset[key], key)
+        i, seed = key
+        saved = torch.get_rng_state()             # the caller's global generator (the noise) stays untouched
+        torch.default_generator.manual_seed(seed)  # the CPU generator only (torch.manual_seed costs 40x more)
+        try:
+            x, y = self.dataset[i]
+        finally:
+            torch.set_rng_state(saved)
         return x, y, i
 
 
@@ -770,7 +779,7 @@ def epoch_seed(seed, epoch, stream=0):
 
 
 def seed_epoch(seed, epoch):
-    """Reseed all global generators at the start of an epoch (noise, attacks, augmentation with workers=0).
+    """Reseed all global generators at the start of an epoch (noise, attacks).
 
     Each epoch's randomness then depends only on (seed, epoch, rank), so a run resumed at an epoch
     boundary draws exactly what the uninterrupted run drew.
@@ -778,42 +787,76 @@ def seed_epoch(seed, epoch):
     seed_everything(epoch_seed(seed, epoch, 1 + get_rank()))
 
 
-def make_train_loader(dataset, batch, workers, seed, epoch, indices=None, weights=None, num_samples=None):
-    """The loader of one training epoch; it yields (x, y, idx) with idx the example's index in `dataset`.
+AUGMENT_STREAM = 2 ** 20   # epoch_seed stream of the augmentation seeds (0: the sampler, 1 + rank: the noise)
 
-    dataset: the plain training set of (x, y). indices=None gives one shuffled pass. Otherwise the epoch
-    draws num_samples examples (default len(dataset): Alg. 2 keeps |D| draws per epoch after discarding)
-    with replacement from `indices` (e.g. the kept examples), uniformly, or proportionally to `weights`
-    (one non-negative weight per entry of indices). The draws, their order and the workers' augmentation
-    seeds depend only on (seed, epoch), so a resumed run sees the same batches. Under torchrun every rank
-    gets an equal share of the draws and batch // world_size examples per batch.
+
+class EpochSampler(torch.utils.data.Sampler):
+    """The current epoch's draws as (index, augmentation seed) pairs; TrainLoader.epoch sets them."""
+
+    def __init__(self):
+        self.items = []
+
+    def __len__(self):
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+class TrainLoader:
+    """The training loader of a whole run: one DataLoader whose sampler is set anew each epoch.
+
+    Reusing one loader lets its worker processes live across epochs (persistent_workers: no restart and
+    dataset re-read at every epoch, which keeps a GPU fed). Exact resume does not depend on the workers'
+    state: each draw's augmentation is seeded from (seed, epoch, its position in the epoch) wherever it is
+    loaded, so an epoch's batches depend only on (seed, epoch), not on --workers or on earlier epochs.
+    Use: loaders = TrainLoader(train_set, batch, workers, seed); each epoch: loader = loaders.epoch(epoch).
     """
-    g = torch.Generator().manual_seed(epoch_seed(seed, epoch, 0))  # stream 0: the same on every rank
-    if indices is None:
-        order = torch.randperm(len(dataset), generator=g)
-    else:
-        indices = torch.as_tensor(indices, dtype=torch.long)
-        check(len(indices) > 0, "no training examples left to sample from (every example was discarded)")
-        num_samples = len(dataset) if num_samples is None else num_samples
-        if weights is None:
-            pick = torch.randint(len(indices), (num_samples,), generator=g)
+
+    def __init__(self, dataset, batch, workers, seed):
+        self.dataset, self.seed, self.sampler = dataset, seed, EpochSampler()
+        world = get_world_size()
+        # Under torchrun every rank gets batch // world_size examples per batch. The loader's own generator
+        # keeps its per-epoch seed draw out of the global stream (the training noise).
+        self.loader = torch.utils.data.DataLoader(
+            WithIndex(dataset), batch_size=max(1, batch // world), sampler=self.sampler, num_workers=workers,
+            persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator().manual_seed(epoch_seed(seed, 0, AUGMENT_STREAM + 1)))
+
+    def epoch(self, epoch, indices=None, weights=None, num_samples=None):
+        """The loader of one training epoch; it yields (x, y, idx) with idx the example's index in the dataset.
+
+        indices=None gives one shuffled pass. Otherwise the epoch draws num_samples examples (default
+        len(dataset): Alg. 2 keeps |D| draws per epoch after discarding) with replacement from `indices`
+        (e.g. the kept examples), uniformly, or proportionally to `weights` (one non-negative weight per entry
+        of indices). The draws, their order and their augmentation depend only on (seed, epoch), so a resumed
+        run sees the same batches. Under torchrun every rank gets an equal share of the draws.
+        """
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, epoch, 0))  # stream 0: the same on every rank
+        if indices is None:
+            order = torch.randperm(len(self.dataset), generator=g)
         else:
-            pick = torch.multinomial(torch.as_tensor(weights, dtype=torch.double), num_samples, True, generator=g)
-        order = indices[pick]
-    rank, world = get_rank(), get_world_size()
-    if world > 1:
-        per_rank = len(order) // world
-        order, batch = order[rank::world][:per_rank], max(1, batch // world)
-    workers_gen = torch.Generator().manual_seed(epoch_seed(seed, epoch, 1 + rank))
-    return torch.utils.data.DataLoader(WithIndex(dataset), batch_size=batch, sampler=order.tolist(),
-                                       num_workers=workers, generator=workers_gen,
-                                       pin_memory=torch.cuda.is_available())
+            indices = torch.as_tensor(indices, dtype=torch.long)
+            check(len(indices) > 0, "no training examples left to sample from (every example was discarded)")
+            num_samples = len(self.dataset) if num_samples is None else num_samples
+            if weights is None:
+                pick = torch.randint(len(indices), (num_samples,), generator=g)
+            else:
+                pick = torch.multinomial(torch.as_tensor(weights, dtype=torch.double), num_samples, True, generator=g)
+            order = indices[pick]
+        base = epoch_seed(self.seed, epoch, AUGMENT_STREAM) % 2 ** 62
+        items = [(i, base + k) for k, i in enumerate(order.tolist())]   # by position: a repeated draw differs
+        world = get_world_size()
+        if world > 1:
+            items = items[get_rank()::world][:len(items) // world]
+        self.sampler.items = items
+        return self.loader
 
 
 def make_test_loader(dataset, batch, workers):
     """Plain in-order loader of (x, y) for evaluation."""
     return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False, num_workers=workers,
-                                       pin_memory=torch.cuda.is_available())
+                                       persistent_workers=workers > 0, pin_memory=torch.cuda.is_available())
 
 
 def _rng_state():

@@ -699,6 +699,7 @@ def main():
     if args.method == "catrs":
         target = load_catrs_target(args.catrs_target, args.dataset, len(train_set), common.NUM_CLASSES[args.dataset])
     test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
+    loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
@@ -720,7 +721,7 @@ def main():
     for epoch in range(first, args.epochs):
         start = time.time()
         common.seed_epoch(args.seed, epoch)
-        loader = common.make_train_loader(train_set, args.batch, args.workers, args.seed, epoch)
+        loader = loaders.epoch(epoch)
         loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)  # warm-ups need the epoch
         with lr_factor(optimizer, 0.1 if epoch == args.lr_drop else 1.0):  # CAT-RS ImageNet's one-epoch drop
             lr = optimizer.param_groups[0]["lr"]

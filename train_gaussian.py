@@ -99,6 +99,7 @@ def main():
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_set = common.get_dataset(args.dataset, "test", args.data_dir)
     test_loader = common.make_test_loader(test_set, 256, args.workers)
+    loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
@@ -119,7 +120,7 @@ def main():
     for epoch in range(first, args.epochs):
         start = time.time()
         common.seed_epoch(args.seed, epoch)
-        loader = common.make_train_loader(train_set, args.batch, args.workers, args.seed, epoch)
+        loader = loaders.epoch(epoch)
         lr = optimizer.param_groups[0]["lr"]
         row = common.train_epoch(model, loader, optimizer, loss_fn, args.m, device,
                                  common.progress_line(f"epoch {epoch + 1}"), args.max_batches,

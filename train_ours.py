@@ -224,6 +224,7 @@ def main():
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_set = common.get_dataset(args.dataset, "test", args.data_dir)
     test_loader = common.make_test_loader(test_set, 256, args.workers)
+    loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
@@ -255,8 +256,7 @@ def main():
                                      os.path.join(args.outdir, f"pA_epoch{epoch}_weights.tsv"))
             weights = radius_weights(counts, args.N_weight, args.alpha, args.p_min, args.weights)
         late = epoch >= start   # from Et on: |D| draws with replacement from D', and the attack
-        loader = common.make_train_loader(train_set, args.batch, args.workers, args.seed, epoch,
-                                          indices=kept if late else None, weights=weights if late else None)
+        loader = loaders.epoch(epoch, indices=kept if late else None, weights=weights if late else None)
         T = args.T if late else 0
 
         def loss_fn(f, x, y, idx):

@@ -23,7 +23,7 @@ OURS=(--Et 7 --pt 0.4 --N 32 --reweight_every 4 --T 2 --eps 0.25)
 CERTIFY=(--dataset cifar10 --data-dir "$DATA_DIR" --N 10000 --alpha 0.001 --skip 20 --batch 1000 --precision bf16)
 
 $PYTHON train_gaussian.py "${COMMON[@]}" --epochs 10 --outdir "$RUNS/gaussian"
-$PYTHON train_ours.py "${COMMON[@]}" "${OURS[@]}" --epochs 9 --outdir "$RUNS/ours"
+$PYTHON train_ours.py "${COMMON[@]}" "${OURS[@]}" --epochs 10 --outdir "$RUNS/ours"
 $PYTHON certify.py "${CERTIFY[@]}" --checkpoint "$RUNS/gaussian/checkpoint.pth.tar" \
     --outfile "$OUT/certify/gaussian_noise_0.5.tsv"
 $PYTHON certify.py "${CERTIFY[@]}" --checkpoint "$RUNS/ours/checkpoint.pth.tar" \

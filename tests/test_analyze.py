@@ -349,3 +349,14 @@ def test_published_ecdfs_give_the_orders_listed_in_appendix_b3():
             curves[method] = np.loadtxt(path, skiprows=1)[upto, 1]
         better, _ = analyze.dominance(curves)
         assert set(pairs) <= set(better), sigma
+
+
+def test_the_committed_cifar10_cpu_tables_are_analyze_output_of_the_committed_logs(tmp_path, capsys):
+    results = os.path.join(ROOT, "results", "cifar10_cpu")
+    logs = [os.path.join(results, "certify", f"{name}_noise_0.5.tsv") for name in ("gaussian", "ours")]
+    for command in ("table", "envelope", "ecdf"):
+        code, _, err = run_main([command, *logs, "--labels", "gaussian", "ours", "--out", str(tmp_path)], capsys)
+        assert code == 0, err
+    for name in ("table.md", "table.tsv", "envelope.md", "envelope.tsv", "ecdf.md", "ecdf_ours_0.5.tsv"):
+        with open(tmp_path / name) as fresh, open(os.path.join(results, name)) as committed:
+            assert fresh.read() == committed.read(), name
