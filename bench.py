@@ -21,7 +21,9 @@ machine, its load, torch version, threads and settings:
   (d)  --early-abstain on trained models at sigma 0.5 and 1.0: model evaluations saved and the largest
        change of certified accuracy at any radius, full and early runs on the same examples and noise
        (default: digits_cnn trained here with train_gaussian.py; --checkpoint for your own models)
-(a)-(c) use cifar_resnet20 with random weights and random inputs: throughput depends on neither. On a
+  (e)  train_baselines.py: seconds per CIFAR-10 epoch of each baseline (released sigma = 0.5 settings,
+       --amp --channels-last) against Gaussian training with the same m, from one optimizer step each
+(a)-(c), (e) use cifar_resnet20 with random weights and random inputs: throughput depends on neither. On a
 machine shared with other jobs, --threads 1 avoids measuring the scheduler (threads waiting for each other).
 """
 import argparse
@@ -40,6 +42,7 @@ import torch
 
 import certify
 import common
+import train_baselines
 import train_ours
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -54,8 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, usually one per core)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of (a)")
-    p.add_argument("--sections", default="abcd", help="which parts to run, e.g. 'd' (default: all, abcd; a "
-                   "includes a')")
+    p.add_argument("--sections", default="abcde", help="which parts to run, e.g. 'd' (default: all, abcde; "
+                   "a includes a')")
     p.add_argument("--checkpoint", nargs="+", help="(d): trained models (with their sigma) instead of digits "
                    "models trained here; CIFAR-10 ones need --data-dir")
     p.add_argument("--data-dir", default=None, help="(d): dataset folder of the --checkpoint models")
@@ -370,6 +373,38 @@ def bench_training(device, reps, steps, images_per_step, T):
         show_ratio("no flags / plain fp32 eager loop", rates, "train_epoch (no flags)", "plain fp32 eager loop")
 
 
+def bench_baselines(device, reps, precision, channels_last):
+    """(e): seconds per CIFAR-10 epoch of each baseline against Gaussian training with the same m.
+
+    One optimizer step of each method at its released sigma = 0.5 setting (after the warm-ups), on the images
+    that step gets (256 / m of a 256-image loader batch cut into m chunks; MACER 64, Stability 256), against
+    one step of train_gaussian.py with the same m (256 / m images); an epoch is 50,000 m noisy inputs for both.
+    """
+    sigma, train_size = 0.5, 50_000
+    base = make_model(device).train()
+    g = torch.Generator().manual_seed(0)
+    print(f"  cifar_resnet20, sigma {sigma} released settings, {precision}"
+          f"{', channels-last' if channels_last else ''}; one optimizer step per measurement")
+    for method in train_baselines.METHODS:
+        hp, _ = train_baselines.method_defaults(method, DATASET, sigma)
+        m, batch = hp.get("m", 1), hp.get("batch", 256)
+        images = batch // m if train_baselines.CHUNKED[method] else batch
+        def step(n):
+            return [(torch.rand(n, *common.INPUT_SHAPE[DATASET], generator=g).to(device),
+                     torch.randint(0, 10, (n,), generator=g).to(device), torch.arange(n, device=device))]
+        target = torch.full((images, 10), 0.1)          # CAT-RS's soft labels: the cost does not depend on them
+        loss_fn = train_baselines.make_loss_fn(method, dict(hp, lr_step=50), sigma, 100, target)
+        gaussian = lambda f, x, y, idx, m=m: common.gaussian_loss(f, x, y, sigma, m)
+        variants = {f"gaussian, m = {m}": (train_fn(base, step(256 // m), gaussian, device, channels_last,
+                                                    precision), 256 // m * m),
+                    method: (train_fn(base, step(images), loss_fn, device, channels_last, precision), images * m)}
+        rates = interleaved(variants, reps, device)
+        seconds = {name: train_size * m / statistics.median(values) for name, values in rates.items()}
+        print(f"  {method:12s} m = {m:2d}, {images:3d} images x {m} copies per step: {seconds[method]:7.0f} s/epoch, "
+              f"Gaussian {seconds[f'gaussian, m = {m}']:6.0f} s/epoch: "
+              f"{median_ratio(rates, f'gaussian, m = {m}', method):.2f}x", flush=True)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # (d) early abstention: the same examples and noise, certified with and without --early-abstain
 # ----------------------------------------------------------------------------------------------------------
@@ -469,8 +504,8 @@ def main():
     args = parse_args()
     common.check(all(v is None or v >= 1 for v in (args.threads, args.reps, args.abstain_N, args.abstain_examples)),
                  "--threads, --reps, --abstain-N and --abstain-examples must be >= 1")
-    common.check(args.sections and set(args.sections) <= set("abcd"), f"--sections takes letters of 'abcd', "
-                                                                      f"got {args.sections!r}")
+    common.check(args.sections and set(args.sections) <= set("abcde"), f"--sections takes letters of 'abcde', "
+                                                                       f"got {args.sections!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = common.get_device(args.device)
@@ -509,6 +544,9 @@ def main():
         with tempfile.TemporaryDirectory() as folder:
             paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20)
             bench_early_abstain(paths, device, args.data_dir, abstain_N, abstain_examples)
+    if "e" in args.sections:
+        print("\n(e) baselines (train_baselines.py): seconds per CIFAR-10 epoch against Gaussian training", flush=True)
+        bench_baselines(device, args.reps or (1 if quick else 3), "bf16", True)
     print(f"\ndone in {time.time() - started:.0f} s; {machine_line(device).split(';')[0]} at the end")
 
 
