@@ -585,8 +585,11 @@ def make_optimizer(model, lr=0.1, momentum=0.9, weight_decay=1e-4):
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
-def make_scheduler(optimizer, lr_step, gamma=0.1):
-    """lr x gamma every lr_step epochs, stepped once at the end of each epoch (decays from epoch lr_step on)."""
+def make_scheduler(optimizer, lr_step, gamma=0.1, milestones=None):
+    """lr x gamma every lr_step epochs, or at each of the epochs in `milestones` when given; stepped once at
+    the end of each epoch (so the first decay applies from epoch lr_step, or milestones[0], on)."""
+    if milestones:
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=sorted(milestones), gamma=gamma)
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=lr_step, gamma=gamma)
 
 

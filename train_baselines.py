@@ -436,8 +436,9 @@ def make_loss_fn(method, hp, sigma, epoch, target=None):
     if method == "smoothadv":  # eps warm-up: min(eps, (epoch + 1) eps / W); the step 2 eps / T follows it
         eps = hp["eps"] * warmup_factor(epoch, hp["warmup"])
         return functools.partial(smoothadv_loss, sigma=sigma, m=hp["m"], T=hp["T"], eps=eps, attack=hp["attack"])
-    if method == "macer":  # --deferred: no robustness term in epochs 0..lr_step (until after the first decay)
-        lbd = 0.0 if hp["deferred"] and epoch <= hp["lr_step"] else hp["lbd"]
+    if method == "macer":  # --deferred: no robustness term in epochs 0..first decay (until after the first decay)
+        first_decay = min(hp["lr_milestones"]) if hp.get("lr_milestones") else hp["lr_step"]
+        lbd = 0.0 if hp["deferred"] and epoch <= first_decay else hp["lbd"]
         return functools.partial(macer_loss, sigma=sigma, m=hp["m"], beta=hp["beta"], gamma=hp["gamma"], lbd=lbd)
     if method == "consistency":
         return functools.partial(consistency_loss, sigma=sigma, m=hp["m"], lbd=hp["lbd"], eta=hp["eta"])
@@ -576,6 +577,9 @@ def parse_args():
                    "--make-catrs-target: noisy inputs per forward (default 1024)")
     t.add_argument("--lr", type=float, default=0.1, help="initial SGD learning rate")
     t.add_argument("--lr_step", type=int, help="lr x0.1 every lr_step epochs (default 50 cifar10, 30 imagenet)")
+    t.add_argument("--lr_milestones", type=int, nargs="+", metavar="EPOCH", help="lr x0.1 at each of these "
+                   "epochs instead of every --lr_step (MACER's own schedule: --lr 0.01 --epochs 440 "
+                   "--weight_decay 5e-4 --lr_milestones 200 400)")
     t.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (plain, as all official code)")
     t.add_argument("--weight_decay", type=float, default=1e-4, help="SGD weight decay")
     t.add_argument("--workers", type=int, default=2, help="data loader worker processes")
@@ -638,6 +642,7 @@ def settings(args):
                  "--T, --eps, --warmup, --lbd, --eta, --alpha and --mix_step must be >= 0")
     common.check(s["epochs"] >= 0 and s["batch"] >= 1 and s["lr_step"] >= 1 and args.workers >= 0,
                  "--epochs, --workers must be >= 0 and --batch, --lr_step >= 1")
+    common.check(all(e >= 1 for e in args.lr_milestones or []), "--lr_milestones must be epochs >= 1")
     return common.argparse.Namespace(**s)
 
 
@@ -704,7 +709,7 @@ def main():
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
-    scheduler = common.make_scheduler(optimizer, args.lr_step)
+    scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     if args.resume:
         check_resume_method(args.outdir, args.method)
     first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir), args.resume,

@@ -475,3 +475,21 @@ def test_resume_without_a_checkpoint_and_an_unwritable_outdir_are_one_line_exit_
     assert run_main(monkeypatch, *argv, "--outdir", blocker / "run") == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "cannot write" in err
+
+
+def test_lr_milestones_give_macers_own_schedule_and_move_its_deferred_term():
+    s = tb.settings(parse("--method", "macer", "--sigma", 1.0, "--lr", 0.01, "--epochs", 440,
+                          "--lr_milestones", 400, 200))
+    optimizer = torch.optim.SGD(linear_model().parameters(), lr=s.lr)
+    scheduler = common.make_scheduler(optimizer, s.lr_step, milestones=s.lr_milestones)
+    rates = []
+    for _ in range(440):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()   # no gradients: a no-op that keeps the scheduler's order check quiet
+        scheduler.step()
+    assert rates[199] == pytest.approx(0.01) and rates[200] == pytest.approx(0.001)
+    assert rates[399] == pytest.approx(0.001) and rates[400] == pytest.approx(0.0001)
+    lbd = lambda epoch: tb.make_loss_fn("macer", vars(s), s.sigma, epoch).keywords["lbd"]
+    assert lbd(60) == 0.0 and lbd(200) == 0.0 and lbd(201) == 12.0   # deferred past the first decay, not lr_step
+    with pytest.raises(common.UserError, match="lr_milestones"):
+        tb.settings(parse("--method", "macer", "--sigma", 1.0, "--lr_milestones", 0))
