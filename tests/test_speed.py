@@ -373,3 +373,18 @@ def test_bench_reports_the_largest_certified_accuracy_change_over_all_radii():
     # the second example lost its radius 0.3: one of three examples, at every radius up to 0.3
     assert bench.certified_accuracy_change(full, early) == pytest.approx(100 / 3)
     assert bench.certified_accuracy_change(full, full) == 0.0
+
+
+def test_bench_baselines_times_every_method_against_gaussian_with_its_m(monkeypatch, capsys):
+    """Section (e) runs each method's real loss once (a tiny model stands in for cifar_resnet20; no timing asserted)."""
+    def tiny(device, channels_last=False, seed=0):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(4 * 8 * 8, 10)).to(device)
+    monkeypatch.setattr(bench, "make_model", tiny)
+    bench.bench_baselines(torch.device("cpu"), 1, "bf16", True)
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [line[0] for line in lines] == list(bench.train_baselines.METHODS)
+    m = {line[0]: int(line[3].rstrip(",")) for line in lines}
+    assert m == {"smoothadv": 8, "macer": 16, "consistency": 2, "smoothmix": 2, "catrs": 4, "stability": 1}
+    assert all(float(line[-1].rstrip("x")) > 0 for line in lines)
