@@ -383,15 +383,16 @@ def bench_baselines(device, reps, precision, channels_last):
     sigma, train_size = 0.5, 50_000
     base = make_model(device).train()
     g = torch.Generator().manual_seed(0)
+
+    def step(n):  # one optimizer step's batch of n random images
+        return [(torch.rand(n, *common.INPUT_SHAPE[DATASET], generator=g).to(device),
+                 torch.randint(0, 10, (n,), generator=g).to(device), torch.arange(n, device=device))]
     print(f"  cifar_resnet20, sigma {sigma} released settings, {precision}"
           f"{', channels-last' if channels_last else ''}; one optimizer step per measurement")
     for method in train_baselines.METHODS:
         hp, _ = train_baselines.method_defaults(method, DATASET, sigma)
         m, batch = hp.get("m", 1), hp.get("batch", 256)
         images = batch // m if train_baselines.CHUNKED[method] else batch
-        def step(n):
-            return [(torch.rand(n, *common.INPUT_SHAPE[DATASET], generator=g).to(device),
-                     torch.randint(0, 10, (n,), generator=g).to(device), torch.arange(n, device=device))]
         target = torch.full((images, 10), 0.1)          # CAT-RS's soft labels: the cost does not depend on them
         loss_fn = train_baselines.make_loss_fn(method, dict(hp, lr_step=50), sigma, 100, target)
         gaussian = lambda f, x, y, idx, m=m: common.gaussian_loss(f, x, y, sigma, m)

@@ -129,14 +129,23 @@ def project_l2(v, radius):
     return v * (radius / per_image_norm(v).clamp_min(1e-12)).clamp(max=1.0)
 
 
+def smoothed_probs(model, u, noise):
+    """The soft smoothed classifier over the fixed noises, (1/m) sum_i S(f(u + n_i)), shape (b, K)."""
+    m, b = noise.shape[:2]
+    return F.softmax(model(add_noise(u, noise)).float(), 1).view(m, b, -1).mean(0)
+
+
+def nll_of(pbar, y):
+    """-log pbar_y per image, clamped at 1e-20 as in the official code. Returns (b,)."""
+    return -pbar.gather(1, y[:, None]).squeeze(1).clamp_min(1e-20).log()
+
+
 def smoothed_nll(model, u, y, noise):
     """-log of the soft smoothed classifier's probability of y, -log((1/m) sum_i S(f(u + n_i))_y), per image.
 
-    The target of SmoothAdv's and SmoothMix's attacks; clamped at 1e-20 as in the official code. Returns (b,).
+    The target of SmoothAdv's, SmoothMix's and DDN's attacks. Returns (b,).
     """
-    m, b = noise.shape[:2]
-    pbar = F.softmax(model(add_noise(u, noise)).float(), 1).view(m, b, -1).mean(0)  # (b, K)
-    return -pbar.gather(1, y[:, None]).squeeze(1).clamp_min(1e-20).log()
+    return nll_of(smoothed_probs(model, u, noise), y)
 
 
 def warmup_factor(epoch, warmup):
@@ -193,7 +202,7 @@ def ddn_attack(model, x, y, noise, T, eps, gamma=0.05, levels=256):
     model = common.unwrap(model)
     if T == 0 or eps == 0:
         return x.detach()
-    m, b = noise.shape[:2]
+    b = len(x)
     quantise = lambda v: (v * (levels - 1)).round() / (levels - 1)
     r = torch.full((b,), float(eps), device=x.device)
     r_max = per_image_norm(torch.maximum(x, 1 - x)).flatten()               # the longest e the box allows
@@ -204,9 +213,8 @@ def ddn_attack(model, x, y, noise, T, eps, gamma=0.05, levels=256):
             # The official code steps its cosine scheduler (T_max = T) before each step: rates at t + 1 = 1..T.
             lr = 0.01 + (1 - 0.01) * (1 + math.cos(math.pi * (t + 1) / T)) / 2
             e.requires_grad_(True)
-            pbar = F.softmax(model(add_noise(x + e, noise)).float(), 1).view(m, b, -1).mean(0)
-            loss = -pbar.gather(1, y[:, None]).squeeze(1).clamp_min(1e-20).log()
-            grad, = torch.autograd.grad(loss.sum(), e)
+            pbar = smoothed_probs(model, x + e, noise)
+            grad, = torch.autograd.grad(nll_of(pbar, y).sum(), e)
             with torch.no_grad():
                 e = e.detach()
                 adversarial, l2 = pbar.argmax(1) != y, per_image_norm(e).flatten()   # of the e before this step
