@@ -48,7 +48,11 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def run(main):
-    """Call main(); a UserError becomes one line on stderr and exit code 2."""
+    """Call main(); a UserError becomes one line on stderr and exit code 2.
+
+    Under torchrun the process group is always torn down before the process exits (end_distributed): a
+    gloo group left alive at exit aborts the process ("terminate called without an active exception").
+    """
     try:
         main()
     except UserError as e:
@@ -57,6 +61,8 @@ def run(main):
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
+    finally:
+        end_distributed(wait=False)
 
 
 def check(condition, message):
@@ -754,11 +760,99 @@ def setup_distributed(device_name=None):
     return device
 
 
-def wrap_model(model, device):
-    """DistributedDataParallel around the model under torchrun (gradients averaged across ranks), else the model."""
+def end_distributed(wait=True):
+    """Leave the process group (under torchrun; a no-op otherwise). Call it once every rank is done.
+
+    wait=True first meets the other ranks at a barrier, so no rank tears its connections down while another
+    still uses them. Without destroy_process_group, gloo's communication threads are still running when the
+    interpreter exits, and C++ aborts the process (SIGABRT, "terminate called without an active exception"):
+    the rank that finishes first (any rank but 0, which still saves the checkpoint) died that way.
+    """
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if wait:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+class AllReduceSum(torch.autograd.Function):
+    """Sum of a tensor over all ranks, differentiable: the gradient of a sum over ranks is again that sum."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        import torch.distributed as dist
+        tensor = tensor.clone()
+        dist.all_reduce(tensor)
+        return tensor
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class GlooSyncBatchNorm(nn.BatchNorm2d):
+    """BatchNorm2d whose training statistics are those of the whole batch across ranks, for CPU (gloo) ranks.
+
+    torch.nn.SyncBatchNorm does this on GPUs only; this is the same computation with one all_reduce of
+    (sum, sum of squares, count) per layer, differentiated through AllReduceSum. Eval mode, and a
+    run without a process group, behave as BatchNorm2d. State-dict keys are BatchNorm2d's.
+    """
+
+    def forward(self, x):
+        import torch.distributed as dist
+        if not (self.training and dist.is_available() and dist.is_initialized()):
+            return super().forward(x)
+        c = x.shape[1]
+        xf = x.transpose(0, 1).reshape(c, -1).float()                            # (C, local B*H*W)
+        count = torch.full((1,), float(xf.shape[1]), device=x.device)
+        stats = AllReduceSum.apply(torch.cat([xf.sum(1), (xf * xf).sum(1), count]))  # sums over every rank
+        n = stats[-1]
+        mean = stats[:c] / n
+        var = (stats[c:2 * c] / n - mean * mean).clamp(min=0)                   # biased, as BatchNorm
+        with torch.no_grad():
+            self.num_batches_tracked += 1
+            factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+            self.running_mean.lerp_(mean.detach(), factor)
+            self.running_var.lerp_(var.detach() * n / (n - 1).clamp(min=1), factor)  # unbiased, as BatchNorm
+        shape = (1, c, 1, 1)
+        out = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        return (out * self.weight.view(shape) + self.bias.view(shape)).to(x.dtype)
+
+
+def sync_batchnorm(model, device):
+    """Every BatchNorm of the model synchronised across ranks (--sync-bn): torch.nn.SyncBatchNorm on GPUs,
+    GlooSyncBatchNorm on CPU ranks. Parameters and buffers are kept (moved, not copied)."""
+    if device.type != "cpu":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    for name, child in model.named_children():
+        if type(child) is nn.BatchNorm2d and child.affine and child.track_running_stats:
+            sync = GlooSyncBatchNorm(child.num_features, child.eps, child.momentum, child.affine,
+                                     child.track_running_stats)
+            # the same tensors, not copies: the optimizer already holds these parameters
+            sync.weight, sync.bias = child.weight, child.bias
+            sync.running_mean, sync.running_var = child.running_mean, child.running_var
+            sync.num_batches_tracked = child.num_batches_tracked
+            setattr(model, name, sync)
+        else:
+            sync_batchnorm(child, device)
+    return model
+
+
+def wrap_model(model, device, sync_bn=False):
+    """DistributedDataParallel around the model under torchrun (gradients averaged across ranks), else the model.
+
+    sync_bn: BatchNorm statistics over the whole batch of all ranks (--sync-bn) instead of each rank's
+    batch // world_size inputs; without torchrun it changes nothing.
+    """
     if get_world_size() == 1:
         return model
     from torch.nn.parallel import DistributedDataParallel
+    if sync_bn:
+        model = sync_batchnorm(model, device)
     return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
 
 

@@ -601,6 +601,9 @@ def parse_args():
                    "bf16 autocast (CPU, CUDA; the default of a bare --amp) or fp16 with loss scaling (CUDA; "
                    "the attacks' gradients are not scaled, so prefer bf16)")
     t.add_argument("--channels-last", action="store_true", help="channels-last memory format (faster convolutions)")
+    t.add_argument("--sync-bn", action="store_true", help="under torchrun: BatchNorm statistics over the "
+                   "whole batch of all ranks (SyncBatchNorm), as on the paper's single GPU; default: each "
+                   "rank's batch // world_size inputs")
     g = p.add_argument_group("other modes")
     g.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT "
                    "under --method's loss (Table 2)")
@@ -722,7 +725,7 @@ def main():
         check_resume_method(args.outdir, args.method)
     first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir), args.resume,
                                       expect={"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma})
-    model = common.wrap_model(model, device)
+    model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
         common.write_json(vars(args), os.path.join(args.outdir, "args.json"))
         if args.note:
@@ -748,6 +751,7 @@ def main():
                                         save_every=args.save_every)
         common.log_epoch(log, epoch, args.epochs, run_start, first,
                          dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
+    common.end_distributed()
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ def parse_args():
     p.add_argument("--batch", type=int, default=256, help="images per loader batch, split into m chunks")
     p.add_argument("--lr", type=float, default=0.1, help="initial SGD learning rate")
     p.add_argument("--lr_step", type=int, help="lr x0.1 every lr_step epochs (default 50 cifar10, 30 imagenet)")
+    p.add_argument("--lr_milestones", type=int, nargs="+", metavar="EPOCH", help="lr x0.1 at each of these "
+                   "epochs instead of every --lr_step (the official ImageNet scripts: --lr_milestones 50 100, "
+                   "i.e. one decay at epoch 50 of 90; the paper's text: every 30)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     p.add_argument("--weight_decay", type=float, default=1e-4, help="SGD weight decay")
     p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
@@ -48,6 +51,9 @@ def parse_args():
     p.add_argument("--amp", nargs="?", const="bf16", choices=("bf16", "fp16"), help="mixed precision training: "
                    "bf16 autocast (CPU, CUDA; the default of a bare --amp) or fp16 with loss scaling (CUDA)")
     p.add_argument("--channels-last", action="store_true", help="channels-last memory format (faster convolutions)")
+    p.add_argument("--sync-bn", action="store_true", help="under torchrun: BatchNorm statistics over the "
+                   "whole batch of all ranks (SyncBatchNorm), as on the paper's single GPU; default: each "
+                   "rank's batch // world_size inputs")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT")
     p.add_argument("--probe", type=int, default=1000, help="--gradnorm: training examples probed")
     p.add_argument("--N", type=int, default=100, help="--gradnorm: noise samples for each probe's pA")
@@ -66,6 +72,7 @@ def settings(args):
     s["outdir"] = args.outdir or f"runs/train_gaussian_{args.dataset}_sigma{args.sigma}"
     common.check(s["epochs"] >= 0 and args.workers >= 0 and args.batch >= 1 and s["lr_step"] >= 1,
                  "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")
+    common.check(all(e >= 1 for e in args.lr_milestones or []), "--lr_milestones must be epochs >= 1")
     return common.argparse.Namespace(**s)
 
 
@@ -104,11 +111,11 @@ def main():
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
-    scheduler = common.make_scheduler(optimizer, args.lr_step)
+    scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
     first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir),
                                       args.resume, expect)
-    model = common.wrap_model(model, device)
+    model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
         common.write_json(vars(args), os.path.join(args.outdir, "args.json"))
         print(f"training {args.arch} on {args.dataset}, sigma {args.sigma}, m {args.m}; writing {args.outdir}")
@@ -132,6 +139,7 @@ def main():
                                         save_every=args.save_every)
         common.log_epoch(log, epoch, args.epochs, run_start, first,
                          dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
+    common.end_distributed()
 
 
 if __name__ == "__main__":

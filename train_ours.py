@@ -26,6 +26,7 @@ Gradient norms with and without the attack (Table 2, Fig. 5; TSV idx label pA gr
     python train_ours.py --gradnorm runs/train_ours_cifar10_sigma0.5/checkpoint.pth.tar --probe 1000
 """
 import os
+import sys
 import time
 
 import numpy as np
@@ -78,6 +79,9 @@ def parse_args():
     p.add_argument("--batch", type=int, default=256, help="images per loader batch, split into m chunks")
     p.add_argument("--lr", type=float, default=0.1, help="initial SGD learning rate")
     p.add_argument("--lr_step", type=int, help="lr x0.1 every lr_step epochs (default 50 cifar10, 30 imagenet)")
+    p.add_argument("--lr_milestones", type=int, nargs="+", metavar="EPOCH", help="lr x0.1 at each of these "
+                   "epochs instead of every --lr_step (the official ImageNet scripts: --lr_milestones 50 100, "
+                   "i.e. one decay at epoch 50 of 90; the paper's text: every 30)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     p.add_argument("--weight_decay", type=float, default=1e-4, help="SGD weight decay")
     p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
@@ -91,6 +95,9 @@ def parse_args():
     p.add_argument("--amp", nargs="?", const="bf16", choices=("bf16", "fp16"), help="mixed precision training: "
                    "bf16 autocast (CPU, CUDA; the default of a bare --amp) or fp16 with loss scaling (CUDA)")
     p.add_argument("--channels-last", action="store_true", help="channels-last memory format (faster convolutions)")
+    p.add_argument("--sync-bn", action="store_true", help="under torchrun: BatchNorm statistics over the "
+                   "whole batch of all ranks (SyncBatchNorm), as on the paper's single GPU; default: each "
+                   "rank's batch // world_size inputs")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of "
                    "CKPT, with and without the attack")
     p.add_argument("--probe", type=int, default=1000, help="--gradnorm: training examples probed")
@@ -104,6 +111,10 @@ def settings(args, sigma, dataset):
     table = PRESETS[dataset]
     nearest = min(table, key=lambda s: abs(s - sigma))  # sigma outside the tables: the closest row
     s = dict(vars(args), sigma=sigma, dataset=dataset)
+    borrowed = [key for key in table[nearest] if s[key] is None]
+    if nearest != sigma and borrowed and os.environ.get("RANK", "0") == "0":   # once under torchrun
+        print(f"note: no {dataset} row for sigma {sigma} in Table {7 if dataset == 'imagenet' else 6}: "
+              f"{', '.join(borrowed)} from the sigma {nearest} row (override them with flags)", file=sys.stderr)
     for key, value in table[nearest].items():
         s[key] = value if s[key] is None else s[key]
     s["reweight"] = dataset != "imagenet" if args.reweight is None else args.reweight
@@ -128,6 +139,7 @@ def check_settings(s):
     common.check(0 < s["alpha"] < 1 and 0 < s["p_min"] < 1, "--alpha and --p_min must lie in (0, 1)")
     common.check(s["epochs"] >= 0 and s["workers"] >= 0 and s["batch"] >= 1 and s["lr_step"] >= 1,
                  "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")
+    common.check(all(e >= 1 for e in s["lr_milestones"] or []), "--lr_milestones must be epochs >= 1")
     common.check(s["pA_checkpoint"] is None or os.path.isfile(s["pA_checkpoint"]),
                  f"--pA-checkpoint {s['pA_checkpoint']!r} not found")
     common.check(s["gradnorm"] or not (s["dataset"] == "imagenet" and s["discard"] and s["Et"] == 0
@@ -229,14 +241,14 @@ def main():
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
-    scheduler = common.make_scheduler(optimizer, args.lr_step)
+    scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
     first, state = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir),
                                           args.resume, expect)
     kept = state.get("kept", torch.arange(len(train_set))).cpu()   # D', all of D until the discard
     weights = state.get("weights")                                   # §5.2 sampling weights over kept
     weights = None if weights is None else weights.cpu()             # None: uniform
-    model = common.wrap_model(model, device)
+    model = common.wrap_model(model, device, args.sync_bn)
     start = args.Et if args.discard else 0   # without discarding every part starts at epoch 0 (official code)
     if common.is_main_process():
         common.write_json(vars(args), os.path.join(args.outdir, "args.json"))
@@ -273,6 +285,7 @@ def main():
                                         {"kept": kept, "weights": weights}, args.save_every)
         common.log_epoch(log, epoch, args.epochs, run_start, first,
                          dict(row, time=time.time() - t0, lr=lr, kept=len(kept) if late else len(train_set)))
+    common.end_distributed()
 
 
 if __name__ == "__main__":

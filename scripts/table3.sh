@@ -7,8 +7,10 @@
 #   $RUNS/cifar10/<method>_sigma<S>/            training runs (checkpoint.pth.tar, log.tsv, args.json)
 #   $RUNS/certify/cifar10/<method>/noise_<S>.tsv  certification logs (the paper repository's layout)
 #   $RUNS/tables/table3_sigma<S>/              analyze.py's table (.md/.tex/.tsv) and Figure 6's curves
-# CAT-RS first needs a Gaussian sigma = 0.25 model (the same run as this table's sigma = 0.25 Gaussian) and
-# its soft labels on the training set. Other settings (RUNS, GPUS, EXTRA_TRAIN, ...): scripts/lib.sh.
+# CAT-RS first needs its teacher, a Gaussian sigma = 0.25 model trained as Cohen et al. (one noise draw per
+# image, --m 1: the CAT-RS repository's recipe; not this table's m = 4 Gaussian run, which would be a sharper
+# teacher), trained once into $RUNS/cifar10/catrs_teacher_sigma0.25 and shared by every sigma, and its soft
+# labels on the training set. Other settings (RUNS, GPUS, EXTRA_TRAIN, ...): scripts/lib.sh.
 source "$(dirname "$0")/lib.sh"
 SIGMA=${1:?usage: bash scripts/table3.sh SIGMA   (0.25, 0.5 or 1.0)}
 METHODS=${METHODS:-gaussian smoothadv macer consistency smoothmix catrs ours}
@@ -23,10 +25,11 @@ for method in $METHODS; do
         ours) train "$dir" train_ours.py --dataset $D --sigma "$SIGMA" ;;           # Table 6's setting
         catrs)
             target=$RUNS/$D/catrs_target.pt
-            train "$RUNS/$D/gaussian_sigma0.25" train_gaussian.py --dataset $D --sigma 0.25
+            teacher=$RUNS/$D/catrs_teacher_sigma0.25
+            train "$teacher" train_gaussian.py --dataset $D --sigma 0.25 --m 1   # Cohen et al.'s m = 1
             if [ ! -f "$target" ]; then
                 run "$PYTHON" train_baselines.py --make-catrs-target --data-dir "$DATA_DIR" \
-                    --checkpoint "$RUNS/$D/gaussian_sigma0.25/checkpoint.pth.tar" --out "$target" \
+                    --checkpoint "$teacher/checkpoint.pth.tar" --out "$target" \
                     "${EXTRA_TARGET_ARGS[@]}"
             fi
             train "$dir" train_baselines.py --method catrs --dataset $D --sigma "$SIGMA" --catrs-target "$target" ;;

@@ -80,8 +80,33 @@ def test_every_experiment_command_parses(script, sigma, monkeypatch):
         trained = [args for name, args in parsed if name.startswith("train_") and not args.gradnorm
                    and not getattr(args, "make_catrs_target", False)]
         # every training run but CAT-RS's Gaussian sigma = 0.25 teacher is at the requested sigma
-        assert trained and all(args.sigma == float(sigma) or args.outdir.endswith("gaussian_sigma0.25")
+        assert trained and all(args.sigma == float(sigma) or args.outdir.endswith("_sigma0.25")
                                for args in trained)
+
+
+@pytest.mark.parametrize("sigma", SIGMAS)
+def test_table3_trains_the_catrs_teacher_with_one_noise_draw_and_shares_it_across_sigmas(sigma, monkeypatch):
+    parsed = check_all(dry_run(["bash", "scripts/table3.sh", sigma]), monkeypatch)
+    target = [a for name, a in parsed if getattr(a, "make_catrs_target", False)]
+    assert len(target) == 1
+    teacher = [a for name, a in parsed if name == "train_gaussian.py"
+               and os.path.join(a.outdir, "checkpoint.pth.tar") == target[0].checkpoint]
+    assert len(teacher) == 1 and (teacher[0].sigma, teacher[0].m) == (0.25, 1)   # Cohen et al.'s recipe
+    assert teacher[0].outdir.endswith("catrs_teacher_sigma0.25")                   # one run for every sigma
+    table_gaussian = [a for name, a in parsed if name == "train_gaussian.py" and a is not teacher[0]]
+    assert all(a.m == 4 for a in table_gaussian)                                   # the table's own rows
+
+
+def test_table4_schedule_variable_selects_the_official_milestones(monkeypatch):
+    def trained(env):
+        parsed = check_all(dry_run(["bash", "scripts/table4.sh", "0.5"], env), monkeypatch)
+        return [a for name, a in parsed if name.startswith("train_") and not getattr(a, "make_catrs_target", 0)]
+    assert all(a.lr_milestones is None for a in trained({}))                        # the paper's text: every 30
+    official = trained({"SCHEDULE": "official"})
+    assert official and all(a.lr_milestones == [50, 100] for a in official)
+    result = subprocess.run(["bash", "scripts/table4.sh", "0.5"], cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, DRY_RUN="1", SCHEDULE="other"), timeout=60)
+    assert result.returncode == 2 and "SCHEDULE" in result.stderr
 
 
 def test_certification_uses_the_papers_budget_and_the_full_test_set(monkeypatch):

@@ -88,6 +88,7 @@ def parse(module, *argv):
     (train_gaussian, (*DIGITS, "--epochs", 3)),
     (train_ours, (*DIGITS, "--epochs", 3, "--Et", 1, "--reweight_every", 2, "--T", 2, "--N", 20,
                   "--max-batches", 2)),
+    (train_gaussian, (*DIGITS, "--epochs", 3, "--lr_milestones", 1, 2, "--sync-bn", "--max-batches", 2)),
 ])
 def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(module, argv, monkeypatch, tmp_path):
     epochs = int(argv[argv.index("--epochs") + 1])
@@ -178,3 +179,23 @@ def test_bad_input_exits_2_with_one_line_from_the_command_line(tmp_path):
                            "--sigma", "0.5", "--pt", "2", "--outdir", str(tmp_path / "x")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--pt" in proc.stderr
+
+
+def test_lr_milestones_decay_the_lr_at_those_epochs_in_every_training_script(monkeypatch, tmp_path):
+    argv = (*DIGITS, "--epochs", 4, "--max-batches", 1, "--lr", 0.1, "--lr_milestones", 1, 3)
+    assert run_main(train_gaussian, monkeypatch, *argv, "--outdir", tmp_path / "g") == 0
+    assert run_main(train_ours, monkeypatch, *argv, "--T", 0, "--outdir", tmp_path / "o") == 0
+    for run in ("g", "o"):
+        lrs = [float(r["lr"]) for r in read_log(tmp_path / run)]
+        assert lrs == pytest.approx([0.1, 0.01, 0.01, 0.001])
+    assert run_main(train_gaussian, monkeypatch, *DIGITS, "--lr_milestones", 0, "--outdir", tmp_path / "x") == 2
+
+
+def test_a_sigma_between_the_presets_says_which_row_it_borrows(capsys):
+    s = train_ours.settings(parse(train_ours, "--sigma", 0.75, "--T", 2), 0.75, "cifar10")
+    err = capsys.readouterr().err
+    assert (s.Et, s.pt, s.T) == (70, 0.4, 2)          # 0.75 ties between rows 0.5 and 1.0: the first wins
+    assert len(err.strip().splitlines()) == 1 and "sigma 0.5 row" in err and "Table 6" in err
+    assert ": m, Et, pt, eps from" in err              # --T was given: not borrowed
+    train_ours.settings(parse(train_ours, "--sigma", 0.5), 0.5, "cifar10")
+    assert capsys.readouterr().err == ""              # a sigma of the table borrows nothing
