@@ -60,6 +60,9 @@ def parse_args(argv=None):
     s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
     s.add_argument("--format", choices=("markdown", "latex", "tsv"), default="markdown", help="what stdout gets")
     s.add_argument("--baseline", default="gaussian", help="label of the row that LaTeX greys against")
+    s.add_argument("--group-by-seed", action="store_true", help="Table 8: logs of one method and sigma from "
+                   "several seeds (paths that differ only in a seed part, e.g. seed1/ or _seed2, or equal "
+                   "--labels) become one row, mean ± sample standard deviation over the seeds")
 
     s = logs_command("envelope", "best certified accuracy across sigma at each radius, per label (§7)")
     s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
@@ -582,6 +585,60 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
     return {"markdown": md, "latex": tex, "tsv": tab}[fmt]
 
 
+SEED_PATTERN = r"[_-]?seed[_=-]?\d+"                   # seed1, seed_2, _seed3, -seed=4
+
+
+def strip_seed(path):
+    """The path without its seed parts: runs/seed1/ours/noise_0.5.tsv -> runs/ours/noise_0.5.tsv,
+    ours_seed2_sigma0.5.tsv -> ours_sigma0.5.tsv. Logs of several seeds of one run then share one label."""
+    return os.path.normpath(re.sub(SEED_PATTERN, "", path))
+
+
+def mean_std(values):
+    """Mean and sample standard deviation (ddof = 1; nan for one value) along axis 0.
+
+    The paper's Table 8 (three seeds) does not say which deviation it reports; the sample one is the usual
+    estimate and is sqrt(3/2) = 1.22x the population one for three seeds."""
+    values = np.asarray(values, dtype=float)
+    std = values.std(axis=0, ddof=1) if len(values) > 1 else np.full(values.shape[1:], np.nan)
+    return values.mean(axis=0), std
+
+
+def plus_minus(mean, std, digits):
+    """'0.5613 ± 0.0022' as Table 8 prints it; the mean alone where there is no deviation (one seed)."""
+    return f"{mean:.{digits}f}" if np.isnan(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def seed_table_report(logs, radii, fmt, out, name="table_seeds"):
+    """Table 8: per (sigma, label), mean ± standard deviation over seeds of ACR and certified accuracy."""
+    table_rows(logs, radii)
+    md_rows, tsv_rows, tex_rows = [], [], []
+    for sigma, group in by_sigma(logs):
+        labels = list(dict.fromkeys(log["label"] for log in group))   # first appearance order
+        for i, label in enumerate(labels):
+            runs = [log for log in group if log["label"] == label]
+            acr_m, acr_s = mean_std([[log["acr"]] for log in runs])
+            acc_m, acc_s = mean_std([100 * log["acc"] for log in runs])
+            sizes = sorted({len(log["radius"]) for log in runs})
+            pm = [plus_minus(acr_m[0], acr_s[0], 4)] + [plus_minus(m, d, 2) for m, d in zip(acc_m, acc_s)]
+            lead = [fmt_sigma(sigma) if i == 0 else "", label, str(len(runs)), "/".join(map(str, sizes))]
+            md_rows.append(lead + pm)
+            tex_rows.append(lead[:2] + [c.replace("±", r"$\pm$") for c in pm])
+            tsv_rows.append([fmt_sigma(sigma), label, len(runs), "/".join(map(str, sizes)), f"{acr_m[0]:.6f}",
+                             f"{acr_s[0]:.6f}"] + [f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
+    radius_header = [f"{r:.2f}" for r in radii]
+    md = markdown(["σ", "method", "seeds", "n", "ACR"] + radius_header, md_rows)
+    tex = "\n".join([r"\begin{tabular}{ll" + "r" * (1 + len(radii)) + "}", r"\toprule",
+                     " & ".join([r"$\sigma$", "Method", "ACR"] + radius_header) + r" \\", r"\midrule"]
+                    + [" & ".join(row) + r" \\" for row in tex_rows] + [r"\bottomrule", r"\end{tabular}"])
+    tab = tsv(["sigma", "label", "seeds", "n", "ACR_mean", "ACR_std"]
+              + [f"{r:.2f}_{k}" for r in radii for k in ("mean", "std")], tsv_rows)
+    write_text(out, f"{name}.md", md)
+    write_text(out, f"{name}.tex", tex)
+    write_text(out, f"{name}.tsv", tab)
+    return {"markdown": md, "latex": tex, "tsv": tab}[fmt]
+
+
 def plot_certified_accuracy(logs, out, name):
     """Fig. 6: certified accuracy against radius, one panel per sigma."""
     plt = pyplot()
@@ -972,8 +1029,14 @@ def main(argv=None):
         logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log)
         text = budget_report(logs, args.N, args.alpha, args.radii, args.log_N, args.log_alpha, args.out)
     else:
-        logs = load_logs(args.logs, args.labels, args.sigmas)
-        if c == "table":
+        by_seed = c == "table" and args.group_by_seed
+        labels = args.labels
+        if by_seed and not labels:   # labels from the paths without their seed parts
+            labels = [label_from_path(strip_seed(path)) for path in args.logs]
+        logs = load_logs(args.logs, labels, args.sigmas)
+        if by_seed:
+            text = seed_table_report(logs, args.radii, args.format, args.out)
+        elif c == "table":
             text = table_report(logs, args.radii, args.format, args.out, baseline=args.baseline)
             if args.out:
                 plot_certified_accuracy(logs, args.out, "certified_accuracy")

@@ -6,9 +6,13 @@ run, a subset (--skip/--max) and a torchrun shard write the same line for the sa
 --batch and device, which decide how the draws are chunked).
 
 Output (tab-separated, one flushed line per example; `predict` is -1 on abstention):
-  CERTIFY:   idx label predict radius correct time nA N   (nA: votes for the selected class among the N draws)
-  --predict: idx label predict correct time nA N          (nA: votes for the top class; no radius)
-The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line.
+  CERTIFY:   idx label predict radius correct time nA N nY  (nA: votes for the selected class among the N
+                                                             draws; nY: votes for the true label among them)
+  --predict: idx label predict correct time nA N nY         (nA: votes for the top class; no radius)
+nY / N estimates pA of every example, wrong and abstained ones too: the whole distribution of pA (§4.3,
+Fig. 3). --save-counts also keeps every class's votes, one row per example, in <outfile>.counts.
+The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line; a log
+written before nY existed resumes in its own columns.
 Speed (README, Speed; measured by bench.py): channels-last and folded BatchNorm by default, --precision bf16,
 --compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
 
@@ -33,16 +37,18 @@ from scipy.stats import binomtest
 
 import common
 
-CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N")
-PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N")
+CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "nY")
+PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N", "nY")
+# Logs written before the nY column existed: still resumed in their own columns.
+LEGACY_COLUMNS = (CERTIFY_COLUMNS[:-1], PREDICT_COLUMNS[:-1])
 # Settings that change what a line means: a resumed file must have been written with the same ones.
 CHECKED_SETTINGS = ("mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N", "alpha", "seed",
-                    "skip", "precision", "early_abstain")
+                    "skip", "precision", "early_abstain", "save_counts")
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
 NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
 # What a sidecar written before a setting existed meant by it.
 SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
-                    "compile": False}
+                    "compile": False, "save_counts": False}
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
 EARLY_ABSTAIN_ALPHA = 0.001
@@ -68,6 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--predict", action="store_true", help="run PREDICT (no radius) instead of CERTIFY")
     p.add_argument("--overwrite", action="store_true", help="start again instead of resuming an existing outfile")
+    p.add_argument("--save-counts", action="store_true", help="also write every class's votes among the N "
+                   "draws of every example to <outfile>.counts (TSV: idx, then one column per class)")
     p.add_argument("--precision", default="fp32", choices=tuple(common.PRECISIONS),
                    help="arithmetic of the base classifier: fp32 (the paper's), bf16 (CPU, CUDA) or fp16 (CUDA) "
                         "autocast; the certificate then holds for that reduced-precision classifier")
@@ -96,7 +104,8 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
     selection draws come first, then the estimation draws). With probability >= 1 - alpha, a returned radius
     is a true l2 robustness radius of the smoothed classifier at x. Returns a dict: predict (cA, or -1 when
     the lower bound on pA is below 1/2: abstain), radius (sigma * Phi^-1(pA_lower), 0.0 on abstention),
-    nA (votes for cA among the estimation draws) and N (the number of estimation draws made).
+    nA (votes for cA among the estimation draws), N (the number of estimation draws made) and counts (the
+    votes of every class among those draws, a list of ints).
     early_abstain: None, or the alpha of early abstention (see abstain_rule): the estimation may then stop
     early and abstain, with N < the N asked for. Unstopped, the result is exactly that of the full run.
     """
@@ -108,11 +117,12 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
                                   precision=precision, stop=stop)[0].cpu()  # one transfer
     nA, drawn = int(counts[cA]), int(counts.sum())
     if drawn < N:  # stopped early: abstain
-        return {"predict": -1, "radius": 0.0, "nA": nA, "N": drawn}
+        return {"predict": -1, "radius": 0.0, "nA": nA, "N": drawn, "counts": counts.tolist()}
     pA_lower = common.clopper_pearson_lower(nA, N, alpha)
     if pA_lower < 0.5:
-        return {"predict": -1, "radius": 0.0, "nA": nA, "N": N}
-    return {"predict": cA, "radius": float(common.certified_radius(pA_lower, sigma)), "nA": nA, "N": N}
+        return {"predict": -1, "radius": 0.0, "nA": nA, "N": N, "counts": counts.tolist()}
+    return {"predict": cA, "radius": float(common.certified_radius(pA_lower, sigma)), "nA": nA, "N": N,
+            "counts": counts.tolist()}
 
 
 def abstain_checks(N, batch):
@@ -145,33 +155,39 @@ def abstain_rule(cA, N, batch, alpha):
 def predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision="fp32"):
     """PREDICT of Cohen et al.: the top class of N noisy copies, unless a two-sided binomial test cannot tell it
     from the runner-up at level alpha (then abstain: -1). x: (C, H, W). Returns a dict: predict, nA (votes for
-    the top class), N and the test's pvalue. The smoothed classifier's answer is wrong w.p. at most alpha.
+    the top class), N, the test's pvalue and counts (every class's votes, a list of ints). The smoothed
+    classifier's answer is wrong w.p. at most alpha.
     """
     counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator,
-                                  precision=precision)[0].cpu().numpy()
-    order = np.argsort(-counts, kind="stable")  # ties: the lower class first
+                                  precision=precision)[0].cpu()
+    order = np.argsort(-counts.numpy(), kind="stable")  # ties: the lower class first
     nA = int(counts[order[0]])
     nB = int(counts[order[1]]) if len(order) > 1 else 0
     pvalue = binomtest(nA, nA + nB, 0.5).pvalue
-    return {"predict": int(order[0]) if pvalue <= alpha else -1, "nA": nA, "N": N, "pvalue": pvalue}
+    return {"predict": int(order[0]) if pvalue <= alpha else -1, "nA": nA, "N": N, "pvalue": pvalue,
+            "counts": counts.tolist()}
 
 
 def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, seed, use_predict,
-                 precision="fp32", early_abstain=None):
-    """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline)."""
+                 precision="fp32", early_abstain=None, columns=None, counts_out=None):
+    """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline).
+
+    columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; LEGACY_COLUMNS for an old log).
+    counts_out: optional list; every class's votes among the estimation draws are appended to it.
+    """
     generator = common.example_generator(seed, idx, x.device)
     start = time.time()
     if use_predict:
         out = predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision)
     else:
         out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision, early_abstain)
-    elapsed = str(datetime.timedelta(seconds=time.time() - start))
-    correct = int(out["predict"] == label)
-    if use_predict:
-        cells = [idx, label, out["predict"], correct, elapsed, out["nA"], out["N"]]
-    else:
-        cells = [idx, label, out["predict"], f"{out['radius']:.6}", correct, elapsed, out["nA"], out["N"]]
-    return "\t".join(str(c) for c in cells)
+    if counts_out is not None:
+        counts_out.append(out["counts"])
+    values = {"idx": idx, "label": label, "predict": out["predict"], "radius": f"{out.get('radius', 0.0):.6}",
+              "correct": int(out["predict"] == label), "time": str(datetime.timedelta(seconds=time.time() - start)),
+              "nA": out["nA"], "N": out["N"], "nY": int(out["counts"][label])}
+    columns = columns or (PREDICT_COLUMNS if use_predict else CERTIFY_COLUMNS)
+    return "\t".join(str(values[c]) for c in columns)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -217,7 +233,22 @@ def check_header(path, header, columns):
                  f"setting); pass --overwrite to replace it or choose another --outfile")
 
 
-def check_resumable(outfile, settings, columns):
+def resume_columns(outfile, columns):
+    """The columns to write: an existing log from before the nY column keeps its own (columns[:-1])."""
+    for path in [outfile] + part_files(outfile):
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                header = f.readline().rstrip("\n")
+            return columns[:-1] if header == "\t".join(columns[:-1]) else columns
+    return columns
+
+
+def counts_columns(num_classes):
+    """Columns of the --save-counts file: idx, then one column of votes per class."""
+    return ("idx",) + tuple(str(k) for k in range(num_classes))
+
+
+def check_resumable(outfile, settings, columns, counts=None):
     """Read-only: refuse an existing outfile (or part) written with other settings, or one we cannot parse."""
     existing = [p for p in [outfile] + part_files(outfile) if os.path.exists(p)]
     if not existing:
@@ -237,31 +268,40 @@ def check_resumable(outfile, settings, columns):
                            f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
     for path in existing:
         read_rows(path, columns)
+    if counts:
+        for path in [counts[0]] + part_files(counts[0]):
+            if os.path.exists(path):
+                read_rows(path, counts[1])
     for k in NOTED_SETTINGS:
         if old[k] != settings[k]:
             sys.stderr.write(f"note: resuming with {k} {settings[k]!r} (was {old[k]!r}): new lines are valid "
                              f"but may differ from those an uninterrupted run would write (noise or rounding)\n")
 
 
-def prepare_outputs(outfile, settings, columns, overwrite):
+def prepare_outputs(outfile, settings, columns, overwrite, counts=None):
     """Single writer (rank 0): start or resume the outfile; returns the set of idx already done in any file.
 
     --overwrite removes the outfile, its parts and sidecar. Otherwise torn last lines are cut off. The
-    sidecar is written before the TSV, so a TSV without one was not written by us.
+    sidecar is written before the TSV, so a TSV without one was not written by us. counts: optional
+    (path, columns) of the --save-counts file, started or resumed alike (the TSV decides what is done).
     """
-    paths = [outfile] + part_files(outfile)
-    if overwrite:
-        for path in paths + [outfile + ".json"]:
-            if os.path.exists(path):
-                os.remove(path)
+    files = [(outfile, columns)] + ([counts] if counts else [])
     done = set()
-    for path in paths:
-        if os.path.exists(path):
-            rows, keep = read_rows(path, columns)
-            os.truncate(path, keep)
-            done.update(int(row.split("\t", 1)[0]) for row in rows)
+    for main_path, cols in files:
+        paths = [main_path] + part_files(main_path)
+        for path in paths:
+            if overwrite and os.path.exists(path):
+                os.remove(path)
+            elif os.path.exists(path):
+                rows, keep = read_rows(path, cols)
+                os.truncate(path, keep)
+                if main_path == outfile:
+                    done.update(int(row.split("\t", 1)[0]) for row in rows)
+    if overwrite and os.path.exists(outfile + ".json"):
+        os.remove(outfile + ".json")
     write_json_atomic(settings, outfile + ".json")
-    open_tsv(outfile, columns).close()
+    for path, cols in files:
+        open_tsv(path, cols).close()
     return done
 
 
@@ -461,8 +501,12 @@ def main(argv=None):
                  f"sigma must be a number > 0 (the checkpoint stores {sigma!r}); pass --sigma")
     sigma = float(sigma)
     dataset = common.get_dataset(dataset_name, args.split, args.data_dir, train_transform=False)
-    columns = PREDICT_COLUMNS if args.predict else CERTIFY_COLUMNS
     outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict)
+    columns = PREDICT_COLUMNS if args.predict else CERTIFY_COLUMNS
+    if not args.overwrite:
+        columns = resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
+    num_classes = common.NUM_CLASSES[dataset_name]
+    counts = (outfile + ".counts", counts_columns(num_classes)) if args.save_counts else None
     settings = {"mode": "predict" if args.predict else "certify", "dataset": dataset_name, "split": args.split,
                 "checkpoint": os.path.abspath(args.checkpoint), "checkpoint_sha256": file_sha256(args.checkpoint),
                 "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
@@ -470,10 +514,11 @@ def main(argv=None):
                 "seed": args.seed, "skip": args.skip, "batch": args.batch, "device_type": device.type,
                 "precision": args.precision, "early_abstain": EARLY_ABSTAIN_ALPHA if args.early_abstain else False,
                 "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
-                "fold_bn": args.fold_bn, "compile": args.compile, "columns": list(columns)}
+                "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
+                "columns": list(columns)}
     common.check(not os.path.isdir(outfile), f"--outfile {outfile!r} is a folder; name a .tsv file")
     if not args.overwrite:
-        check_resumable(outfile, settings, columns)
+        check_resumable(outfile, settings, columns, counts)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
     except OSError as e:
@@ -483,23 +528,26 @@ def main(argv=None):
 
     todo = [None]
     if rank == 0:
-        done = prepare_outputs(outfile, settings, columns, args.overwrite)
+        done = prepare_outputs(outfile, settings, columns, args.overwrite, counts)
         todo = [select_examples(len(dataset), args.skip, args.max, done)]
         print(f"{'predict' if args.predict else 'certify'}: {len(todo[0])} examples to go "
               f"({len(done)} already in the files) -> {outfile}", flush=True)
     if world > 1:
         torch.distributed.broadcast_object_list(todo, src=0)  # every rank works on the same list
     mine = todo[0][rank::world]
-    path = outfile if world == 1 else f"{outfile}.rank{rank}"
 
     progress = Progress(len(mine), prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
-    num_classes = common.NUM_CLASSES[dataset_name]
-    with open_tsv(path, columns) as out:
+    part = "" if world == 1 else f".rank{rank}"
+    with open_tsv(outfile + part, columns) as out, \
+            (open_tsv(counts[0] + part, counts[1]) if counts else open(os.devnull, "w")) as counts_out:
         for k, idx in enumerate(mine):
             x, label = dataset[idx]
+            votes = []
             line = example_line(model, x.to(device), int(label), idx, sigma, args.N0, args.N, args.alpha,
                                 args.batch, num_classes, args.seed, args.predict, args.precision,
-                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None)
+                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None, columns, votes)
+            # the counts row first: a kill between the two writes repeats a row there (readers keep the first)
+            print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
             print(line, file=out, flush=True)
             if progress is not None:
                 progress.update(k + 1)
@@ -508,6 +556,8 @@ def main(argv=None):
         torch.distributed.barrier()
     if rank == 0:
         merge_parts(outfile, columns)
+        if counts:
+            merge_parts(*counts)
     if world > 1:
         torch.distributed.destroy_process_group()
 

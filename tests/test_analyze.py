@@ -360,3 +360,44 @@ def test_the_committed_cifar10_cpu_tables_are_analyze_output_of_the_committed_lo
     for name in ("table.md", "table.tsv", "envelope.md", "envelope.tsv", "ecdf.md", "ecdf_ours_0.5.tsv"):
         with open(tmp_path / name) as fresh, open(os.path.join(results, name)) as committed:
             assert fresh.read() == committed.read(), name
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Table 8: mean ± standard deviation over seeds
+# ----------------------------------------------------------------------------------------------------------
+
+def test_group_by_seed_gives_table8_mean_and_sample_std_by_hand(tmp_path, capsys):
+    # three seeds of one method at sigma 0.5 (4 examples each), and one other method with a single seed
+    radii_of = {1: [0.2, 0.6, 0.0, 1.1], 2: [0.3, 0.5, 0.9, 0.0], 3: [0.1, 0.0, 0.0, 0.7]}
+    correct_of = {1: [1, 1, 0, 1], 2: [1, 1, 1, 0], 3: [1, 0, 0, 1]}
+    paths = []
+    for seed in (1, 2, 3):
+        folder = tmp_path / f"seed{seed}" / "ours"
+        folder.mkdir(parents=True)
+        paths.append(write_log(folder / "noise_0.5.tsv", radii_of[seed], correct_of[seed]))
+    (tmp_path / "gaussian_seed7").mkdir()
+    paths.append(write_log(tmp_path / "gaussian_seed7" / "noise_0.5.tsv", [0.4, 0.0, 0.0, 0.0], [1, 0, 0, 0]))
+    code, out, _ = run_main(["table", *paths, "--group-by-seed", "--radii", "0", "0.5", "--format", "tsv"], capsys)
+    assert code == 0
+    rows = [line.split("\t") for line in out.strip().splitlines()]
+    assert rows[0][:6] == ["sigma", "label", "seeds", "n", "ACR_mean", "ACR_std"]
+    ours = next(r for r in rows if r[1] == "ours")
+    gauss = next(r for r in rows if r[1] == "gaussian")
+    # by hand: ACRs (0.2 + 0.6 + 1.1) / 4 = 0.475, (0.3 + 0.5 + 0.9) / 4 = 0.425, (0.1 + 0.7) / 4 = 0.2
+    acrs = np.array([0.475, 0.425, 0.2])
+    assert ours[2] == "3" and float(ours[4]) == pytest.approx(acrs.mean(), abs=1e-6)
+    assert float(ours[5]) == pytest.approx(np.sqrt(((acrs - acrs.mean()) ** 2).sum() / 2), abs=1e-6)
+    # certified accuracy at r = 0.5 (correct and radius >= 0.5): 2/4, 2/4, 1/4 -> 41.67 ± 14.43 (%)
+    acc = np.array([50.0, 50.0, 25.0])
+    assert float(ours[8]) == pytest.approx(acc.mean(), abs=1e-3)
+    assert float(ours[9]) == pytest.approx(acc.std(ddof=1), abs=1e-3)
+    assert gauss[2] == "1" and gauss[5] == "nan"             # one seed: no deviation
+    code, md, _ = run_main(["table", *paths, "--group-by-seed", "--radii", "0", "0.5"], capsys)
+    assert "0.3667 ± 0.1465" in md and "41.67 ± 14.43" in md
+    assert "| gaussian | 1 | 4 | 0.1000 | 25.00 | 0.00 |" in md
+
+
+def test_strip_seed_removes_seed_parts_of_folders_and_names():
+    assert analyze.strip_seed("runs/seed1/ours/noise_0.5.tsv") == os.path.normpath("runs/ours/noise_0.5.tsv")
+    assert analyze.strip_seed("runs/ours_seed2_sigma0.5.tsv") == os.path.normpath("runs/ours_sigma0.5.tsv")
+    assert analyze.strip_seed("runs/ours/noise_0.5.tsv") == os.path.normpath("runs/ours/noise_0.5.tsv")

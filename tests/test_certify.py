@@ -16,6 +16,7 @@ from scipy.stats import beta, norm
 
 import certify
 import common
+from torchrun_util import failure_report, run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIGMA = 0.25
@@ -240,8 +241,12 @@ def reference(digits_ckpt, tmp_path_factory):
 def test_tsv_has_cohens_columns_and_reads_in_pandas(reference):
     import pandas as pd
     df = pd.read_csv(reference, sep="\t")
-    assert list(df.columns) == ["idx", "label", "predict", "radius", "correct", "time", "nA", "N"]
+    assert list(df.columns) == ["idx", "label", "predict", "radius", "correct", "time", "nA", "N", "nY"]
     assert (df["N"] == 300).all() and ((df["predict"] == -1) == (df["radius"] == 0)).all()
+    # the true label's votes: nA on correct rows; on the others a count of its own (0 <= nY <= N - nA)
+    assert (df["nY"][df["correct"] == 1] == df["nA"][df["correct"] == 1]).all()
+    wrong = df[(df["correct"] == 0) & (df["predict"] >= 0)]
+    assert (wrong["nY"] <= wrong["N"] - wrong["nA"]).all()
     assert (df["correct"] == (df["predict"] == df["label"]).astype(int)).all()
     assert pd.to_timedelta(df["time"]).notna().all()
     assert df["nA"].nunique() > 3  # the model is trained: certificates differ between examples
@@ -265,7 +270,7 @@ def test_same_seed_same_tsv_and_a_subset_gives_the_same_lines(reference, digits_
     assert rows(subset) == rows(reference)[0:10:2]
     assert run_cli(["--checkpoint", digits_ckpt, "--outfile", other, "--skip", 3, "--max", 24, *CLI,
                     "--seed", 1]) == 0
-    assert [r[-2] for r in rows(other)] != [r[-2] for r in rows(reference)]  # the seed drives the noise
+    assert [r[5] for r in rows(other)] != [r[5] for r in rows(reference)]  # nA: the seed drives the noise
 
 
 def test_torn_last_line_is_dropped_and_redone(reference, digits_ckpt, tmp_path):
@@ -319,7 +324,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(digits_ckpt, tmp_path):
 def test_merge_of_rank_parts_gives_one_line_per_idx_in_order(tmp_path):
     cols = certify.PREDICT_COLUMNS
     out = str(tmp_path / "m.tsv")
-    line = lambda i: f"{i}\t1\t1\t1\t0:00:01\t9\t10\n"
+    line = lambda i: f"{i}\t1\t1\t1\t0:00:01\t9\t10\t9\n"
     header = "\t".join(cols) + "\n"
     with open(out, "w") as f:
         f.write(header + line(0) + line(6))
@@ -340,13 +345,77 @@ def test_torchrun_with_two_ranks_resumes_splits_and_merges_like_one_process(refe
         out.write_text("".join(f.read().splitlines(keepends=True)[:4]))  # a killed run: 3 lines done
     shutil.copy(reference + ".json", str(out) + ".json")
     # `--` keeps torchrun from reading --max as an abbreviation of its own --max-restarts
-    cmd = ["torchrun", "--standalone", "--nproc_per_node", "2", os.path.join(ROOT, "certify.py"), "--",
-           "--checkpoint", digits_ckpt, "--outfile", str(out), "--skip", "3", "--max", "24", *CLI,
-           "--device", "cpu"]
-    res = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
+    args = [os.path.join(ROOT, "certify.py"), "--", "--checkpoint", digits_ckpt, "--outfile", str(out),
+            "--skip", "3", "--max", "24", *CLI, "--device", "cpu"]
+    res = run_torchrun(args, tmp_path / "logs", env=subprocess_env(), timeout=120)
+    assert res.returncode == 0, failure_report(res, tmp_path / "logs")
     assert rows(out) == rows(reference)
     assert certify.part_files(str(out)) == []
+
+
+def test_true_label_votes_and_saved_counts_agree_across_resume_and_torchrun(digits_ckpt, tmp_path):
+    base = ["--checkpoint", digits_ckpt, "--skip", 3, "--max", 24, *CLI, "--save-counts", "--device", "cpu"]
+    whole = tmp_path / "whole.tsv"
+    assert run_cli([*base, "--outfile", whole]) == 0
+    counts = read_counts(str(whole) + ".counts")
+    assert sorted(counts) == [int(r[0]) for r in rows(whole)]
+    for r in rows(whole):   # (idx, label, predict, radius, correct, nA, N, nY) without time
+        votes = counts[int(r[0])]
+        assert sum(votes) == int(r[6]) and votes[int(r[1])] == int(r[7])          # nY = the label's votes
+        if int(r[2]) >= 0:
+            assert votes[int(r[2])] == int(r[5])                                  # nA = cA's votes
+    # a killed run (3 lines, counts of 4: the kill came between the two writes) resumes to the same files
+    part = tmp_path / "part.tsv"
+    part.write_text("".join(open(whole).read().splitlines(keepends=True)[:4]))
+    (tmp_path / "part.tsv.counts").write_text("".join(open(str(whole) + ".counts").read()
+                                                      .splitlines(keepends=True)[:5]))
+    shutil.copy(str(whole) + ".json", str(part) + ".json")
+    assert run_cli([*base, "--outfile", part]) == 0
+    assert rows(part) == rows(whole) and read_counts(str(part) + ".counts") == counts
+    # two ranks under torchrun: the same lines and counts, merged
+    dist = tmp_path / "dist.tsv"
+    args = [os.path.join(ROOT, "certify.py"), "--", *map(str, base), "--outfile", str(dist)]
+    res = run_torchrun(args, tmp_path / "logs", env=subprocess_env(), timeout=120)
+    assert res.returncode == 0, failure_report(res, tmp_path / "logs")
+    assert rows(dist) == rows(whole) and read_counts(str(dist) + ".counts") == counts
+    assert certify.part_files(str(dist) + ".counts") == []
+
+
+def read_counts(path):
+    """{idx: votes per class} of a --save-counts file; a repeated idx keeps its first row."""
+    out = {}
+    for line in open(path).read().splitlines()[1:]:
+        cells = [int(c) for c in line.split("\t")]
+        out.setdefault(cells[0], cells[1:])
+    return out
+
+
+def test_an_old_log_without_nY_resumes_in_its_own_columns(reference, digits_ckpt, tmp_path):
+    old = tmp_path / "old.tsv"
+    lines = open(reference).read().splitlines()
+    old.write_text("".join("\t".join(ln.split("\t")[:-1]) + "\n" for ln in lines[:6]))  # header + 5, no nY
+    settings = json.load(open(reference + ".json"))
+    settings["columns"] = settings["columns"][:-1]
+    del settings["save_counts"]                          # a sidecar from before the flag existed
+    json.dump(settings, open(str(old) + ".json", "w"))
+    assert run_cli(["--checkpoint", digits_ckpt, "--outfile", old, "--skip", 3, "--max", 24, *CLI]) == 0
+    assert open(old).readline().rstrip("\n").split("\t") == list(certify.CERTIFY_COLUMNS[:-1])
+    assert rows(old) == [r[:-1] for r in rows(reference)]
+
+
+def test_early_abstention_keeps_the_true_label_votes_of_the_draws_made(tmp_path):
+    class NoisePixels(nn.Module):   # the class is the largest of the first 10 noisy pixels: pA about 0.1
+        def forward(self, x):
+            return x.flatten(1)[:, :10]
+    x, votes = torch.full((1, 8, 8), 0.5), []
+    line = certify.example_line(NoisePixels(), x, 3, 0, SIGMA, 10, 4000, 0.001, 100, 10, 0, False, "fp32",
+                                certify.EARLY_ABSTAIN_ALPHA, counts_out=votes)
+    cells = dict(zip(certify.CERTIFY_COLUMNS, line.split("\t")))
+    assert cells["predict"] == "-1" and int(cells["N"]) < 4000     # stopped early
+    assert sum(votes[0]) == int(cells["N"]) and votes[0][3] == int(cells["nY"]) > 0
+    line = certify.example_line(ConstantClassifier(0), x, 0, 0, SIGMA, 10, 400, 0.001, 100, 10, 0, False, "fp32")
+    cells = dict(zip(certify.CERTIFY_COLUMNS, line.split("\t")))
+    assert cells["nY"] == cells["nA"] == "400" and cells["correct"] == "1"
 
 
 def test_settings_mismatch_is_refused_and_the_outfile_untouched(reference, digits_ckpt, tmp_path):
@@ -375,7 +444,7 @@ def test_predict_mode_writes_the_predict_columns(digits_ckpt, tmp_path, referenc
     argv = ["--checkpoint", digits_ckpt, "--outfile", out, "--skip", 3, "--max", 6, "--predict", *CLI]
     assert run_cli(argv) == 0
     df = pd.read_csv(out, sep="\t")
-    assert list(df.columns) == ["idx", "label", "predict", "correct", "time", "nA", "N"]
+    assert list(df.columns) == ["idx", "label", "predict", "correct", "time", "nA", "N", "nY"]
     assert df["idx"].tolist() == list(range(0, 18, 3))
     assert (df["predict"] >= 0).sum() >= 3
 

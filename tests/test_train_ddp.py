@@ -72,3 +72,17 @@ def test_gloo_sync_batchnorm_on_two_ranks_equals_batchnorm_on_the_whole_batch(tm
     for p in parts:
         assert torch.allclose(p["running_mean"], ref.running_mean, atol=1e-6)
         assert torch.allclose(p["running_var"], ref.running_var, atol=1e-5)
+
+
+@pytest.mark.skipif(not GLOO, reason="torch.distributed with gloo is not available")
+def test_a_failing_torchrun_shows_each_ranks_own_stderr(tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text("import os, sys\n"
+                      "rank = os.environ['RANK']\n"
+                      "sys.stderr.write(f'last words of rank {rank}\\n' + 'x' * 5000 + '\\n')\n"
+                      "sys.exit(3 if rank == '1' else 0)\n")
+    proc = run_torchrun([script], tmp_path / "logs", timeout=120)
+    report = failure_report(proc, tmp_path / "logs", tail=6000)
+    assert proc.returncode != 0
+    assert "last words of rank 1" in report and "last words of rank 0" in report
+    assert "--- rank 1 stderr" in report
