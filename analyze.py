@@ -8,6 +8,7 @@ the logs this repository's certify.py writes and those other projects publish. S
   ecdf      P(pA >= p) for p in [0.5, 1] and which model dominates which (Figs. 3, 7, 9, 11; App. B.2, B.3)
   budget    expected certified accuracy under another budget --N --alpha, from the ECDF (Fig. 8; App. B.1)
   theory    the trivial classifier of Theorem 1 against a pA = 0.9 classifier, and Figure 2 (§4.1, §4.2)
+  trainpa   pA of the training set from train_ours.py's estimates or train-split logs (§5.1)
   gradnorm  gradient norm of easy (pA > 0.5) and hard (pA < 0.5) examples (Table 2, Fig. 5)
   ablation  Table 5 from logs labelled by the parts of our method that were on
   paper     all of the above that the paper's published logs allow (the list sits at the bottom of this file)
@@ -38,6 +39,10 @@ DEFAULT_RADII = [0.25 * i for i in range(11)]       # Table 3: 0.00, 0.25, ..., 
 # The p grid of the published ECDF files, float noise included: a few points lie one ulp above p = k / 1000
 # (0.5640000000000001, ...), where P(pA >= p) leaves out the examples with pA exactly k / 1000.
 ECDF_GRID = np.linspace(0.5, 1.0, 501)
+FULL_GRID = np.linspace(0.0, 1.0, 1001)             # the whole range of pA (Fig. 3), where nY is recorded
+# §4.3 in numbers: mass near 0 (hard inputs given up) and near 1 (easy inputs), and §5.1's pA < 0.5.
+SHARES = (("P(pA<0.1)", lambda p: p < 0.1), ("P(pA<0.5)", lambda p: p < 0.5), ("P(pA≥0.9)", lambda p: p >= 0.9),
+          ("P(pA≥0.99)", lambda p: p >= 0.99))
 SUMMARY_P = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0]
 PARTS = ("discard", "weight", "attack")             # Table 5: §5.1, §5.2, §5.3
 
@@ -73,7 +78,9 @@ def parse_args(argv=None):
     s.add_argument("--alpha", type=float, help=f"certification alpha of logs without sidecar "
                                                f"(default {PAPER_ALPHA})")
     s.add_argument("--pmax", type=float, default=0.99, help="compare models on p in [0.5, pmax] (default 0.99: "
-                                                            "where the paper's App. B.3 statements hold)")
+                                                            "where the paper's App. B.3 statements hold) and on "
+                                                            "[0.5, 1]")
+    s.add_argument("--baseline", default="gaussian", help="label that §4.3's statement compares each method with")
 
     s = logs_command("budget", "expected certified accuracy under another budget --N --alpha (App. B.1)",
                      logs_help="certification TSVs, or ECDF files with columns `x y` (as published)")
@@ -92,6 +99,12 @@ def parse_args(argv=None):
     s.add_argument("--pA", type=float, default=0.9, help="pA of the non-trivial classifier on every input")
     s.add_argument("--Nmax", type=int, default=1000, help="the toy example scans N = 1 .. Nmax for order flips")
     s.add_argument("--out", help="folder for theory.md/.tsv and the figures")
+
+    s = logs_command("trainpa", "pA of the training set (§5.1): histogram, shares below 0.5 and below pt",
+                     logs_help="train_ours.py's estimates (pA_epoch*_discard.tsv, pA_epoch*_weights.tsv: idx "
+                               "label count n) or certify.py --split train logs (with nY)")
+    s.add_argument("--pt", type=float, default=0.4, help="the discard threshold to report (default 0.4, "
+                                                         "Table 6 at sigma 0.5)")
 
     s = logs_command("gradnorm", "mean gradient norm of easy and hard examples (Table 2) and histograms (Fig. 5)",
                      logs_help="gradient-norm TSVs (columns idx label pA grad_norm) of the training scripts")
@@ -168,13 +181,14 @@ def to_numbers(path, column, cells, line_numbers):
 
 
 def read_log(path):
-    """A Cohen-format certification log: {'radius', 'correct'} arrays, plus 'nA' and 'N' when present."""
-    cols = read_columns(path, COHEN_COLUMNS, ("radius", "correct", "nA", "N"))
+    """A Cohen-format certification log: {'radius', 'correct'} arrays, plus 'nA', 'N' and 'nY' (the true
+    label's votes, certify.py since it records them) when present."""
+    cols = read_columns(path, COHEN_COLUMNS, ("radius", "correct", "nA", "N", "nY"))
     common.check(len(cols["radius"]) > 0, f"{path}: no examples (only a header)")
     check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
     check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
     log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool)}
-    for name in ("nA", "N"):
+    for name in ("nA", "N", "nY"):
         if name in cols:
             check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])),
                        f"{name} must be a count (an integer >= 0)")
@@ -182,6 +196,9 @@ def read_log(path):
     if "nA" in log:
         common.check("N" in log, f"{path}: has an nA column but no N column")
         check_rows(cols, path, (log["nA"] <= log["N"]) & (log["N"] >= 1), "need 0 <= nA <= N and N >= 1")
+    if "nY" in log:
+        common.check("N" in log, f"{path}: has an nY column but no N column")
+        check_rows(cols, path, log["nY"] <= log["N"], "need 0 <= nY <= N")
     return log
 
 
@@ -212,6 +229,7 @@ def read_sidecar(path):
 SIGMA_PATTERNS = (r"(?:noise|sigma)[_=-]?(\d+(?:\.\d+)?)",    # noise_0.25, sigma0.5, sigma=1.0
                   r"_(\d+\.\d+)(?=\.(?:csv|tsv)$)")          # catrs_0.25.csv (the published ECDF files)
 GENERIC_STEMS = ("", "noise", "sigma", "certify", "log", "results")
+SPLITS = ("test", "train", "val", "valid", "validation")   # Cohen's layout: <model>/noise_<s>/<split>/sigma_<s>
 
 
 def sigma_from_path(path):
@@ -225,19 +243,34 @@ def sigma_from_path(path):
     return None
 
 
+def strip_sigma(name):
+    """A file or folder name without its sigma part and extension: noise_0.25.tsv -> '', ours_sigma0.5 -> ours."""
+    for pattern in SIGMA_PATTERNS:
+        name = re.sub(pattern, "", name)
+    return re.sub(r"\.(tsv|csv|txt)$", "", name).strip("_-. ")
+
+
 def label_from_path(path):
-    """The file name without sigma, else its folder's: certify/cifar10/ours/noise_0.5.tsv -> ours,
-    runs/certify/train_ours_cifar10_sigma0.5.tsv -> train_ours_cifar10; our own output files lose their
-    prefix (ecdf_ours_0.5.tsv -> ours, gradnorm_ours_attack.tsv -> ours_attack)."""
-    def strip_sigma(name):
-        for pattern in SIGMA_PATTERNS:
-            name = re.sub(pattern, "", name)
-        return re.sub(r"\.(tsv|csv|txt)$", "", name).strip("_-. ")
+    """The file name without sigma, else the first telling folder above it.
+
+    The recognised layouts: the paper's certify/cifar10/ours/noise_0.5.tsv -> ours; the CAT-RS repository's
+    cifar10/noise_0.5/catrs/noise_0.5.tsv -> catrs; ours runs/certify/train_ours_cifar10_sigma0.5.tsv ->
+    train_ours_cifar10 (our own output files lose their prefix: ecdf_ours_0.5.tsv -> ours); Cohen et al.'s
+    <model>/noise_<training sigma>/<split>/sigma_<certification sigma> -> <model>/noise_<training sigma>
+    (split folders are skipped, and a training-noise folder keeps its model folder in the label)."""
     stem = re.sub(r"\.(tsv|csv|txt)$", "", os.path.basename(path))
     label = re.sub(r"^(ecdf|gradnorm)_", "", strip_sigma(os.path.basename(path)))
-    if label.lower() in GENERIC_STEMS:
-        label = strip_sigma(os.path.basename(os.path.dirname(os.path.abspath(path))))
-    return label or stem
+    if label.lower() not in GENERIC_STEMS:
+        return label
+    folders = os.path.dirname(os.path.abspath(path)).split(os.sep)[::-1]   # innermost first
+    for i, folder in enumerate(folders):
+        if folder.lower() in SPLITS:
+            continue
+        if sigma_from_path(folder) is not None and strip_sigma(folder).lower() in GENERIC_STEMS:
+            above = next((f for f in folders[i + 1:] if strip_sigma(f).lower() not in GENERIC_STEMS), "")
+            return f"{above}/{folder}" if above else folder      # the training noise, with its model
+        return strip_sigma(folder) or folder
+    return stem
 
 
 def per_log(values, logs, flag):
@@ -255,10 +288,12 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_log):
         log = reader(path)
         log["sidecar"] = read_sidecar(path)
         log["label"] = label or label_from_path(path)
-        if sigma is None:
-            sigma = sigma_from_path(path)
-        if sigma is None:
-            sigma = log["sidecar"].get("sigma")
+        own, guessed = log["sidecar"].get("sigma"), sigma_from_path(path)
+        if sigma is None and isinstance(own, (int, float)) and guessed is not None and float(own) != guessed:
+            print(f"note: {path}: sigma {own} from its settings file {path}.json, not {guessed} as its path "
+                  f"suggests (certified at another sigma than the model was trained with?)", file=sys.stderr)
+        if sigma is None:   # what certify.py recorded wins over a guess from the path
+            sigma = own if own is not None else guessed
         common.check(sigma is None or (isinstance(sigma, (int, float)) and sigma > 0),
                      f"{path}: sigma must be > 0 (got {sigma})")
         log["sigma"] = None if sigma is None else float(sigma)
@@ -735,8 +770,11 @@ def warn_if_beyond_budget(log, N, alpha):
 
 def attach_pA(logs, N_flag, alpha_flag):
     """Every log gets the pA of its rows ('pA': nA / N of the true class, -inf where not certified correct,
-    so never counted) and where it came from ('source')."""
+    so never counted) and where it came from ('source'). Logs with the true label's votes also get
+    'pA_all': nY / N for every row, wrong and abstained ones included (the whole range [0, 1])."""
     for log in logs:
+        if "nY" in log:
+            log["pA_all"] = log["nY"] / log["N"]
         if "nA" in log:
             pA, log["source"] = log["nA"] / log["N"], "nA/N"
         else:
@@ -748,10 +786,10 @@ def attach_pA(logs, N_flag, alpha_flag):
     return logs
 
 
-def ecdf_report(logs, pmax, out, name="ecdf"):
-    """App. B.2, B.3: summary table of P(pA >= p), dominance per sigma on [0.5, pmax]; curve files and the plot."""
+def ecdf_report(logs, pmax, out, name="ecdf", baseline="gaussian"):
+    """App. B.2, B.3: summary table of P(pA >= p), dominance per sigma on [0.5, pmax] and on [0.5, 1]; for logs
+    with the true label's votes, §4.3 over the whole range [0, 1]; curve files and the plots."""
     common.check(0.5 <= pmax <= 1, f"--pmax must lie in [0.5, 1] (got {pmax})")
-    compared = ECDF_GRID <= pmax + 1e-12
     rows, lines = [], []
     for sigma, group in by_sigma(logs):
         for log in group:
@@ -760,23 +798,80 @@ def ecdf_report(logs, pmax, out, name="ecdf"):
             log["ecdf"] = ecdf(log["pA"], ECDF_GRID)
             points = [[repr(float(p)), repr(float(y))] for p, y in zip(ECDF_GRID, log["ecdf"])]  # as published
             write_text(out, f"{name}_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y"], points))
-        better, incomparable = dominance({log["label"]: log["ecdf"][compared] for log in group})
-        lines.append(f"- σ = {fmt_sigma(sigma)}: " + ("; ".join(f"{a} > {b}" for a, b in better) or "no order"))
-        if incomparable:
-            lines.append("  - incomparable: " + "; ".join(f"{a} ~ {b}" for a, b in incomparable))
-    md = ("P(pA >= p) in %, pA = nA/N of the true class (App. B):\n\n" +
+        lines += dominance_lines(sigma, group, pmax)
+    md = ("P(pA >= p) in %, pA = nA/N of the true class on correct rows (App. B):\n\n" +
           markdown(["σ", "method", "from"] + [f"{p:g}" for p in SUMMARY_P], rows) +
-          f"\n\nDominance (App. B.3: A > B if A's ECDF is >= B's at every p in [0.5, {pmax:g}] and higher "
-          f"somewhere; ~: neither):\n\n" +
+          f"\n\nDominance (App. B.3: A > B if A's ECDF is >= B's at every p of the range and higher "
+          f"somewhere; ~: neither), on [0.5, {pmax:g}] and on the paper's literal [0.5, 1]:\n\n" +
           "\n".join(lines))
+    md += "\n\n" + full_range_report(logs, baseline, out, name)
     write_text(out, f"{name}.md", md)
     if out:
         plot_ecdf(logs, out, name)
     return md
 
 
+def dominance_lines(sigma, group, pmax):
+    """App. B.3 for one sigma on both ranges, and for each pair ordered differently, the p that decides it."""
+    ranges = {"pmax": ECDF_GRID <= pmax + 1e-12, "all": np.ones(len(ECDF_GRID), dtype=bool)}
+    orders = {k: dominance({log["label"]: log["ecdf"][mask] for log in group}) for k, mask in ranges.items()}
+    text = lambda order: ("; ".join(f"{a} > {b}" for a, b in order[0]) or "no order") + (
+        "" if not order[1] else "; incomparable: " + "; ".join(f"{a} ~ {b}" for a, b in order[1]))
+    lines = [f"- σ = {fmt_sigma(sigma)}: [0.5, {pmax:g}]: {text(orders['pmax'])}"]
+    if orders["pmax"] == orders["all"]:
+        return lines + ["  - [0.5, 1]: the same order"]
+    lines.append(f"  - [0.5, 1]: {text(orders['all'])}")
+    curves = {log["label"]: log["ecdf"] for log in group}
+    for a, b in set(orders["pmax"][0]) - set(orders["all"][0]):   # a > b on [0.5, pmax], not on [0.5, 1]
+        j = int(np.argmax(np.where(ECDF_GRID > pmax + 1e-12, curves[b] - curves[a], -np.inf)))
+        lines.append(f"  - why: {a} > {b} only up to p = {pmax:g}: at p = {ECDF_GRID[j]:g}, P(pA ≥ p) is "
+                     f"{fmt_percent(curves[b][j])} % for {b} against {fmt_percent(curves[a][j])} % for {a}")
+    return lines
+
+
+def full_range_report(logs, baseline, out, name):
+    """§4.3 over [0, 1] from nY / N of every row: shares near 0 and 1 per log, one sentence per method
+    against the baseline of its sigma, and ECDF files on the whole range. Logs without nY get a note."""
+    without = list(dict.fromkeys(log["label"] for log in logs if "pA_all" not in log))
+    note = "" if not without else (
+        f"Note: no true-label votes (nY) in {', '.join(without)}: the ECDF above covers [0.5, 1] from correct "
+        f"rows only; certify.py records nY, so recertify to see the whole range.")
+    full = [log for log in logs if "pA_all" in log]
+    if not full:
+        return note
+    rows, sentences = [], []
+    for sigma, group in by_sigma(full):
+        base = next((log for log in group if log["label"].lower() == baseline.lower()), None)
+        for log in group:
+            log["shares"] = [float(np.mean(test(log["pA_all"]))) for _, test in SHARES]
+            rows.append([fmt_sigma(sigma), log["label"], str(len(log["pA_all"]))] +
+                        [fmt_percent(v) for v in log["shares"]])
+            points = [[repr(float(p)), repr(float(y))] for p, y in zip(FULL_GRID, ecdf(log["pA_all"], FULL_GRID))]
+            write_text(out, f"{name}_full_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y"], points))
+        for log in group:
+            if base is not None and log is not base:
+                sentences.append(f"- σ = {fmt_sigma(sigma)}: " + mass_sentence(log, base))
+    md = ("The whole range (§4.3, Fig. 3): pA = nY/N of the true label on every row, wrong and abstained "
+          "ones too; shares in %:\n\n" + markdown(["σ", "method", "n"] + [h for h, _ in SHARES], rows))
+    if sentences:
+        md += f"\n\n§4.3 (more mass than {baseline} near pA = 0 and near pA = 1?):\n\n" + "\n".join(sentences)
+    return md + ("\n\n" + note if note else "")
+
+
+def mass_sentence(log, base):
+    """One sentence: does `log` have more mass than `base` near 0 (pA < 0.1) and near 1 (pA >= 0.99)?"""
+    low, high = (log["shares"][0], base["shares"][0]), (log["shares"][3], base["shares"][3])
+    near0, near1 = low[0] > low[1], high[0] > high[1]
+    verdict = ("more mass near 0 and near 1: §4.3's pattern" if near0 and near1 else
+               "more mass near 1 only" if near1 else "more mass near 0 only" if near0 else
+               "no more mass near 0 or near 1")
+    return (f"{log['label']} vs {base['label']}: {verdict} (P(pA<0.1) {fmt_percent(low[0])} vs "
+            f"{fmt_percent(low[1])} %, P(pA≥0.99) {fmt_percent(high[0])} vs {fmt_percent(high[1])} %)")
+
+
 def plot_ecdf(logs, out, name):
-    """Figs. 3, 7, 9, 11: P(pA >= p) against p, one panel per sigma."""
+    """Figs. 3, 7, 9, 11: P(pA >= p) against p, one panel per sigma; with nY also <name>_full: the ECDF on
+    [0, 1] (Fig. 3's layout) above a histogram of pA, one column per sigma."""
     plt = pyplot()
     groups = by_sigma(logs)
     fig, axes = sigma_panels(plt, groups)
@@ -787,6 +882,21 @@ def plot_ecdf(logs, out, name):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     save_figure(fig, out, name)
+    groups = by_sigma([log for log in logs if "pA_all" in log])
+    if not groups:
+        return
+    fig, axes = plt.subplots(2, len(groups), figsize=(4.2 * len(groups), 6.4), squeeze=False, layout="constrained")
+    for j, (sigma, group) in enumerate(groups):
+        for log in group:
+            axes[0, j].plot(FULL_GRID, ecdf(log["pA_all"], FULL_GRID), label=log["label"])
+            axes[1, j].hist(log["pA_all"], bins=np.linspace(0, 1, 21), density=True, histtype="step",
+                            label=log["label"])
+        axes[0, j].set(title=f"σ = {fmt_sigma(sigma)}", xlabel="p", ylabel="P(pA ≥ p)", xlim=(0, 1))
+        axes[1, j].set(xlabel="pA", ylabel="density", xlim=(0, 1))
+        for ax in axes[:, j]:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    save_figure(fig, out, f"{name}_full")
 
 
 def read_ecdf_or_log(path):
@@ -925,6 +1035,43 @@ def plot_theory(scan, toy, pA, N, alpha, sigma, out):
 # gradnorm (Table 2, Fig. 5)
 # ----------------------------------------------------------------------------------------------------------
 
+def read_train_pA(path):
+    """Training-set pA: train_ours.py's estimates (`idx label count n`: count / n) or a certification log of
+    the train split with the true label's votes (nY / N)."""
+    lines = read_lines(path)
+    if lines and lines[0].split("\t")[:4] == ["idx", "label", "count", "n"]:
+        cols = read_columns(path, ("idx", "label", "count", "n"), ("count", "n"))
+        common.check(len(cols["n"]) > 0, f"{path}: no examples (only a header)")
+        check_rows(cols, path, (cols["n"] >= 1) & (cols["count"] >= 0) & (cols["count"] <= cols["n"]),
+                   "need 0 <= count <= n and n >= 1")
+        return {"path": path, "pA_all": cols["count"] / cols["n"], "source": "count/n"}
+    log = read_log(path)
+    common.check("nY" in log, f"{path}: neither train_ours.py's pA estimates (idx label count n) nor a "
+                              f"certification log with an nY column (certify.py --split train writes one)")
+    return dict(log, pA_all=log["nY"] / log["N"], source="nY/N")
+
+
+def trainpa_report(logs, pt, out, name="trainpa"):
+    """§5.1: how much of the training set is hard: shares with pA < 0.5 and pA < pt, and a histogram."""
+    common.check(0 <= pt <= 1, f"--pt must lie in [0, 1] (got {pt})")
+    rows = [[log["label"], log["source"], str(len(log["pA_all"])), fmt_percent(np.mean(log["pA_all"] < 0.5)),
+             fmt_percent(np.mean(log["pA_all"] < pt)), f"{np.mean(log['pA_all']):.3f}"] for log in logs]
+    md = (f"Training-set pA (§5.1: 20%-50% of the data has pA < 0.5 on CIFAR-10), shares in %:\n\n" +
+          markdown(["file", "from", "n", "P(pA<0.5)", f"P(pA<{pt:g})", "mean pA"], rows))
+    write_text(out, f"{name}.md", md)
+    if out:
+        plt = pyplot()
+        fig, ax = plt.subplots(figsize=(5, 3.4), layout="constrained")
+        for log in logs:
+            ax.hist(log["pA_all"], bins=np.linspace(0, 1, 21), histtype="step", label=log["label"])
+        ax.axvline(pt, color="grey", linestyle="--", label=f"pt = {pt:g}")
+        ax.set(xlabel="pA (training example)", ylabel="examples")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        save_figure(fig, out, name)
+    return md
+
+
 def read_gradnorm(path):
     """A gradient-norm TSV of the training scripts' --gradnorm mode: {'pA', 'grad_norm'} arrays."""
     cols = read_columns(path, GRADNORM_COLUMNS, ("pA", "grad_norm"))
@@ -1025,6 +1172,8 @@ def main(argv=None):
         text = paper_report(args.root, args.out)
     elif c == "gradnorm":
         text = gradnorm_report(load_logs(args.logs, args.labels, args.sigmas, read_gradnorm), args.out)
+    elif c == "trainpa":
+        text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA), args.pt, args.out)
     elif c == "budget":
         logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log)
         text = budget_report(logs, args.N, args.alpha, args.radii, args.log_N, args.log_alpha, args.out)
@@ -1046,7 +1195,7 @@ def main(argv=None):
         elif c == "envelope":
             text = envelope_report(logs, args.radii, args.out)
         else:
-            text = ecdf_report(attach_pA(logs, args.N, args.alpha), args.pmax, args.out)
+            text = ecdf_report(attach_pA(logs, args.N, args.alpha), args.pmax, args.out, baseline=args.baseline)
     print(text)
 
 

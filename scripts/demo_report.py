@@ -22,7 +22,8 @@ LOW_P_MAX = 0.75                      # "low pA": p in [0.5, 0.75] (App. B.3: Ga
 PMAX = 0.99                           # dominance on p in [0.5, 0.99], as `analyze.py ecdf` by default
 REPORT_P = [0.5, 0.6, 0.7, 0.9, 0.99]  # ECDF columns of the summary table
 RADII = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]  # N = 10,000 certifies at most 3.2 sigma
-FILES = ["table.md", "certified_accuracy.png", "envelope.md", "envelope.png", "ecdf.md", "ecdf.png"]
+FILES = ["table.md", "certified_accuracy.png", "envelope.md", "envelope.png", "ecdf.md", "ecdf.png",
+         "ecdf_full.png"]
 
 
 def parse_args(argv=None):
@@ -41,7 +42,8 @@ def summarise(log):
             "acr": analyze.acr(log["radius"], log["correct"]),
             "clean": float(analyze.certified_accuracy(log["radius"], log["correct"], [0.0])[0]),
             "ecdf": analyze.ecdf(log["pA"], analyze.ECDF_GRID),
-            "at": dict(zip(REPORT_P, analyze.ecdf(log["pA"], REPORT_P)))}
+            "at": dict(zip(REPORT_P, analyze.ecdf(log["pA"], REPORT_P))),
+            "hard": float(np.mean(log["pA_all"] < 0.5)) if "pA_all" in log else None}
 
 
 def compare(s, ref):
@@ -103,8 +105,8 @@ def report(logs, reference, claim_label, seconds):
     """The Markdown text of report.md."""
     stats = [summarise(log) for log in logs]
     refs = {s["sigma"]: s for s in stats if s["label"] == reference}
-    rows = [[analyze.fmt_sigma(s["sigma"]), s["label"], str(s["n"]), f"{s['acr']:.3f}", pct(s["clean"])] +
-            [pct(s["at"][p]) for p in REPORT_P] for s in stats]
+    rows = [[analyze.fmt_sigma(s["sigma"]), s["label"], str(s["n"]), f"{s['acr']:.3f}", pct(s["clean"]),
+             "?" if s["hard"] is None else pct(s["hard"])] + [pct(s["at"][p]) for p in REPORT_P] for s in stats]
     lines, claim, claim_ref, claim_cmp = [], None, None, None
     for s in stats:
         ref = refs.get(s["sigma"])
@@ -120,8 +122,13 @@ def report(logs, reference, claim_label, seconds):
         f"{len(stats)} models, each certified on {stats[0]['n']} test digits with CERTIFY at N = {N:,}, "
         f"α = {alpha:g} (the paper: N = 100,000 on CIFAR-10 and ImageNet).{took}", "",
         verdict(claim, claim_ref, claim_cmp), "",
-        "ACR, clean accuracy (certified accuracy at r = 0) and P(pA ≥ p), in %, pA = nA / N of the true class:", "",
-        analyze.markdown(["σ", "method", "n", "ACR", "clean"] + [f"pA ≥ {p:g}" for p in REPORT_P], rows), "",
+        "ACR, clean accuracy (certified accuracy at r = 0), the share of hard inputs P(pA < 0.5) over all test "
+        "digits (pA = nY / N, the true label's votes: wrong and abstained ones too; §4.3) and P(pA ≥ p) over "
+        "correct ones, in %:", "",
+        analyze.markdown(["σ", "method", "n", "ACR", "clean", "pA < 0.5"] + [f"pA ≥ {p:g}" for p in REPORT_P],
+                         rows), "",
+        "The whole distribution of pA over [0, 1] (Fig. 3's layout, with a histogram beneath): ecdf_full.png; "
+        "the shares near 0 and 1 against Gaussian training: ecdf.md.", "",
         f"Against {reference} training at the same σ:", ""] + lines + ["",
         "Best certified accuracy over σ (§7), in %:", ""] + envelope_lines(logs, RADII[:5]) + ["",
         "Files beside this report: " + ", ".join(FILES) + " (analyze.py's output), and the logs in certify/.", ""])

@@ -401,3 +401,137 @@ def test_strip_seed_removes_seed_parts_of_folders_and_names():
     assert analyze.strip_seed("runs/seed1/ours/noise_0.5.tsv") == os.path.normpath("runs/ours/noise_0.5.tsv")
     assert analyze.strip_seed("runs/ours_seed2_sigma0.5.tsv") == os.path.normpath("runs/ours_sigma0.5.tsv")
     assert analyze.strip_seed("runs/ours/noise_0.5.tsv") == os.path.normpath("runs/ours/noise_0.5.tsv")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The whole distribution of pA (§4.3, Fig. 3): nY / N of every row
+# ----------------------------------------------------------------------------------------------------------
+
+def write_full_log(path, label, predict, nA, nY, N):
+    """A certify.py log with the true label's votes nY (Cohen's columns, nA N, nY); radius from nA."""
+    lines = ["idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN\tnY"]
+    for i, (p, a, y) in enumerate(zip(predict, nA, nY)):
+        radius = 0.0 if p < 0 else max(float(analyze.radius_of_count(a, N, 0.001, 0.5)), 0.0)
+        lines.append(f"{i}\t{label}\t{p}\t{radius:.6}\t{int(p == label)}\t0:00:01\t{a}\t{N}\t{y}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_full_range_ecdf_and_shares_equal_a_brute_force_count_of_the_votes(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    N, n = 1000, 300
+    nY = rng.integers(0, N + 1, size=n)
+    nY[:20], nY[20:40] = 0, N                         # mass at both ends
+    correct = nY > N // 2
+    predict = np.where(correct, 3, np.where(rng.random(n) < 0.5, -1, 5))   # wrong and abstained rows too
+    nA = np.where(correct, nY, N - nY)
+    path = write_full_log(tmp_path / "ours_sigma0.5.tsv", 3, predict, nA, nY, N)
+    code, out, _ = run_main(["ecdf", path, "--out", str(tmp_path / "fig")], capsys)
+    assert code == 0
+    pA = nY / N
+    row = next(line for line in out.splitlines() if line.startswith("| 0.5 | ours | 300 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")][3:]
+    brute = [sum(p < 0.1 for p in pA) / n, sum(p < 0.5 for p in pA) / n, sum(p >= 0.9 for p in pA) / n,
+             sum(p >= 0.99 for p in pA) / n]
+    assert cells == [analyze.fmt_percent(b) for b in brute]
+    curve = np.loadtxt(tmp_path / "fig" / "ecdf_full_ours_0.5.tsv", skiprows=1)
+    assert curve[0, 0] == 0.0 and curve[-1, 0] == 1.0
+    for p, y in curve[::50]:
+        assert y == pytest.approx(sum(q >= p for q in pA) / n)             # P(pA >= p) over every row
+    assert (tmp_path / "fig" / "ecdf_full.png").stat().st_size > 0
+
+
+def test_section_4_3_sentence_says_whether_a_method_has_more_mass_near_0_and_1(tmp_path, capsys):
+    N = 100
+    # gaussian: everything in the middle; ours: half at pA = 0, half at pA = 1 (the paper's pattern)
+    g = write_full_log(tmp_path / "gaussian_sigma0.5.tsv", 1, [1] * 10, [70] * 10, [70] * 10, N)
+    o = write_full_log(tmp_path / "ours_sigma0.5.tsv", 1, [1] * 5 + [2] * 5, [100] * 10, [100] * 5 + [0] * 5, N)
+    m = write_full_log(tmp_path / "macer_sigma0.5.tsv", 1, [1] * 10, [60] * 10, [60] * 10, N)
+    code, out, _ = run_main(["ecdf", g, o, m], capsys)
+    assert code == 0
+    assert "ours vs gaussian: more mass near 0 and near 1: §4.3's pattern" in out
+    assert "P(pA<0.1) 50.0 vs 0.0 %, P(pA≥0.99) 50.0 vs 0.0 %" in out
+    assert "macer vs gaussian: no more mass near 0 or near 1" in out
+
+
+def test_logs_without_true_label_votes_fall_back_to_the_upper_half_with_a_note(tmp_path, capsys):
+    old = write_log(tmp_path / "old_sigma0.5.tsv", [0.3, 0.0], [1, 0], nA=[900, 400], N=1000)
+    code, out, _ = run_main(["ecdf", old], capsys)
+    assert code == 0 and "P(pA<0.1)" not in out
+    notes = [line for line in out.splitlines() if line.startswith("Note: no true-label votes")]
+    assert len(notes) == 1 and "old" in notes[0]
+
+
+def test_dominance_is_reported_on_both_ranges_and_why_they_differ(tmp_path, capsys):
+    # a beats b for every p < 1, but b has more examples at pA = 1 exactly (as CAT-RS vs ours at sigma 0.25)
+    N = 1000
+    a = write_log(tmp_path / "a_sigma0.25.tsv", [0.5] * 10, [1] * 10, nA=[995] * 6 + [1000] * 2 + [600] * 2, N=N)
+    b = write_log(tmp_path / "b_sigma0.25.tsv", [0.5] * 10, [1] * 10, nA=[700] * 5 + [1000] * 3 + [550] * 2, N=N)
+    code, out, _ = run_main(["ecdf", a, b], capsys)
+    assert code == 0
+    assert "[0.5, 0.99]: a > b" in out
+    assert "[0.5, 1]: no order; incomparable: a ~ b" in out
+    assert "why: a > b only up to p = 0.99: at p = 0.996, P(pA ≥ p) is 30.0 % for b against 20.0 % for a" in out
+    curves = {"a": np.array([1.0, 0.8, 0.2]), "b": np.array([1.0, 0.5, 0.3])}
+    assert analyze.dominance({k: v[:2] for k, v in curves.items()})[0] == [("a", "b")]
+    assert analyze.dominance(curves) == ([], [("a", "b")])
+
+
+@pytest.mark.parametrize("path, label, sigma", [
+    # Cohen et al.'s published layout: <model>/noise_<training sigma>/<split>/sigma_<certification sigma>
+    ("data/certify/cifar10/resnet110/noise_0.50/test/sigma_0.25", "resnet110/noise_0.50", 0.25),
+    ("data/certify/cifar10/resnet110/noise_1.00/test/sigma_0.50", "resnet110/noise_1.00", 0.5),
+    # the paper's layout and the CAT-RS repository's
+    ("certify/cifar10/ours/noise_0.5.tsv", "ours", 0.5),
+    ("logs/cifar10/noise_0.25/catrs/noise_0.25.tsv", "catrs", 0.25),
+    ("runs/certify/train_ours_cifar10_sigma0.5.tsv", "train_ours_cifar10", 0.5),
+])
+def test_labels_and_sigmas_follow_the_three_published_layouts(tmp_path, capsys, path, label, sigma):
+    full = tmp_path / path
+    full.parent.mkdir(parents=True)
+    write_log(full, [0.3, 0.0], [1, 0])
+    log = analyze.load_logs([str(full)])[0]
+    assert (log["label"], log["sigma"]) == (label, sigma)
+
+
+def test_four_models_certified_at_one_sigma_in_cohens_layout_are_four_rows(tmp_path, capsys):
+    paths = []
+    for train_sigma in ("0.12", "0.25", "0.50", "1.00"):
+        full = tmp_path / "resnet110" / f"noise_{train_sigma}" / "test" / "sigma_0.50"
+        full.parent.mkdir(parents=True)
+        paths.append(write_log(full, [0.3, 0.1], [1, 1]))
+    code, out, _ = run_main(["table", *paths, "--radii", "0"], capsys)
+    labels = [line.split("|")[2].strip() for line in out.splitlines() if "resnet110/noise_" in line]
+    assert code == 0 and len(set(labels)) == 4
+
+
+def test_the_sidecar_sigma_wins_over_the_path_and_the_conflict_is_noted(tmp_path, capsys):
+    folder = tmp_path / "runs" / "certify"
+    folder.mkdir(parents=True)
+    path = write_log(folder / "train_gaussian_digits_sigma0.5_sigma0.25.tsv", [0.3], [1])
+    (folder / "train_gaussian_digits_sigma0.5_sigma0.25.tsv.json").write_text('{"sigma": 0.25}')
+    log = analyze.load_logs([path])[0]
+    assert log["sigma"] == 0.25
+    other = write_log(folder / "model_sigma0.5.tsv", [0.3], [1])
+    (folder / "model_sigma0.5.tsv.json").write_text('{"sigma": 0.25}')
+    capsys.readouterr()
+    assert analyze.load_logs([other])[0]["sigma"] == 0.25
+    err = capsys.readouterr().err
+    assert "sigma 0.25 from its settings file" in err and "not 0.5" in err
+    assert analyze.load_logs([other], sigmas=[1.0])[0]["sigma"] == 1.0   # a flag wins over both
+
+
+def test_trainpa_reads_the_discard_estimates_and_train_split_logs(tmp_path, capsys):
+    est = tmp_path / "pA_epoch70_discard.tsv"
+    counts = [0, 10, 39, 40, 49, 50, 100, 100]
+    est.write_text("idx\tlabel\tcount\tn\n" + "".join(f"{i}\t0\t{c}\t100\n" for i, c in enumerate(counts)))
+    train_log = write_full_log(tmp_path / "train_sigma0.5.tsv", 1, [1, 1, 2, -1], [90, 60, 80, 40],
+                               [90, 60, 5, 30], 100)
+    code, out, _ = run_main(["trainpa", str(est), train_log, "--pt", "0.4", "--out", str(tmp_path / "fig")], capsys)
+    assert code == 0
+    rows = {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in out.splitlines())}
+    assert rows["pA_epoch70_discard"][1:6] == ["count/n", "8", "62.5", "37.5", "0.485"]  # < 0.5: 5 of 8; < 0.4: 3
+    assert rows["train"][1:5] == ["nY/N", "4", "50.0", "50.0"]                          # 0.05 and 0.3 of 4
+    assert (tmp_path / "fig" / "trainpa.png").stat().st_size > 0
+    code, _, err = run_main(["trainpa", write_log(tmp_path / "x_sigma0.5.tsv", [0.3], [1])], capsys)
+    assert code == 2 and "nY" in err

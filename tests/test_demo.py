@@ -50,6 +50,9 @@ def test_demo_writes_every_output_and_each_parses(demo):
         with open(out / f"{name}.pdf", "rb") as f:
             assert f.read(5) == b"%PDF-"
     assert "Dominance" in (out / "ecdf.md").read_text()
+    assert "P(pA<0.1)" in (out / "ecdf.md").read_text()                # the whole range, from nY
+    with open(out / "ecdf_full.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_demo_shows_progress_of_every_model_and_says_where_the_report_is(demo):
@@ -65,7 +68,7 @@ def report_rows(text):
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 10 and re.fullmatch(r"\d+(\.\d+)?", cells[0]):
+        if len(cells) == 11 and re.fullmatch(r"\d+(\.\d+)?", cells[0]):
             rows[(float(cells[0]), cells[1])] = cells[2:]
     return rows
 
@@ -82,8 +85,9 @@ def test_report_numbers_equal_analyze_on_the_same_logs(demo):
     logs = analyze.attach_pA(analyze.load_logs(paths), None, None)
     for log in logs:
         cells = rows[(log["sigma"], log["label"])]
-        n, acr, clean, ecdf_cells = int(cells[0]), float(cells[1]), float(cells[2]), cells[3:]
+        n, acr, clean, hard, ecdf_cells = int(cells[0]), float(cells[1]), float(cells[2]), cells[3], cells[4:]
         assert n == EXAMPLES
+        assert hard == analyze.fmt_percent(np.mean(log["nY"] / log["N"] < 0.5))   # every digit, wrong ones too
         assert acr == pytest.approx(float(cli[(log["sigma"], log["label"])][3]), abs=5e-4)
         assert clean == pytest.approx(float(cli[(log["sigma"], log["label"])][4]), abs=0.05)
         expected = analyze.ecdf(log["pA"], demo_report.REPORT_P)
