@@ -62,6 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", nargs="+", help="(d): trained models (with their sigma) instead of digits "
                    "models trained here; CIFAR-10 ones need --data-dir")
     p.add_argument("--data-dir", default=None, help="(d): dataset folder of the --checkpoint models")
+    p.add_argument("--trust-checkpoint", action="store_true", help="(d): load --checkpoint files that need "
+                   "arbitrary unpickling: this RUNS CODE the file holds; only for files you trust")
     p.add_argument("--abstain-N", type=int, help="(d): N of the certification runs (default 10000; quick 2000)")
     p.add_argument("--abstain-examples", type=int, help="(d): test examples per model (default 150; quick 20)")
     p.add_argument("--probe", choices=("default", "tuned"), help=argparse.SUPPRESS)  # (a') child processes
@@ -439,13 +441,13 @@ def parse_line(line):
             "N": int(cells[7])}
 
 
-def bench_early_abstain(paths, device, data_dir, N, examples):
+def bench_early_abstain(paths, device, data_dir, N, examples, trust=False):
     """(d) for each model: evaluations and time of full vs early-abstaining CERTIFY on the same examples."""
     N0, alpha = 100, 0.001
     print(f"  N0 = {N0}, N = {N}, batch {BATCH}, alpha {alpha}; early abstention tests after "
           f"{certify.abstain_checks(N, BATCH)} draws, alpha_e = {certify.EARLY_ABSTAIN_ALPHA} in total")
     for path in paths:
-        model, ckpt = common.load_model(path, device=device)
+        model, ckpt = common.load_model(path, device=device, trust=trust)
         common.check(ckpt.get("sigma") and ckpt.get("dataset"), f"{path!r} stores no sigma or dataset")
         sigma, dataset_name = float(ckpt["sigma"]), ckpt["dataset"]
         model = certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True)
@@ -544,7 +546,7 @@ def main():
         print("\n(d) early abstention (--early-abstain)", flush=True)
         with tempfile.TemporaryDirectory() as folder:
             paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20)
-            bench_early_abstain(paths, device, args.data_dir, abstain_N, abstain_examples)
+            bench_early_abstain(paths, device, args.data_dir, abstain_N, abstain_examples, args.trust_checkpoint)
     if "e" in args.sections:
         print("\n(e) baselines (train_baselines.py): seconds per CIFAR-10 epoch against Gaussian training", flush=True)
         bench_baselines(device, args.reps or (1 if quick else 3), "bf16", True)

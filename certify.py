@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--split", default="test", choices=("train", "test"), help="which split to certify")
     p.add_argument("--checkpoint", required=True, help="base classifier f: {'arch', 'state_dict', ...}")
     p.add_argument("--arch", choices=common.ARCHS, help="override the checkpoint's architecture name")
+    p.add_argument("--trust-checkpoint", action="store_true", help="load checkpoint files that need arbitrary "
+                   "unpickling: this RUNS CODE the file holds; only for files from a source you trust")
     p.add_argument("--sigma", type=float, help="noise level of the smoothed classifier g; default: the "
                                                "checkpoint's 'sigma' (required for checkpoints without it)")
     p.add_argument("--outfile", help="TSV to write (default: runs/certify/<checkpoint>_sigma<S>.tsv)")
@@ -492,7 +494,7 @@ def main(argv=None):
     common.check_precision(args.precision, device)
     if device.type == "cpu":
         keep_freed_memory()
-    model, ckpt = common.load_model(args.checkpoint, args.dataset, args.arch, device)
+    model, ckpt = common.load_model(args.checkpoint, args.dataset, args.arch, device, args.trust_checkpoint)
     dataset_name = args.dataset or ckpt.get("dataset")
     common.check(dataset_name is not None, f"checkpoint {args.checkpoint!r} names no dataset; pass --dataset")
     sigma = args.sigma if args.sigma is not None else ckpt.get("sigma")

@@ -505,13 +505,53 @@ def save_checkpoint(state, path):
     os.replace(tmp, path)
 
 
-def load_checkpoint(path, device="cpu"):
-    """Read a checkpoint dict ({'arch', 'state_dict', ...}); a missing or unreadable file is a UserError."""
-    check(os.path.isfile(path), f"checkpoint {path!r} not found; pass --checkpoint with a trained model file")
+def numpy_array_globals():
+    """What unpickling a plain numpy array needs (the RNG state in checkpoints of ours from before they stored
+    it as tensors), under numpy 2's and numpy 1's module names. Object arrays stay refused: their items
+    would still have to pass the weights-only unpickler."""
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    numeric_dtypes = [type(np.dtype(code)) for code in "?bBhHiIlLqQefdFD"]   # not object ('O') arrays
+    return [np.ndarray, np.dtype, *numeric_dtypes, (_reconstruct, "numpy._core.multiarray._reconstruct"),
+            (_reconstruct, "numpy.core.multiarray._reconstruct")]
+
+
+def safe_load(path, device="cpu", trust=False, what="checkpoint"):
+    """torch.load that cannot run code from the file (its pickle is read with weights_only=True).
+
+    Allowed: tensors, plain Python values (dicts, lists, numbers, strings) and plain numpy arrays: every
+    checkpoint released with Cohen et al., SmoothAdv, Consistency, SmoothMix, CAT-RS and the paper, and ours.
+    A file whose pickle names anything else (a class, a function) could run code while loading: it is a
+    UserError naming the file, what it asks for and the flag --trust-checkpoint. trust=True (that flag)
+    loads with weights_only=False, which runs whatever the file holds: only for files from a trusted source.
+    """
+    check(os.path.isfile(path), f"{what} {path!r} not found")
+    if trust:
+        try:
+            return torch.load(path, map_location=device, weights_only=False)
+        except Exception as e:
+            raise UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
+    try:
+        with torch.serialization.safe_globals(numpy_array_globals()):
+            return torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
-        raise UserError(f"cannot read checkpoint {path!r} ({type(e).__name__}): not a torch checkpoint?") from None
+        if "Weights only load failed" not in str(e):
+            raise UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
+        try:
+            names = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)) or "objects"
+        except Exception:
+            names = "objects"
+        raise UserError(f"{what} {path!r} needs arbitrary unpickling ({names}), which can run any code it holds; "
+                        f"pass --trust-checkpoint only if you trust where the file came from") from None
+
+
+def load_checkpoint(path, device="cpu", trust=False):
+    """Read a checkpoint dict ({'arch', 'state_dict', ...}) with safe_load; a missing or unreadable file, or one
+    that would need arbitrary unpickling (unless trust), is a UserError."""
+    check(os.path.isfile(path), f"checkpoint {path!r} not found; pass --checkpoint with a trained model file")
+    ckpt = safe_load(path, device, trust)
     if isinstance(ckpt, dict) and "state_dict" not in ckpt and all(torch.is_tensor(v) for v in ckpt.values()):
         ckpt = {"state_dict": ckpt}  # a bare state_dict
     check(isinstance(ckpt, dict) and "state_dict" in ckpt,
@@ -524,13 +564,14 @@ def strip_module_prefix(state_dict):
     return {".".join(p for p in k.split(".") if p != "module"): v for k, v in state_dict.items()}
 
 
-def load_model(path, dataset=None, arch=None, device="cpu"):
+def load_model(path, dataset=None, arch=None, device="cpu", trust=False):
     """Build the architecture named by the checkpoint (or `arch`) and load its weights with strict key matching.
 
     Returns (model in eval mode on device, checkpoint dict). Dataset defaults to the checkpoint's, else
     guessed from the architecture. A state_dict that does not fit is a UserError naming the first bad keys.
+    trust: see safe_load (--trust-checkpoint).
     """
-    ckpt = load_checkpoint(path, device)
+    ckpt = load_checkpoint(path, device, trust)
     arch = arch or ckpt.get("arch")
     check(arch is not None, f"checkpoint {path!r} names no architecture; pass --arch")
     dataset = dataset or ckpt.get("dataset") or {"resnet50": "imagenet", "digits_cnn": "digits",
@@ -957,8 +998,11 @@ def make_test_loader(dataset, batch, workers):
 
 
 def _rng_state():
+    """Every global generator's state as tensors and plain values (so checkpoints load with weights_only)."""
     import random
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -969,7 +1013,11 @@ def _set_rng_state(state):
     if not state:
         return
     torch.set_rng_state(state["torch"].cpu())
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):   # ours since checkpoints hold tensors only; before: numpy's legacy tuple
+        numpy_state = dict(numpy_state, state=dict(numpy_state["state"],
+                                                   key=numpy_state["state"]["key"].numpy().astype(np.uint32)))
+    np.random.set_state(numpy_state)
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
@@ -994,7 +1042,7 @@ def save_training_checkpoint(outdir, model, optimizer, scheduler, epoch, args, e
         save_checkpoint(state, os.path.join(outdir, f"checkpoint_epoch{epoch}.pth.tar"))
 
 
-def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None):
+def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False):
     """Start a new run in outdir, or (resume=True) restore it from outdir/checkpoint.pth.tar.
 
     Returns (start_epoch, extra): the number of epochs already done (0 for a new run) and the `extra`
@@ -1008,7 +1056,7 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None):
                                         f"continue it, or choose another --outdir")
         return 0, {}
     check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
-    ckpt = load_checkpoint(path, next(model.parameters()).device)
+    ckpt = load_checkpoint(path, next(model.parameters()).device, trust)
     for key, value in (expect or {}).items():
         check(ckpt.get(key) == value, f"--resume: the checkpoint in {outdir!r} has {key}={ckpt.get(key)!r}, "
                                       f"this run has {key}={value!r}; use the same settings or another --outdir")

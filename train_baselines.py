@@ -481,7 +481,7 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
     settings = {"N": N, "sigma": sigma, "seed": seed, "len": len(dataset), "tag": tag}
     counts, done = torch.zeros(len(dataset), num_classes, dtype=torch.long), 0
     if partial_path and os.path.isfile(partial_path):
-        saved = torch.load(partial_path, weights_only=False)
+        saved = common.safe_load(partial_path, what="partial CAT-RS target")
         if saved.get("settings") == settings:
             counts, done = saved["counts"], saved["done"]
             print(f"continuing from {done} images in {partial_path}")
@@ -501,15 +501,15 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
     return counts
 
 
-def load_catrs_target(path, dataset, train_size, num_classes):
+def load_catrs_target(path, dataset, train_size, num_classes, trust=False):
     """The soft labels pb (train_size, num_classes), float32 on CPU, from a --make-catrs-target file."""
     common.check(path is not None, "CAT-RS needs --catrs-target FILE, the soft labels of a Gaussian sigma = 0.25 "
                                    "model; make it once with: python train_baselines.py --make-catrs-target "
                                    "--checkpoint GAUSSIAN_0.25.pth.tar --out FILE")
     common.check(os.path.isfile(path), f"--catrs-target {path!r} not found; make it with: python train_baselines.py "
                                        f"--make-catrs-target --checkpoint GAUSSIAN_0.25.pth.tar --out {path}")
+    saved = common.safe_load(path, trust=trust, what="--catrs-target")
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
         counts, N = saved["counts"], saved["N"]
     except Exception as e:
         raise common.UserError(f"cannot read --catrs-target {path!r} ({type(e).__name__}); "
@@ -528,7 +528,7 @@ def make_target_mode(args):
     common.check(N >= 1 and batch >= 1 and sigma > 0, "--N and --batch must be >= 1 and --sigma > 0")
     common.make_outdir(os.path.dirname(os.path.abspath(args.out)))
     device = common.get_device(args.device)
-    model, ckpt = common.load_model(args.checkpoint, device=device)
+    model, ckpt = common.load_model(args.checkpoint, device=device, trust=args.trust_checkpoint)
     dataset = ckpt.get("dataset") or args.dataset
     train_set = common.get_dataset(dataset, "train", args.data_dir)  # with the train transform, once per image
     print(f"CAT-RS target: {N} votes at sigma {sigma} for each of {len(train_set)} {dataset} training images")
@@ -595,6 +595,8 @@ def parse_args():
     t.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     t.add_argument("--outdir", help="run folder (default runs/train_<method>_<dataset>_sigma<sigma>)")
     t.add_argument("--resume", action="store_true", help="continue the run in --outdir from its checkpoint")
+    t.add_argument("--trust-checkpoint", action="store_true", help="load checkpoint files that need arbitrary "
+                   "unpickling: this RUNS CODE the file holds; only for files from a source you trust")
     t.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E epochs")
     t.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests, timing)")
     t.add_argument("--amp", nargs="?", const="bf16", choices=("bf16", "fp16"), help="mixed precision training: "
@@ -660,7 +662,7 @@ def settings(args):
 def gradnorm_mode(args):
     """Table 2: gradient norm of the method's own loss for each probe example, with the example's pA."""
     device = common.get_device(args.device)
-    model, ckpt = common.load_model(args.gradnorm, device=device)
+    model, ckpt = common.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     dataset = ckpt.get("dataset") or args.dataset
     outdir = args.outdir or os.path.dirname(os.path.abspath(args.gradnorm))   # default: beside the checkpoint
     args = settings(common.argparse.Namespace(**dict(vars(args), sigma=args.sigma or ckpt.get("sigma"),
@@ -669,7 +671,8 @@ def gradnorm_mode(args):
     train_set = common.get_dataset(dataset, "train", args.data_dir, train_transform=False)
     target = None
     if args.method == "catrs":
-        target = load_catrs_target(args.catrs_target, dataset, len(train_set), common.NUM_CLASSES[dataset])
+        target = load_catrs_target(args.catrs_target, dataset, len(train_set), common.NUM_CLASSES[dataset],
+                                   args.trust_checkpoint)
     epoch = max(int(ckpt.get("epoch", args.epochs)), 1) - 1  # the loss of the checkpoint's last epoch
     loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)
     path = os.path.join(common.make_outdir(outdir), f"gradnorm_{args.method}.tsv")
@@ -691,11 +694,11 @@ def lr_factor(optimizer, factor):
             group["lr"] = lr
 
 
-def check_resume_method(outdir, method):
+def check_resume_method(outdir, method, trust=False):
     """--resume must continue a run of the same method (start_or_resume checks arch, dataset and sigma)."""
     path = os.path.join(outdir, common.CHECKPOINT)
     if os.path.isfile(path):
-        previous = common.load_checkpoint(path).get("args", {}).get("method")
+        previous = common.load_checkpoint(path, trust=trust).get("args", {}).get("method")
         common.check(previous in (None, method), f"--resume: {outdir!r} holds a {previous} run, not {method}; "
                                                  f"use the same --method or another --outdir")
 
@@ -713,7 +716,8 @@ def main():
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     target = None
     if args.method == "catrs":
-        target = load_catrs_target(args.catrs_target, args.dataset, len(train_set), common.NUM_CLASSES[args.dataset])
+        target = load_catrs_target(args.catrs_target, args.dataset, len(train_set), common.NUM_CLASSES[args.dataset],
+                                   args.trust_checkpoint)
     test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
     loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
@@ -722,9 +726,10 @@ def main():
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     if args.resume:
-        check_resume_method(args.outdir, args.method)
+        check_resume_method(args.outdir, args.method, args.trust_checkpoint)
     first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir), args.resume,
-                                      expect={"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma})
+                                      {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma},
+                                      args.trust_checkpoint)
     model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
         common.write_json(vars(args), os.path.join(args.outdir, "args.json"))

@@ -45,6 +45,8 @@ def parse_args():
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--outdir", help="run folder (default runs/train_gaussian_<dataset>_sigma<sigma>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --outdir from its checkpoint")
+    p.add_argument("--trust-checkpoint", action="store_true", help="load checkpoint files that need arbitrary "
+                   "unpickling: this RUNS CODE the file holds; only for files from a source you trust")
     p.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E "
                    "epochs")
     p.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests, timing)")
@@ -79,7 +81,7 @@ def settings(args):
 def gradnorm_mode(args):
     """Table 2: gradient norm of the Gaussian loss of each probe example, with the example's pA."""
     device = common.get_device(args.device)
-    model, ckpt = common.load_model(args.gradnorm, device=device)
+    model, ckpt = common.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     sigma = args.sigma or ckpt.get("sigma")
     common.check(sigma is not None and sigma > 0, "--gradnorm: the checkpoint names no sigma; pass --sigma > 0")
     common.check(args.m >= 1 and args.probe >= 1 and args.N >= 1, "--m, --probe and --N must be >= 1")
@@ -114,7 +116,7 @@ def main():
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
     first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir),
-                                      args.resume, expect)
+                                      args.resume, expect, args.trust_checkpoint)
     model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
         common.write_json(vars(args), os.path.join(args.outdir, "args.json"))

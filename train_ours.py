@@ -89,6 +89,8 @@ def parse_args():
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--outdir", help="run folder (default runs/train_ours_<dataset>_sigma<sigma>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --outdir from its checkpoint")
+    p.add_argument("--trust-checkpoint", action="store_true", help="load checkpoint files that need arbitrary "
+                   "unpickling: this RUNS CODE the file holds; only for files from a source you trust")
     p.add_argument("--save_every", type=int, default=0, help="also keep checkpoint_epoch<E>.pth.tar every E "
                    "epochs")
     p.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests, timing)")
@@ -212,7 +214,7 @@ def radius_weights(counts, N, alpha, p_min, formula="code"):
 def gradnorm_mode(args):
     """Table 2 / Fig. 5: gradient norm of our loss per probe example, with the attack and without (T = 0)."""
     device = common.get_device(args.device)
-    model, ckpt = common.load_model(args.gradnorm, device=device)
+    model, ckpt = common.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     s = settings(args, args.sigma or ckpt.get("sigma"), ckpt.get("dataset") or args.dataset)
     common.check(args.probe >= 1, "--probe must be >= 1")
     train_set = common.get_dataset(s.dataset, "train", s.data_dir, train_transform=False)
@@ -244,7 +246,7 @@ def main():
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
     first, state = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir),
-                                          args.resume, expect)
+                                          args.resume, expect, args.trust_checkpoint)
     kept = state.get("kept", torch.arange(len(train_set))).cpu()   # D', all of D until the discard
     weights = state.get("weights")                                   # §5.2 sampling weights over kept
     weights = None if weights is None else weights.cpu()             # None: uniform
@@ -260,7 +262,8 @@ def main():
         t0 = time.time()
         common.seed_epoch(args.seed, epoch)
         if args.discard and epoch == start:                                             # Alg. 2: epoch == Et
-            pA_model = common.load_model(args.pA_checkpoint, device=device)[0] if args.pA_checkpoint else model
+            pA_model = (common.load_model(args.pA_checkpoint, device=device, trust=args.trust_checkpoint)[0]
+                        if args.pA_checkpoint else model)
             kept = discard_hard(pA_model, train_set, args.sigma, args.N, args.pt, args.outdir, epoch)
             weights = None
         if args.reweight and epoch >= start and (epoch - start) % args.reweight_every == 0:  # Et, Et + 10, ...

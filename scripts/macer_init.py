@@ -6,7 +6,7 @@ top-1/top-2 logit gap drives q1 to 1.0 in float32, so d is infinite and the imag
 This prints, for freshly initialised models in training mode (BatchNorm on batch statistics, as in training)
 on real CIFAR-10 test images with MACER's sigma = 0.5 setting (m 16, beta 16, gamma 8, 64 images a batch):
 the median beta * gap, the share of images with finite d, the share in the hinge, and the share of images
-whose soft top-1 is the batch's most common class.
+whose soft top-1 is the batch's most common class (images: a seeded random subset of the test set).
 
 Usage: python scripts/macer_init.py --data-dir ../shared/data/cifar10 [--batches 4 --seeds 0 1 2]
 """
@@ -44,6 +44,8 @@ def main():
     p.add_argument("--batches", type=int, default=4, help="batches of 64 test images per model")
     args = p.parse_args()
     test = common.get_dataset("cifar10", "test", args.data_dir)
+    # a seeded random subset: image folders list the test set class by class, so the first images share a label
+    order = torch.randperm(len(test), generator=torch.Generator().manual_seed(0)).tolist()
     print("arch\tseed\tprecision\tmedian beta*gap\tmin beta*gap\tfinite d\tin hinge\tone class")
     for arch in args.archs:
         for seed in args.seeds:
@@ -52,7 +54,7 @@ def main():
                 model = common.get_architecture(arch, "cifar10").train()
                 rows = []
                 for k in range(args.batches):
-                    idx = range(64 * k, 64 * (k + 1))
+                    idx = order[64 * k:64 * (k + 1)]
                     x = torch.stack([test[i][0] for i in idx])
                     y = torch.tensor([test[i][1] for i in idx])
                     rows.append(hinge_stats(model, x, y, 0.5, 16, 16.0, 8.0, precision))
