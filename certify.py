@@ -43,12 +43,12 @@ PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N", "nY"
 LEGACY_COLUMNS = (CERTIFY_COLUMNS[:-1], PREDICT_COLUMNS[:-1])
 # Settings that change what a line means: a resumed file must have been written with the same ones.
 CHECKED_SETTINGS = ("mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N", "alpha", "seed",
-                    "skip", "precision", "early_abstain", "save_counts")
+                    "skip", "precision", "early_abstain", "save_counts", "sound")
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
 NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
 # What a sidecar written before a setting existed meant by it.
 SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
-                    "compile": False, "save_counts": False}
+                    "compile": False, "save_counts": False, "sound": False}
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
 EARLY_ABSTAIN_ALPHA = 0.001
@@ -88,6 +88,10 @@ def parse_args(argv=None):
                         "float rounding; default on)")
     p.add_argument("--compile", action="store_true", help="torch.compile the base classifier (a minute of "
                    "compilation per batch shape; falls back to eager with a note where it cannot run)")
+    p.add_argument("--sound", action="store_true",
+                   help="sound sampling (Voráček & Hein 2023): integer noise on the 8-bit grid and one conversion "
+                        "to float, so floating point cannot fake a certificate; certifies f composed with the "
+                        "grid mapping. Default: the float sampler of Cohen et al. (comparable with the paper)")
     p.add_argument("--early-abstain", action="store_true",
                    help=f"CERTIFY: stop and abstain once an upper confidence bound on pA falls below 1/2 "
                         f"(tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws made")
@@ -99,7 +103,8 @@ def parse_args(argv=None):
 # CERTIFY and PREDICT on one input (Cohen et al. 2019, Alg. "certify" and "predict")
 # ----------------------------------------------------------------------------------------------------------
 
-def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision="fp32", early_abstain=None):
+def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision="fp32", early_abstain=None,
+            sound=None):
     """CERTIFY of Cohen et al.: pick cA on N0 noisy copies, lower-bound pA on N fresh ones.
 
     x: one input (C, H, W) in [0, 1] on the model's device; generator: a torch.Generator on that device (the
@@ -110,15 +115,27 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
     votes of every class among those draws, a list of ints).
     early_abstain: None, or the alpha of early abstention (see abstain_rule): the estimation may then stop
     early and abstain, with N < the N asked for. Unstopped, the result is exactly that of the full run.
+    sound: None, or the number of levels of x's grid (255 for 8-bit images): the exact integer sampler
+    (common.sound_noisy_inputs). The radius then holds, in exact arithmetic, for the smoothed classifier of
+    f composed with the grid mapping; failed draws (about 1e-16 per coordinate) count as votes against cA
+    within the full N, which keeps the bound valid.
     """
     counts0 = common.sample_counts(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator,
-                                   precision=precision)[0]
+                                   precision=precision, sound=sound)[0]
     cA = int(counts0.argmax())  # first class on ties, as numpy's argmax in Cohen's code
-    stop = None if early_abstain is None else abstain_rule(cA, N, batch, early_abstain)
+    stopped_at = []   # the draws made when early abstention stopped (none: the full N)
+    rule = None if early_abstain is None else abstain_rule(cA, N, batch, early_abstain)
+
+    def stop(counts, drawn):
+        if rule(counts, drawn):
+            stopped_at.append(drawn)
+            return True
+        return False
     counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator,
-                                  precision=precision, stop=stop)[0].cpu()  # one transfer
-    nA, drawn = int(counts[cA]), int(counts.sum())
-    if drawn < N:  # stopped early: abstain
+                                  precision=precision, stop=stop if rule else None, sound=sound)[0].cpu()
+    nA = int(counts[cA])
+    if stopped_at:  # stopped early: abstain
+        drawn = stopped_at[0]
         return {"predict": -1, "radius": 0.0, "nA": nA, "N": drawn, "counts": counts.tolist()}
     pA_lower = common.clopper_pearson_lower(nA, N, alpha)
     if pA_lower < 0.5:
@@ -154,14 +171,15 @@ def abstain_rule(cA, N, batch, alpha):
     return stop
 
 
-def predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision="fp32"):
+def predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision="fp32", sound=None):
     """PREDICT of Cohen et al.: the top class of N noisy copies, unless a two-sided binomial test cannot tell it
     from the runner-up at level alpha (then abstain: -1). x: (C, H, W). Returns a dict: predict, nA (votes for
     the top class), N, the test's pvalue and counts (every class's votes, a list of ints). The smoothed
-    classifier's answer is wrong w.p. at most alpha.
+    classifier's answer is wrong w.p. at most alpha (sound: at most alpha plus the chance that any of the N
+    draws fails, N * d * 2.5e-16 at sigma = 0.5, since a failed draw votes for no class).
     """
     counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator,
-                                  precision=precision)[0].cpu()
+                                  precision=precision, sound=sound)[0].cpu()
     order = np.argsort(-counts.numpy(), kind="stable")  # ties: the lower class first
     nA = int(counts[order[0]])
     nB = int(counts[order[1]]) if len(order) > 1 else 0
@@ -171,7 +189,7 @@ def predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision=
 
 
 def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, seed, use_predict,
-                 precision="fp32", early_abstain=None, columns=None, counts_out=None):
+                 precision="fp32", early_abstain=None, columns=None, counts_out=None, sound=None):
     """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline).
 
     columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; LEGACY_COLUMNS for an old log).
@@ -180,9 +198,10 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
     generator = common.example_generator(seed, idx, x.device)
     start = time.time()
     if use_predict:
-        out = predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision)
+        out = predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision, sound)
     else:
-        out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision, early_abstain)
+        out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision, early_abstain,
+                      sound)
     if counts_out is not None:
         counts_out.append(out["counts"])
     values = {"idx": idx, "label": label, "predict": out["predict"], "radius": f"{out.get('radius', 0.0):.6}",
@@ -517,6 +536,7 @@ def main(argv=None):
                 "precision": args.precision, "early_abstain": EARLY_ABSTAIN_ALPHA if args.early_abstain else False,
                 "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
+                "sound": args.sound,
                 "columns": list(columns)}
     common.check(not os.path.isdir(outfile), f"--outfile {outfile!r} is a folder; name a .tsv file")
     if not args.overwrite:
@@ -525,6 +545,9 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
     except OSError as e:
         raise common.UserError(f"cannot create the folder of {outfile!r} ({e.strerror}); pass another --outfile")
+    levels = common.DATASET_LEVELS[dataset_name] if args.sound else None
+    if levels:   # before anything is written: the sound sampler needs inputs on the dataset's grid
+        common.grid_levels(dataset[0][0], levels)
     shapes = pass_shapes(tuple(dataset[0][0].shape), args.N0, args.N, args.batch, args.predict)
     model = fast_model(model, settings["channels_last"], args.compile, shapes, args.precision, args.fold_bn)
 
@@ -547,7 +570,7 @@ def main(argv=None):
             votes = []
             line = example_line(model, x.to(device), int(label), idx, sigma, args.N0, args.N, args.alpha,
                                 args.batch, num_classes, args.seed, args.predict, args.precision,
-                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None, columns, votes)
+                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None, columns, votes, levels)
             # the counts row first: a kill between the two writes repeats a row there (readers keep the first)
             print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
             print(line, file=out, flush=True)

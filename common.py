@@ -9,7 +9,9 @@ No argparse here and nothing runs on import: copy any function into a notebook.
 import argparse
 import contextlib
 import datetime
+import functools
 import json
+import math
 import os
 import sys
 import time
@@ -371,6 +373,82 @@ def gaussian_noise(shape, sigma, device, generator=None):
     return sigma * torch.randn(shape, device=device, generator=generator)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Sound sampling (Voráček & Hein 2023; SOUND.md): integer noise on the 8-bit grid, one conversion to float
+# ----------------------------------------------------------------------------------------------------------
+# The float path feeds f with fl(x + fl(sigma * randn)), which keeps low-order bits of x: a base classifier
+# can read them and get certificates that are false (SOUND.md §1). The sound path draws the Gaussian rounded
+# to the grid h = 1/255 (J = round(G / h)) by comparing fair 62-bit integers with integer thresholds, adds
+# it to the input's integer levels (a + J) and converts once, z = fp32(a + J) / 255. Since x + q_h(G) =
+# q_h(x + G) for x on the grid, the votes are those of the Gaussian smoothing of f o phi o q_h, so Cohen's
+# radius holds unchanged for that classifier. A draw whose integer falls past the last threshold (about
+# 1e-16 per coordinate) is a failure and votes for no class: never A, and counted in the full N.
+
+SOUND_Q = 2 ** 62       # the uniform integers compared with the thresholds: 62 fair coin flips per coordinate
+GRID_LEVELS = 255       # 8-bit inputs x = a / 255
+# The grid each dataset's inputs lie on: 8-bit images, and scikit-learn's digits with their 17 levels k / 16.
+DATASET_LEVELS = {"cifar10": 255, "imagenet": 255, "digits": 16}
+
+
+@functools.lru_cache(maxsize=16)
+def rounded_gaussian_table(sigma, Q=SOUND_Q, levels=GRID_LEVELS):
+    """Cumulative integer thresholds S of the Gaussian N(0, sigma^2) rounded to the grid h = 1 / levels.
+
+    Bin j (|j| <= L = ceil(10 sigma / h)) has exact mass p_j = Phi((j + 1/2) h / sigma) - Phi((j - 1/2) h /
+    sigma) and gets W_j = floor(Q p_j) of the Q integers, so no bin is sampled more often than its exact mass.
+    Precision: the floors are computed with mpmath at 50 and at 80 significant digits and must agree; Q p_j
+    is at most 2^62 < 10^19, so 50 digits leave 30 after the point, and a floor can only differ between the
+    two precisions if Q p_j lies within about 1e-30 of an integer, which the check would catch. sigma is taken
+    at its exact binary value. Returns (S, L): S an int64 tensor (2L + 1,) of cumulative sums of W on CPU.
+    """
+    import mpmath
+    L = math.ceil(10 * sigma * levels)
+
+    def floors(digits):
+        with mpmath.workdps(digits):
+            scale = mpmath.mpf(1) / (levels * mpmath.mpf(sigma))      # h / sigma
+            cdf = [mpmath.ncdf((j + mpmath.mpf(1) / 2) * scale) for j in range(-L - 1, L + 1)]
+            return [int(mpmath.floor(Q * (b - a))) for a, b in zip(cdf, cdf[1:])]
+
+    W = floors(50)
+    if W != floors(80):
+        raise ArithmeticError(f"rounded Gaussian table for sigma {sigma}: floors differ between precisions")
+    return torch.tensor(np.cumsum(np.array(W, dtype=object)).astype(np.int64)), L
+
+
+@functools.lru_cache(maxsize=16)
+def _table_on(sigma, device, Q=SOUND_Q, levels=GRID_LEVELS):
+    S, L = rounded_gaussian_table(sigma, Q, levels)
+    return S.to(device), L
+
+
+def grid_levels(x, levels=GRID_LEVELS):
+    """The integer levels a = round(levels * x) of an input on the grid x = a / levels (int32, x's shape and
+    device; levels = 255 for 8-bit images, DATASET_LEVELS per dataset).
+
+    An input off the grid (|levels x - a| >= 1e-3 anywhere) is a UserError: the sound sampler certifies only
+    inputs on the grid (ToTensor of 8-bit images; our datasets)."""
+    scaled = x.double() * levels
+    a = scaled.round()
+    check(bool((scaled - a).abs().max() < 1e-3) and bool(a.min() >= 0) and bool(a.max() <= levels),
+          f"--sound needs inputs on the grid x = a / {levels}, a in 0..{levels} (this input is not)")
+    return a.to(torch.int32)
+
+
+def sound_noisy_inputs(a, k, sigma, generator=None, Q=SOUND_Q, levels=GRID_LEVELS):
+    """k noisy copies of each input on the grid, formed exactly: z = fp32(a + J) / levels (SOUND.md §2-§3).
+
+    a: int32 levels (B, C, H, W) (grid_levels). J: the rounded Gaussian drawn with integer thresholds on a's
+    device. Returns (z (k, B, C, H, W) float32, failed (k, B) bool: a draw with any failed coordinate).
+    """
+    S, L = _table_on(sigma, a.device, Q, levels)
+    U = torch.randint(0, Q, (k, *a.shape), dtype=torch.int64, device=a.device, generator=generator)
+    index = torch.searchsorted(S, U, right=True)                  # bin of U; len(S) means past the last one
+    failed = (index == len(S)).reshape(k, a.shape[0], -1).any(2)
+    z = (a.unsqueeze(0) + (index - L).to(torch.int32)).float() / levels   # integer sum, one conversion
+    return z, failed
+
+
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -398,7 +476,8 @@ def pass_sizes(n, per_pass):
     return [q + 1] * r + [q] * (passes - r)
 
 
-def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, *, precision="fp32", stop=None):
+def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, *, precision="fp32", stop=None,
+                  sound=None):
     """Count the base classifier's votes on n Gaussian-noised copies of each input.
 
     model: in eval mode, on x's device (any memory format: a channels-last model reorders its input).
@@ -410,21 +489,30 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, *, pre
     True ends counting early. The passes before a stop are exactly those of the full count, so the noise
     stream does not depend on `stop`. Returns an int64 tensor (B, num_classes) on x's device; each row
     sums to the number of draws made (n unless stopped).
+    sound: None (the float sampler), or the number of levels of x's grid (255 for 8-bit images): draw the
+    noise with the exact integer sampler (sound_noisy_inputs); a failed draw votes for no class, so a row
+    may then sum to less than the draws made.
     """
     B = x.shape[0]
+    a = grid_levels(x, sound) if sound else None
     with torch.inference_mode():
-        counts = torch.zeros(B, num_classes, dtype=torch.long, device=x.device)
+        counts = torch.zeros(B, num_classes + 1, dtype=torch.long, device=x.device)   # + a column of failures
         drawn = 0
         for k in pass_sizes(n, max(1, batch // B)):
-            noise = gaussian_noise((k, *x.shape), sigma, x.device, generator)      # (k, B, C, H, W)
+            if sound:
+                noisy, failed = sound_noisy_inputs(a, k, sigma, generator, levels=sound)  # (k, B, C, H, W)
+            else:
+                noisy = x.unsqueeze(0) + gaussian_noise((k, *x.shape), sigma, x.device, generator)
             with autocast(x.device.type, precision):
-                pred = model((x.unsqueeze(0) + noise).flatten(0, 1)).argmax(1)    # (k*B,)
-            slots = torch.arange(B, device=x.device).repeat(k) * num_classes + pred  # copy j of input b -> b
+                pred = model(noisy.flatten(0, 1)).argmax(1)                            # (k*B,)
+            if sound:
+                pred = torch.where(failed.flatten(), num_classes, pred)                # never a class
+            slots = torch.arange(B, device=x.device).repeat(k) * (num_classes + 1) + pred  # copy j of input b -> b
             counts.view(-1).index_add_(0, slots, torch.ones_like(pred))
             drawn += k
-            if stop is not None and drawn < n and stop(counts, drawn):
+            if stop is not None and drawn < n and stop(counts[:, :num_classes], drawn):
                 break
-    return counts.clone()  # a normal tensor: callers may update it in place outside inference mode
+    return counts[:, :num_classes].clone()  # a normal tensor: callers may update it in place outside inference mode
 
 
 # ----------------------------------------------------------------------------------------------------------
