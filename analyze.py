@@ -601,7 +601,8 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
     for sigma, group in by_sigma(logs):
         rows, values, base = [], [], None
         for i, log in enumerate(group):
-            lead = [fmt_sigma(sigma) if i == 0 else "", log["label"]] + extra_cells.get(id(log), [])
+            name = log["label"] + (" (sound)" if log["sidecar"].get("sound") else "")
+            lead = [fmt_sigma(sigma) if i == 0 else "", name] + extra_cells.get(id(log), [])
             numbers = [f"{log['acr']:.3f}"] + [fmt_percent(a) for a in log["acc"]]
             md_rows.append(lead[:2] + [str(len(log["radius"]))] + lead[2:] + numbers)
             tsv_rows.append([fmt_sigma(sigma), log["label"], len(log["radius"])] + lead[2:] +
@@ -612,6 +613,9 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
                 base = i
         groups.append((rows, values, base))
     md = markdown(["σ", "method", "n"] + extra_header + ["ACR"] + radius_header, md_rows)
+    if any(log["sidecar"].get("sound") for log in logs):
+        md += ("\n\n(sound): certified with `certify.py --sound` (exact integer noise on the input grid: a "
+               "certificate floating point cannot fake); the other rows used the float sampler of Cohen et al.")
     tex = latex([r"$\sigma$", "Method"] + extra_header + ["ACR"] + radius_header, groups, 2 + len(extra_header))
     tab = tsv(["sigma", "label", "n"] + extra_header + ["ACR"] + radius_header, tsv_rows)
     write_text(out, f"{name}.md", md)

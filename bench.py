@@ -23,7 +23,10 @@ machine, its load, torch version, threads and settings:
        (default: digits_cnn trained here with train_gaussian.py; --checkpoint for your own models)
   (e)  train_baselines.py: seconds per CIFAR-10 epoch of each baseline (released sigma = 0.5 settings,
        --amp --channels-last) against Gaussian training with the same m, from one optimizer step each
-(a)-(c), (e) use cifar_resnet20 with random weights and random inputs: throughput depends on neither. On a
+  (f)  certify.py --sound: the exact integer sampler (common.sound_noisy_inputs) against the float noise and
+       against the forward pass of 1000 noisy inputs, and sample_counts with and without it, for CIFAR-10's
+       cifar_resnet20 and digits' digits_cnn (folded, channels-last, as certify.py runs them)
+(a)-(c), (e), (f) use random weights and random inputs: throughput depends on neither. On a
 machine shared with other jobs, --threads 1 avoids measuring the scheduler (threads waiting for each other).
 """
 import argparse
@@ -57,7 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, usually one per core)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of (a)")
-    p.add_argument("--sections", default="abcde", help="which parts to run, e.g. 'd' (default: all, abcde; "
+    p.add_argument("--sections", default="abcdef", help="which parts to run, e.g. 'd' (default: all, abcdef; "
                    "a includes a')")
     p.add_argument("--checkpoint", nargs="+", help="(d): trained models (with their sigma) instead of digits "
                    "models trained here; CIFAR-10 ones need --data-dir")
@@ -441,6 +444,54 @@ def parse_line(line):
             "N": int(cells[7])}
 
 
+def bench_sound(device, reps, passes):
+    """(f): the sound sampler's cost against float noise and the forward pass; sample_counts sound vs float."""
+    sigma = 0.5
+    for arch, dataset in (("cifar_resnet20", "cifar10"), ("digits_cnn", "digits")):
+        torch.manual_seed(0)
+        net = common.get_architecture(arch, dataset).to(device).eval()
+        model = certify.fast_model(net, True, False, [], "fp32", fold_bn=True)
+        levels = common.DATASET_LEVELS[dataset]
+        shape = common.INPUT_SHAPE[dataset]
+        x = torch.randint(0, levels + 1, shape, device=device).float() / levels      # an input on the grid
+        a = common.grid_levels(x.unsqueeze(0), levels)
+        batch = torch.rand(BATCH, *shape, device=device).contiguous(memory_format=torch.channels_last)
+        common.rounded_gaussian_table(sigma, levels=levels)                             # built once, cached
+        g = torch.Generator(device=device).manual_seed(0)
+
+        def forward():
+            with torch.inference_mode():
+                for _ in range(passes):
+                    model(batch)
+
+        def float_noise():
+            for _ in range(passes):
+                x.unsqueeze(0) + common.gaussian_noise((BATCH, 1, *shape), sigma, device, g)
+
+        def sound_noise():
+            for _ in range(passes):
+                common.sound_noisy_inputs(a, BATCH, sigma, g, levels=levels)
+
+        def counts(sound):
+            return lambda: common.sample_counts(model, x.unsqueeze(0), sigma, passes * BATCH, BATCH, 10, g,
+                                                sound=levels if sound else None)
+
+        items = passes * BATCH
+        rates = interleaved({"forward pass (the ceiling)": (forward, items), "float noise: randn + add":
+                             (float_noise, items), "sound noise: randint, searchsorted, add, convert":
+                             (sound_noise, items), "sample_counts, float sampler": (counts(False), items),
+                             "sample_counts, sound sampler": (counts(True), items)}, reps, device)
+        print(f"  {arch} ({dataset}, {int(np.prod(shape))} coordinates, grid 1/{levels}), sigma {sigma}, "
+              f"batch {BATCH}, noisy inputs per second:")
+        show_rates(rates)
+        show_ratio("sound sampler cost / forward pass (time)", rates, "forward pass (the ceiling)",
+                   "sound noise: randint, searchsorted, add, convert")
+        show_ratio("float noise cost / forward pass (time)", rates, "forward pass (the ceiling)",
+                   "float noise: randn + add")
+        show_ratio("sample_counts: sound / float (throughput)", rates, "sample_counts, sound sampler",
+                   "sample_counts, float sampler")
+
+
 def bench_early_abstain(paths, device, data_dir, N, examples, trust=False):
     """(d) for each model: evaluations and time of full vs early-abstaining CERTIFY on the same examples."""
     N0, alpha = 100, 0.001
@@ -507,8 +558,8 @@ def main():
     args = parse_args()
     common.check(all(v is None or v >= 1 for v in (args.threads, args.reps, args.abstain_N, args.abstain_examples)),
                  "--threads, --reps, --abstain-N and --abstain-examples must be >= 1")
-    common.check(args.sections and set(args.sections) <= set("abcde"), f"--sections takes letters of 'abcde', "
-                                                                       f"got {args.sections!r}")
+    common.check(args.sections and set(args.sections) <= set("abcdef"), f"--sections takes letters of "
+                                                                        f"'abcdef', got {args.sections!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = common.get_device(args.device)
@@ -547,6 +598,9 @@ def main():
         with tempfile.TemporaryDirectory() as folder:
             paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20)
             bench_early_abstain(paths, device, args.data_dir, abstain_N, abstain_examples, args.trust_checkpoint)
+    if "f" in args.sections:
+        print("\n(f) sound sampling (certify.py --sound)", flush=True)
+        bench_sound(device, reps, 1 if quick else 3)
     if "e" in args.sections:
         print("\n(e) baselines (train_baselines.py): seconds per CIFAR-10 epoch against Gaussian training", flush=True)
         bench_baselines(device, args.reps or (1 if quick else 3), "bf16", True)

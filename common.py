@@ -443,9 +443,9 @@ def sound_noisy_inputs(a, k, sigma, generator=None, Q=SOUND_Q, levels=GRID_LEVEL
     """
     S, L = _table_on(sigma, a.device, Q, levels)
     U = torch.randint(0, Q, (k, *a.shape), dtype=torch.int64, device=a.device, generator=generator)
-    index = torch.searchsorted(S, U, right=True)                  # bin of U; len(S) means past the last one
+    index = torch.searchsorted(S, U, right=True, out_int32=True)  # bin of U; len(S) means past the last one
     failed = (index == len(S)).reshape(k, a.shape[0], -1).any(2)
-    z = (a.unsqueeze(0) + (index - L).to(torch.int32)).float() / levels   # integer sum, one conversion
+    z = (a.unsqueeze(0) + (index - L)).float() / levels           # integer sum (int32), one conversion
     return z, failed
 
 

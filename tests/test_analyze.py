@@ -535,3 +535,13 @@ def test_trainpa_reads_the_discard_estimates_and_train_split_logs(tmp_path, caps
     assert (tmp_path / "fig" / "trainpa.png").stat().st_size > 0
     code, _, err = run_main(["trainpa", write_log(tmp_path / "x_sigma0.5.tsv", [0.3], [1])], capsys)
     assert code == 2 and "nY" in err
+
+
+def test_tables_mark_the_logs_certified_with_the_sound_sampler(tmp_path, capsys):
+    sound = write_log(tmp_path / "a_sigma0.5.tsv", [0.3, 0.0], [1, 0])
+    (tmp_path / "a_sigma0.5.tsv.json").write_text('{"sigma": 0.5, "sound": true}')
+    plain = write_log(tmp_path / "b_sigma0.5.tsv", [0.3, 0.0], [1, 0])
+    code, out, _ = run_main(["table", sound, plain, "--radii", "0"], capsys)
+    assert code == 0 and "| a (sound) |" in out and "| b |" in out and "certify.py --sound" in out
+    code, out, _ = run_main(["table", plain, "--radii", "0"], capsys)
+    assert "(sound)" not in out
