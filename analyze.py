@@ -185,6 +185,11 @@ def read_log(path):
     label's votes, certify.py since it records them) when present."""
     cols = read_columns(path, COHEN_COLUMNS, ("radius", "correct", "nA", "N", "nY"))
     common.check(len(cols["radius"]) > 0, f"{path}: no examples (only a header)")
+    seen = {}
+    for idx, line in zip(cols["idx"], cols["_line"]):   # two writers on one file, or logs pasted together
+        common.check(idx not in seen, f"{path} line {line}: idx {idx} again (first on line {seen.get(idx)}); "
+                                      f"each example must appear once: remove the duplicate rows")
+        seen[idx] = line
     check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
     check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
     log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool)}

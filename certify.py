@@ -22,6 +22,7 @@ Several processes (`--` keeps torchrun from reading --max as its own --max-resta
     torchrun --nproc_per_node 2 certify.py -- --checkpoint CKPT --max 100
 """
 import argparse
+import contextlib
 import datetime
 import glob
 import hashlib
@@ -228,11 +229,15 @@ def read_rows(path, columns):
     A file without any complete line counts as empty. A wrong header or a malformed earlier line is a UserError.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read()
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise common.UserError(f"cannot read {path!r} ({type(e).__name__}); "
                                f"pass --overwrite to replace it") from None
+    # byte offsets below are those of the text: a file with CR LF line ends (edited on Windows) is refused
+    common.check(b"\r" not in data, f"{path!r} has Windows line endings (CR LF); convert it back (dos2unix) to "
+                                    f"resume, or pass --overwrite to start again")
     lines = text.split("\n")[:-1]  # the piece after the last newline is torn (or empty)
     if not lines:
         return [], 0
@@ -378,6 +383,7 @@ def check_args(args):
     common.check(args.max is None or args.max >= 1, f"--max must be >= 1 (got {args.max}); omit it for all")
     common.check(args.batch >= 1, f"--batch must be >= 1 (got {args.batch})")
     common.check(args.seed >= 0, f"--seed must be >= 0 (got {args.seed})")
+    common.check_finite(vars(args))
     common.check(not (args.early_abstain and args.predict), "--early-abstain applies to CERTIFY, not --predict")
 
 
@@ -481,8 +487,9 @@ def distributed_setup(device_name):
     if world == 1:
         return 0, 1, device_name
     import torch.distributed as dist
-    # A long timeout: after a resume one rank may wait for another for hours at the final barrier.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(days=7))
+    # Start-up waits at most the default (a rank that died during start-up is noticed); only the final
+    # barrier, where after a resume one rank may wait for another for hours, gets a group with a long timeout.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
     if torch.cuda.is_available() and device_name in (None, "cuda"):
         device_name = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     return dist.get_rank(), world, device_name
@@ -505,9 +512,38 @@ class Progress:
 # main
 # ----------------------------------------------------------------------------------------------------------
 
+def check_outputs(outfile, counts, checkpoint, overwrite):
+    """No output may be an input, and --overwrite replaces only files certify.py writes (a TSV starting with
+    `idx`): a mistyped --outfile never deletes a checkpoint."""
+    ours = [outfile, outfile + ".json"] + ([counts[0]] if counts else [])
+    common.check(all(os.path.realpath(p) != os.path.realpath(checkpoint) for p in ours),
+                 f"--outfile {outfile!r} would write over the checkpoint; choose another --outfile")
+    common.check(not os.path.isdir(outfile), f"--outfile {outfile!r} is a folder; name a .tsv file")
+    if overwrite and os.path.isfile(outfile):
+        with open(outfile, "rb") as f:
+            start = f.read(4)
+        common.check(start in (b"", b"idx\t"), f"--overwrite: {outfile!r} is not a certification log; "
+                                               f"refusing to replace it (choose another --outfile)")
+
+
+def lock_outputs(locks, outfile):
+    """One run per outfile (rank 0): lock <outfile>.lock, and refuse rank files that a live worker of an
+    earlier run still holds (under torchrun each rank locks its own <outfile>.rank<r>.lock while it writes)."""
+    locks.enter_context(common.exclusive_lock(outfile + ".lock", f"--outfile {outfile!r}"))
+    for part in part_files(outfile):
+        common.check(not common.is_locked(part + ".lock"), f"{part!r} is still written by a worker of an "
+                                                         f"earlier run; stop it first")
+
+
 def main(argv=None):
     args = parse_args(argv)
     check_args(args)
+    with contextlib.ExitStack() as locks:   # the output locks, released when the run ends
+        certify_all(args, locks)
+
+
+def certify_all(args, locks):
+    """CERTIFY (or PREDICT) of every selected example into the outfile: set-up, checks, then the loop."""
     rank, world, device_name = distributed_setup(args.device)
     device = common.get_device(device_name)
     common.check_precision(args.precision, device)
@@ -518,8 +554,8 @@ def main(argv=None):
     common.check(dataset_name is not None, f"checkpoint {args.checkpoint!r} names no dataset; pass --dataset")
     sigma = args.sigma if args.sigma is not None else ckpt.get("sigma")
     common.check(sigma is not None, f"checkpoint {args.checkpoint!r} stores no sigma; pass --sigma")
-    common.check(isinstance(sigma, (int, float)) and sigma > 0,
-                 f"sigma must be a number > 0 (the checkpoint stores {sigma!r}); pass --sigma")
+    common.check(isinstance(sigma, (int, float)) and 0 < sigma < float("inf"),
+                 f"sigma must be a finite number > 0 (the checkpoint stores {sigma!r}); pass --sigma")
     sigma = float(sigma)
     dataset = common.get_dataset(dataset_name, args.split, args.data_dir, train_transform=False)
     outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict)
@@ -538,13 +574,13 @@ def main(argv=None):
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
                 "sound": args.sound,
                 "columns": list(columns)}
-    common.check(not os.path.isdir(outfile), f"--outfile {outfile!r} is a folder; name a .tsv file")
-    if not args.overwrite:
-        check_resumable(outfile, settings, columns, counts)
+    check_outputs(outfile, counts, args.checkpoint, args.overwrite)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
     except OSError as e:
         raise common.UserError(f"cannot create the folder of {outfile!r} ({e.strerror}); pass another --outfile")
+    if not args.overwrite:
+        check_resumable(outfile, settings, columns, counts)
     levels = common.DATASET_LEVELS[dataset_name] if args.sound else None
     if levels:   # before anything is written: the sound sampler needs inputs on the dataset's grid
         common.grid_levels(dataset[0][0], levels)
@@ -552,13 +588,23 @@ def main(argv=None):
     model = fast_model(model, settings["channels_last"], args.compile, shapes, args.precision, args.fold_bn)
 
     todo = [None]
-    if rank == 0:
-        done = prepare_outputs(outfile, settings, columns, args.overwrite, counts)
-        todo = [select_examples(len(dataset), args.skip, args.max, done)]
-        print(f"{'predict' if args.predict else 'certify'}: {len(todo[0])} examples to go "
-              f"({len(done)} already in the files) -> {outfile}", flush=True)
+    if rank == 0:   # the single writer of the shared files; what stops it stops every rank (below)
+        try:
+            lock_outputs(locks, outfile)
+            done = prepare_outputs(outfile, settings, columns, args.overwrite, counts)
+            todo = [select_examples(len(dataset), args.skip, args.max, done)]
+            print(f"{'predict' if args.predict else 'certify'}: {len(todo[0])} examples to go "
+                  f"({len(done)} already in the files) -> {outfile}", flush=True)
+        except common.UserError as e:
+            todo = [str(e)]
     if world > 1:
         torch.distributed.broadcast_object_list(todo, src=0)  # every rank works on the same list
+    if isinstance(todo[0], str):
+        raise common.UserError(todo[0] if rank == 0 else f"rank 0 stopped: {todo[0]}")
+    if world > 1:
+        locks.enter_context(common.exclusive_lock(f"{outfile}.rank{rank}.lock", f"--outfile {outfile!r}"))
+        # the final barrier may wait for hours (one rank resumed with more left to do): its own long timeout
+        final_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
     mine = todo[0][rank::world]
 
     progress = Progress(len(mine), prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
@@ -578,7 +624,7 @@ def main(argv=None):
                 progress.update(k + 1)
 
     if world > 1:
-        torch.distributed.barrier()
+        torch.distributed.barrier(group=final_group)
     if rank == 0:
         merge_parts(outfile, columns)
         if counts:

@@ -60,6 +60,10 @@ def run(main):
     except UserError as e:
         sys.stderr.write(f"error: {e}\n")
         sys.exit(2)
+    except OSError as e:   # disk full, a read-only folder, ...: what the system said, on one line
+        where = f" ({e.filename})" if e.filename else ""
+        sys.stderr.write(f"error: {e.strerror or e}{where}; nothing already written was lost\n")
+        sys.exit(2)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
@@ -71,6 +75,71 @@ def check(condition, message):
     """Raise UserError(message) unless condition holds."""
     if not condition:
         raise UserError(message)
+
+
+def check_finite(settings):
+    """Every float among the settings (a dict of flag -> value) is finite: --sigma inf or --lr nan is a UserError."""
+    for key, value in settings.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        check(all(not isinstance(v, float) or math.isfinite(v) for v in values),
+              f"--{key} must be a finite number, got {value}")
+
+
+@contextlib.contextmanager
+def exclusive_lock(path, what):
+    """Hold an exclusive lock on the file `path` (created if missing) for the block: one run per output.
+
+    A second run asking for the same lock gets a UserError at once (no waiting). The lock is the kernel's
+    (flock): it is released when the block ends or the process dies, however it dies, so a killed run never
+    leaves a stale lock. Where fcntl does not exist (Windows) there is no lock.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    f = open(path, "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise UserError(f"{what} is in use by another run (it holds {path}); wait for that run to end, or "
+                        f"choose another output") from None
+    try:
+        yield
+    finally:
+        f.close()
+
+
+def is_locked(path):
+    """True when another process holds exclusive_lock(path) now."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    if not os.path.exists(path):
+        return False
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def fsync_dir(path):
+    """fsync the folder holding path, so that a rename into it survives a power cut (POSIX; a no-op elsewhere)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -586,11 +655,21 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
 
 
 def save_checkpoint(state, path):
-    """torch.save to a temporary file, then os.replace: a crash never leaves a torn checkpoint."""
+    """torch.save to a temporary file, fsync, then os.replace: a crash or power cut never leaves a torn
+    checkpoint, and a failed write (disk full) removes its temporary file and leaves the old one in place."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    fsync_dir(path)
 
 
 def numpy_array_globals():
@@ -644,6 +723,8 @@ def load_checkpoint(path, device="cpu", trust=False):
         ckpt = {"state_dict": ckpt}  # a bare state_dict
     check(isinstance(ckpt, dict) and "state_dict" in ckpt,
           f"checkpoint {path!r} holds no 'state_dict'; expected {{'arch': ..., 'state_dict': ...}}")
+    check(isinstance(ckpt["state_dict"], dict) and all(torch.is_tensor(v) for v in ckpt["state_dict"].values()),
+          f"checkpoint {path!r}: its 'state_dict' is not a dict of tensors")
     return ckpt
 
 
@@ -664,13 +745,23 @@ def load_model(path, dataset=None, arch=None, device="cpu", trust=False):
     check(arch is not None, f"checkpoint {path!r} names no architecture; pass --arch")
     dataset = dataset or ckpt.get("dataset") or {"resnet50": "imagenet", "digits_cnn": "digits",
                                                  "lenet": "digits"}.get(arch, "cifar10")
+    check(arch in ARCHS, f"checkpoint {path!r} names an unknown architecture {arch!r}; pass --arch")
     model = get_architecture(arch, dataset)
     try:
         model.load_state_dict(strip_module_prefix(ckpt["state_dict"]), strict=True)
     except RuntimeError as e:
         first = str(e).split("\n\t")[1][:200] if "\n\t" in str(e) else str(e)[:200]
         raise UserError(f"checkpoint {path!r} does not fit architecture {arch!r} on {dataset}: {first}") from None
-    return model.to(device).eval(), ckpt
+    bad = [k for k, v in ckpt["state_dict"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    check(not bad, f"checkpoint {path!r} has non-finite weights ({', '.join(bad[:2])}): a diverged run?")
+    model = model.to(device).eval()
+    try:   # one forward pass on a dummy input: a model that cannot take this dataset's inputs fails here
+        with torch.no_grad():
+            model(torch.zeros(1, *INPUT_SHAPE[dataset], device=device))
+    except RuntimeError as e:
+        raise UserError(f"checkpoint {path!r} ({arch}) cannot take {dataset} inputs of shape "
+                        f"{INPUT_SHAPE[dataset]} ({str(e).splitlines()[0][:120]}); pass the right --dataset") from None
+    return model, ckpt
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -714,6 +805,16 @@ def write_json(obj, path):
 # ----------------------------------------------------------------------------------------------------------
 # The shared training loop (App. C.1): SGD, step schedule, m-chunk convention, noisy evaluation, logs
 # ----------------------------------------------------------------------------------------------------------
+
+def check_training_settings(settings):
+    """What every training script refuses, before anything is written: non-finite numbers, lr <= 0, negative
+    momentum, weight decay or seed. settings: the run's flags as a dict."""
+    check_finite(settings)
+    check(settings["lr"] > 0, f"--lr must be > 0, got {settings['lr']}")
+    check(settings["momentum"] >= 0 and settings["weight_decay"] >= 0,
+          f"--momentum and --weight_decay must be >= 0, got {settings['momentum']} and {settings['weight_decay']}")
+    check(settings["seed"] >= 0, f"--seed must be >= 0, got {settings['seed']}")
+
 
 def make_optimizer(model, lr=0.1, momentum=0.9, weight_decay=1e-4):
     """Plain SGD with momentum, as in every official RS training script."""
@@ -779,7 +880,10 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
             steps += 1
         if progress is not None:
             progress(i + 1, n_batches)
-    return {"train_loss": (loss_sum / max(steps, 1)).item(), "train_acc": (correct / max(total, 1)).item()}
+    train_loss = (loss_sum / max(steps, 1)).item()
+    check(math.isfinite(train_loss), f"the training loss became {train_loss} (diverged: lower --lr?); stopped "
+                                     f"before saving, so the checkpoint of the last good epoch is kept")
+    return {"train_loss": train_loss, "train_acc": (correct / max(total, 1)).item()}
 
 
 def gaussian_loss(model, x, y, sigma, m):
@@ -795,15 +899,19 @@ def gaussian_loss(model, x, y, sigma, m):
 
 
 @torch.no_grad()
-def evaluate_noisy(model, loader, sigma, device):
-    """Loss and accuracy of the base classifier on one Gaussian-noised copy of each test input."""
+def evaluate_noisy(model, loader, sigma, device, generator=None):
+    """Loss and accuracy of the base classifier on one Gaussian-noised copy of each test input.
+
+    generator: the noise's own torch.Generator on `device` (seed it from (seed, epoch)): then the noise
+    depends neither on the loader's workers nor on what ran before, and a resumed run logs what an
+    uninterrupted one logs."""
     model.eval()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)
     total = 0
     for batch in loader:
         x, y = batch[0].to(device), batch[1].to(device)
-        logits = model(x + sigma * torch.randn_like(x))
+        logits = model(x + gaussian_noise(x.shape, sigma, device, generator))
         loss_sum += F.cross_entropy(logits, y, reduction="sum")
         correct += (logits.argmax(1) == y).sum()
         total += len(y)
@@ -813,8 +921,8 @@ def evaluate_noisy(model, loader, sigma, device):
 class TSVLog:
     """Append rows to a TSV file with a fixed header, each row flushed at once (a killed run keeps its rows)."""
 
-    def __init__(self, path, columns, append=False):
-        self.columns = list(columns)
+    def __init__(self, path, columns, append=False, sync=False):
+        self.columns, self.sync = list(columns), sync   # sync: fsync every row (the epoch log)
         exists = append and os.path.isfile(path) and os.path.getsize(path) > 0
         self.file = open(path, "a" if exists else "w")
         if not exists:
@@ -823,6 +931,8 @@ class TSVLog:
     def row(self, **values):
         cells = [values.get(c, "") for c in self.columns]
         print("\t".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in cells), file=self.file, flush=True)
+        if self.sync:
+            os.fsync(self.file.fileno())
 
     def close(self):
         self.file.close()
@@ -971,6 +1081,15 @@ def sync_batchnorm(model, device):
     return model
 
 
+def run_folder_lock(outdir):
+    """The run folder, created, and locked for this run on rank 0 (a context manager): two training runs on one
+    --outdir would overwrite each other's checkpoints and log; the second one gets a UserError instead."""
+    make_outdir(outdir)
+    if not is_main_process():
+        return contextlib.nullcontext()
+    return exclusive_lock(os.path.join(outdir, "run.lock"), f"run folder {outdir!r}")
+
+
 def wrap_model(model, device, sync_bn=False):
     """DistributedDataParallel around the model under torchrun (gradients averaged across ranks), else the model.
 
@@ -1002,6 +1121,16 @@ def epoch_seed(seed, epoch, stream=0):
     """An integer seed derived from (seed, epoch, stream); streams separate the sampler from each rank's noise."""
     state = np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(2, dtype=np.uint32)
     return int(state[0]) << 32 | int(state[1])
+
+
+EVAL_STREAM = 2 ** 21   # epoch_seed stream of the noisy test evaluation
+
+
+def eval_generator(seed, epoch, device):
+    """The generator of epoch `epoch`'s noisy test evaluation: seeded by (seed, epoch) alone."""
+    g = torch.Generator(device=device)
+    g.manual_seed(epoch_seed(seed, epoch, EVAL_STREAM))
+    return g
 
 
 def seed_epoch(seed, epoch):
@@ -1081,8 +1210,10 @@ class TrainLoader:
 
 def make_test_loader(dataset, batch, workers):
     """Plain in-order loader of (x, y) for evaluation."""
+    # its own generator: starting the workers then draws nothing from the global one (the training noise)
     return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False, num_workers=workers,
-                                       persistent_workers=workers > 0, pin_memory=torch.cuda.is_available())
+                                       persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+                                       generator=torch.Generator().manual_seed(0))
 
 
 def _rng_state():
@@ -1130,14 +1261,39 @@ def save_training_checkpoint(outdir, model, optimizer, scheduler, epoch, args, e
         save_checkpoint(state, os.path.join(outdir, f"checkpoint_epoch{epoch}.pth.tar"))
 
 
-def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False):
+# Settings a resumed run may change: where and how fast it runs, how long; never what it computes.
+RESUME_MAY_CHANGE = {"epochs", "resume", "workers", "device", "outdir", "data_dir", "max_batches", "save_every",
+                     "trust_checkpoint", "gradnorm", "probe", "note", "channels_last"}
+
+
+def resume_mismatches(saved_args, args):
+    """'key old -> new' for every setting of args that differs from the checkpoint's saved arguments
+    (only keys both know, and not RESUME_MAY_CHANGE)."""
+    return [f"{k} {saved_args[k]!r} -> {args[k]!r}" for k in sorted(set(saved_args) & set(args) - RESUME_MAY_CHANGE)
+            if saved_args[k] != args[k] and not (isinstance(args[k], (list, tuple)) and
+                                                 list(args[k]) == list(saved_args[k] or []))]
+
+
+def remove_stale_temporaries(outdir):
+    """Remove the *.tmp<pid> files a killed or failed writer left in outdir (we hold the run's lock)."""
+    import glob
+    import re
+    for path in glob.glob(os.path.join(glob.escape(outdir), "*.tmp*")):
+        if re.search(r"\.tmp\d+$", path):
+            os.remove(path)
+
+
+def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False, args=None):
     """Start a new run in outdir, or (resume=True) restore it from outdir/checkpoint.pth.tar.
 
     Returns (start_epoch, extra): the number of epochs already done (0 for a new run) and the `extra`
     dict saved with the checkpoint ({} for a new run). A new run refuses a folder that already holds a
     checkpoint (nothing is overwritten silently); resume without one is a UserError. expect: optional
-    dict such as {'arch': ..., 'dataset': ..., 'sigma': ...} that the checkpoint must match.
+    dict such as {'arch': ..., 'dataset': ..., 'sigma': ...} that the checkpoint must match. args: the run's
+    settings (a dict); on resume every one that is not RESUME_MAY_CHANGE must equal the checkpoint's (lr, m,
+    seed, batch, ...: the restored optimizer and schedule would otherwise contradict args.json).
     """
+    remove_stale_temporaries(outdir)
     path = os.path.join(outdir, CHECKPOINT)
     if not resume:
         check(not os.path.isfile(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "
@@ -1148,6 +1304,9 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     for key, value in (expect or {}).items():
         check(ckpt.get(key) == value, f"--resume: the checkpoint in {outdir!r} has {key}={ckpt.get(key)!r}, "
                                       f"this run has {key}={value!r}; use the same settings or another --outdir")
+    diff = resume_mismatches(ckpt.get("args") or {}, args or {})
+    check(not diff, f"--resume: {outdir!r} was trained with other settings ({'; '.join(diff)}); resume with "
+                    f"the same ones, or start a new run in another --outdir")
     try:
         unwrap(model).load_state_dict(strip_module_prefix(ckpt["state_dict"]))
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -1176,7 +1335,7 @@ def open_train_log(outdir, start_epoch):
         with open(tmp, "w") as f:
             f.write("\n".join(lines[:1] + rows) + "\n")
         os.replace(tmp, path)
-    return TSVLog(path, TRAIN_LOG_COLUMNS, append=start_epoch > 0)
+    return TSVLog(path, TRAIN_LOG_COLUMNS, append=start_epoch > 0, sync=True)
 
 
 def log_epoch(log, epoch, epochs, run_start, first_epoch, row):

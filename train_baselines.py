@@ -501,19 +501,26 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
     return counts
 
 
-def load_catrs_target(path, dataset, train_size, num_classes, trust=False):
-    """The soft labels pb (train_size, num_classes), float32 on CPU, from a --make-catrs-target file."""
+def check_catrs_target_path(path):
+    """--catrs-target is given and exists (checked with the settings, before anything is written)."""
     common.check(path is not None, "CAT-RS needs --catrs-target FILE, the soft labels of a Gaussian sigma = 0.25 "
                                    "model; make it once with: python train_baselines.py --make-catrs-target "
                                    "--checkpoint GAUSSIAN_0.25.pth.tar --out FILE")
     common.check(os.path.isfile(path), f"--catrs-target {path!r} not found; make it with: python train_baselines.py "
                                        f"--make-catrs-target --checkpoint GAUSSIAN_0.25.pth.tar --out {path}")
+
+
+def load_catrs_target(path, dataset, train_size, num_classes, trust=False):
+    """The soft labels pb (train_size, num_classes), float32 on CPU, from a --make-catrs-target file."""
+    check_catrs_target_path(path)
     saved = common.safe_load(path, trust=trust, what="--catrs-target")
-    try:
-        counts, N = saved["counts"], saved["N"]
-    except Exception as e:
-        raise common.UserError(f"cannot read --catrs-target {path!r} ({type(e).__name__}); "
-                               f"make it with --make-catrs-target") from None
+    ok = isinstance(saved, dict) and torch.is_tensor(saved.get("counts")) and isinstance(saved.get("N"), int)
+    common.check(ok, f"--catrs-target {path!r} is not a target file (a dict with a 'counts' tensor and an integer "
+                     f"'N'); make it with --make-catrs-target")
+    counts, N = saved["counts"], saved["N"]
+    common.check(N >= 1 and not counts.is_floating_point() and bool((counts >= 0).all()) and counts.dim() == 2
+                 and bool((counts.sum(1) == N).all()), f"--catrs-target {path!r}: counts must be (examples x "
+                                                        f"classes) vote counts that sum to N >= 1 per example")
     common.check(saved.get("dataset") == dataset and tuple(counts.shape) == (train_size, num_classes),
                  f"--catrs-target {path!r} holds {tuple(counts.shape)} soft labels of {saved.get('dataset')}, "
                  f"this run needs ({train_size}, {num_classes}) of {dataset}")
@@ -525,7 +532,12 @@ def make_target_mode(args):
     common.check(args.checkpoint and args.out, "--make-catrs-target needs --checkpoint (a Gaussian sigma = 0.25 "
                                                "model) and --out FILE")
     N, sigma, batch = args.N or 10_000, args.sigma or 0.25, args.batch or 1024
-    common.check(N >= 1 and batch >= 1 and sigma > 0, "--N and --batch must be >= 1 and --sigma > 0")
+    common.check(N >= 1 and batch >= 1 and 0 < sigma < float("inf"), "--N and --batch must be >= 1 and --sigma "
+                                                                       "a finite number > 0")
+    common.check(os.path.realpath(args.out) != os.path.realpath(args.checkpoint),
+                 f"--out {args.out!r} is the checkpoint itself; choose another --out")
+    common.check(not os.path.exists(args.out), f"--out {args.out!r} exists already; remove it or choose another "
+                                               f"--out (a target is never written over a file)")
     common.make_outdir(os.path.dirname(os.path.abspath(args.out)))
     device = common.get_device(args.device)
     model, ckpt = common.load_model(args.checkpoint, device=device, trust=args.trust_checkpoint)
@@ -656,6 +668,7 @@ def settings(args):
     common.check(s["epochs"] >= 0 and s["batch"] >= 1 and s["lr_step"] >= 1 and args.workers >= 0,
                  "--epochs, --workers must be >= 0 and --batch, --lr_step >= 1")
     common.check(all(e >= 1 for e in args.lr_milestones or []), "--lr_milestones must be epochs >= 1")
+    common.check_training_settings(s)
     return common.argparse.Namespace(**s)
 
 
@@ -703,14 +716,8 @@ def check_resume_method(outdir, method, trust=False):
                                                  f"use the same --method or another --outdir")
 
 
-def main():
-    args = parse_args()
-    if args.make_catrs_target:
-        return make_target_mode(args)
-    if args.gradnorm:
-        return gradnorm_mode(args)
-    args = settings(args)
-    device = common.setup_distributed(args.device)
+def train(args, device):
+    """The method's training for args.epochs epochs in args.outdir, resuming a run there with --resume."""
     common.check_precision(args.amp or "fp32", device)
     common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
@@ -727,9 +734,9 @@ def main():
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     if args.resume:
         check_resume_method(args.outdir, args.method, args.trust_checkpoint)
-    first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir), args.resume,
+    first, _ = common.start_or_resume(model, optimizer, scheduler, args.outdir, args.resume,
                                       {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma},
-                                      args.trust_checkpoint)
+                                      args.trust_checkpoint, vars(args))
     model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
         common.write_json(vars(args), os.path.join(args.outdir, "args.json"))
@@ -750,12 +757,28 @@ def main():
                                      common.progress_line(f"epoch {epoch + 1}"), args.max_batches,
                                      precision=args.amp or "fp32")
         if common.is_main_process():
-            row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device))
+            row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
+                                             common.eval_generator(args.seed, epoch, device)))
         scheduler.step()
-        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
-                                        save_every=args.save_every)
+        # the log row first: a kill before the checkpoint leaves a row that the resume drops and redoes
         common.log_epoch(log, epoch, args.epochs, run_start, first,
                          dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
+        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
+                                        save_every=args.save_every)
+
+
+def main():
+    args = parse_args()
+    if args.make_catrs_target:
+        return make_target_mode(args)
+    if args.gradnorm:
+        return gradnorm_mode(args)
+    args = settings(args)
+    if args.method == "catrs":   # before the run folder is made
+        check_catrs_target_path(args.catrs_target)
+    device = common.setup_distributed(args.device)
+    with common.run_folder_lock(args.outdir):   # one run per folder
+        train(args, device)
     common.end_distributed()
 
 

@@ -75,6 +75,7 @@ def settings(args):
     common.check(s["epochs"] >= 0 and args.workers >= 0 and args.batch >= 1 and s["lr_step"] >= 1,
                  "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")
     common.check(all(e >= 1 for e in args.lr_milestones or []), "--lr_milestones must be epochs >= 1")
+    common.check_training_settings(s)
     return common.argparse.Namespace(**s)
 
 
@@ -97,12 +98,8 @@ def gradnorm_mode(args):
     print(f"wrote {len(rows['idx'])} gradient norms to {path}")
 
 
-def main():
-    args = parse_args()
-    if args.gradnorm:
-        return gradnorm_mode(args)
-    args = settings(args)
-    device = common.setup_distributed(args.device)
+def train(args, device):
+    """Gaussian training (eq. 1) for args.epochs epochs in args.outdir, resuming a run there with --resume."""
     common.check_precision(args.amp or "fp32", device)
     common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
@@ -115,8 +112,8 @@ def main():
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
-    first, _ = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir),
-                                      args.resume, expect, args.trust_checkpoint)
+    first, _ = common.start_or_resume(model, optimizer, scheduler, args.outdir,
+                                      args.resume, expect, args.trust_checkpoint, vars(args))
     model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
         common.write_json(vars(args), os.path.join(args.outdir, "args.json"))
@@ -135,12 +132,24 @@ def main():
                                  common.progress_line(f"epoch {epoch + 1}"), args.max_batches,
                                  precision=args.amp or "fp32")
         if common.is_main_process():
-            row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device))
+            row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
+                                             common.eval_generator(args.seed, epoch, device)))
         scheduler.step()
-        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
-                                        save_every=args.save_every)
+        # the log row first: a kill before the checkpoint leaves a row that the resume drops and redoes
         common.log_epoch(log, epoch, args.epochs, run_start, first,
                          dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
+        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
+                                        save_every=args.save_every)
+
+
+def main():
+    args = parse_args()
+    if args.gradnorm:
+        return gradnorm_mode(args)
+    args = settings(args)
+    device = common.setup_distributed(args.device)
+    with common.run_folder_lock(args.outdir):   # one run per folder
+        train(args, device)
     common.end_distributed()
 
 

@@ -142,6 +142,7 @@ def check_settings(s):
     common.check(s["epochs"] >= 0 and s["workers"] >= 0 and s["batch"] >= 1 and s["lr_step"] >= 1,
                  "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")
     common.check(all(e >= 1 for e in s["lr_milestones"] or []), "--lr_milestones must be epochs >= 1")
+    common.check_training_settings(s)
     common.check(s["pA_checkpoint"] is None or os.path.isfile(s["pA_checkpoint"]),
                  f"--pA-checkpoint {s['pA_checkpoint']!r} not found")
     common.check(s["gradnorm"] or not (s["dataset"] == "imagenet" and s["discard"] and s["Et"] == 0
@@ -227,12 +228,8 @@ def gradnorm_mode(args):
         print(f"wrote gradient norms (T = {T}) of {s.probe} probe examples to {path}")
 
 
-def main():
-    args = parse_args()
-    if args.gradnorm:
-        return gradnorm_mode(args)
-    args = settings(args, args.sigma, args.dataset)
-    device = common.setup_distributed(args.device)
+def train(args, device):
+    """Algorithm 2 for args.epochs epochs in args.outdir, resuming a run there with --resume."""
     common.check_precision(args.amp or "fp32", device)
     common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
@@ -245,8 +242,8 @@ def main():
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
-    first, state = common.start_or_resume(model, optimizer, scheduler, common.make_outdir(args.outdir),
-                                          args.resume, expect, args.trust_checkpoint)
+    first, state = common.start_or_resume(model, optimizer, scheduler, args.outdir,
+                                          args.resume, expect, args.trust_checkpoint, vars(args))
     kept = state.get("kept", torch.arange(len(train_set))).cpu()   # D', all of D until the discard
     weights = state.get("weights")                                   # §5.2 sampling weights over kept
     weights = None if weights is None else weights.cpu()             # None: uniform
@@ -282,12 +279,24 @@ def main():
                                  common.progress_line(f"epoch {epoch + 1}"), args.max_batches,
                                  precision=args.amp or "fp32")
         if common.is_main_process():
-            row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device))
+            row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
+                                             common.eval_generator(args.seed, epoch, device)))
         scheduler.step()
-        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
-                                        {"kept": kept, "weights": weights}, args.save_every)
+        # the log row first: a kill before the checkpoint leaves a row that the resume drops and redoes
         common.log_epoch(log, epoch, args.epochs, run_start, first,
                          dict(row, time=time.time() - t0, lr=lr, kept=len(kept) if late else len(train_set)))
+        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
+                                        {"kept": kept, "weights": weights}, args.save_every)
+
+
+def main():
+    args = parse_args()
+    if args.gradnorm:
+        return gradnorm_mode(args)
+    args = settings(args, args.sigma, args.dataset)
+    device = common.setup_distributed(args.device)
+    with common.run_folder_lock(args.outdir):   # one run per folder
+        train(args, device)
     common.end_distributed()
 
 
