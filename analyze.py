@@ -606,8 +606,8 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
     for sigma, group in by_sigma(logs):
         rows, values, base = [], [], None
         for i, log in enumerate(group):
-            name = log["label"] + (" (sound)" if log["sidecar"].get("sound") else "")
-            lead = [fmt_sigma(sigma) if i == 0 else "", name] + extra_cells.get(id(log), [])
+            shown = log["label"] + (" (sound)" if log["sidecar"].get("sound") else "")
+            lead = [fmt_sigma(sigma) if i == 0 else "", shown] + extra_cells.get(id(log), [])
             numbers = [f"{log['acr']:.3f}"] + [fmt_percent(a) for a in log["acc"]]
             md_rows.append(lead[:2] + [str(len(log["radius"]))] + lead[2:] + numbers)
             tsv_rows.append([fmt_sigma(sigma), log["label"], len(log["radius"])] + lead[2:] +
