@@ -3,7 +3,7 @@
 PYTHON ?= python3
 SIGMA ?= 0.5
 
-.PHONY: install test demo table2 table3 table4 table5 ecdf budget
+.PHONY: install test demo table2 table3 table4 table5 ecdf budget gpu-check
 
 # Install the requirements only when one of them is missing (a no-op on a prepared machine).
 install:
@@ -30,3 +30,7 @@ ecdf:
 	PYTHON=$(PYTHON) bash scripts/ecdf.sh
 budget:
 	PYTHON=$(PYTHON) bash scripts/budget.sh
+
+# On a machine with a CUDA GPU: the CUDA tests, then certification and training speed in one summary (README, Speed).
+gpu-check: install
+	$(PYTHON) scripts/gpu_check.py

@@ -982,13 +982,13 @@ def is_main_process():
 
 
 def setup_distributed(device_name=None):
-    """The training device; under torchrun (WORLD_SIZE > 1) also join the process group.
+    """The training device; under torchrun (even with one process) also join the process group.
 
     Backend nccl on GPUs (one GPU per LOCAL_RANK), gloo on CPU (so it can be tried on a laptop).
     Without torchrun this is get_device(device_name).
     """
     device = get_device(device_name)
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:   # not started by torchrun
         return device
     import torch.distributed as dist
     if device.type == "cuda":

@@ -209,3 +209,14 @@ def test_every_makefile_target_is_in_the_readme():
     commands = " ".join(readme_commands())
     missing = [t for t in targets if t != "install" and not re.search(rf"\bmake {t}\b", commands)]
     assert not missing, f"Makefile targets the README does not show: {missing}"
+
+
+def test_gpu_check_runs_shrunk_on_the_cpu():
+    # make gpu-check's script with --smoke: every part but the CUDA tests runs, and the summary is printed
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--smoke", "--no-tests", "--device", "cpu"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = proc.stdout.split("\nSummary")[1]
+    assert "certify CIFAR-10 bf16" in summary and "certify CIFAR-10 fp32" in summary
+    assert summary.count("training ") == 2 and "textbook CERTIFY (fp32)" in proc.stdout

@@ -1,0 +1,141 @@
+"""The CUDA paths (README, Speed; `make gpu-check` runs them): skipped without a GPU, `pytest -m cuda` selects them.
+
+On a GPU: certify in fp32, bf16 and fp16, with channels-last, folded BatchNorm and torch.compile, agrees with
+the plain path on the same noise and resumes to the same file; every training script runs steps under
+`--amp bf16` and `--amp fp16` and resumes exactly; the Monte Carlo counter and the attacks run without host
+synchronisation; torchrun with one process and nccl writes its checkpoint."""
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import certify
+import common
+import train_baselines
+import train_gaussian
+import train_ours
+from torchrun_util import failure_report, run_torchrun
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIGITS = ["--dataset", "digits", "--sigma", 0.25, "--workers", 0, "--device", "cuda"]
+
+
+def run(module, argv, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [module.__name__ + ".py", *map(str, argv)])
+    try:
+        common.run((lambda: certify.main([str(a) for a in argv])) if module is certify else module.main)
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+@pytest.fixture(scope="module")
+def cuda_ckpt(tmp_path_factory):
+    """A digits LeNet trained briefly on the GPU, so that certificates differ between examples."""
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = common.get_architecture("digits_cnn", "digits").to(device)
+    train = common.get_dataset("digits", "train")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(200):
+        i = torch.randint(0, len(train), (64,))
+        x, y = train.images[i].to(device), train.labels[i].to(device)
+        loss = F.cross_entropy(model(x + 0.25 * torch.randn_like(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    path = str(tmp_path_factory.mktemp("cuda") / "checkpoint.pth.tar")
+    common.save_checkpoint({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25,
+                            "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}}, path)
+    return path
+
+
+def lines(path):
+    return [ln.split("\t") for ln in open(path).read().splitlines()[1:]]
+
+
+@pytest.mark.parametrize("flags", [["--precision", "fp32"], ["--precision", "bf16"], ["--precision", "fp16"],
+                                   ["--no-channels-last", "--no-fold-bn"], ["--compile"]])
+def test_certify_on_cuda_agrees_with_the_plain_path_and_resumes(flags, cuda_ckpt, tmp_path, monkeypatch):
+    def argv(count, out, *extra):
+        return ["--checkpoint", cuda_ckpt, "--N0", 50, "--N", 2000, "--batch", 1000, "--skip", 7, "--max", count,
+                "--device", "cuda", "--outfile", out, *extra]
+    plain, fast, full = tmp_path / "plain.tsv", tmp_path / "fast.tsv", tmp_path / "full.tsv"
+    assert run(certify, argv(8, plain, "--precision", "fp32", "--no-channels-last", "--no-fold-bn"), monkeypatch) == 0
+    assert run(certify, argv(4, fast, *flags), monkeypatch) == 0
+    assert run(certify, argv(8, fast, *flags), monkeypatch) == 0                       # resumed to 8 lines
+    a, b = lines(plain), lines(fast)
+    assert [r[0] for r in a] == [r[0] for r in b]
+    for ra, rb in zip(a, b):   # the same noise: votes move only where rounding flips a borderline input
+        assert abs(int(ra[6]) - int(rb[6])) <= 0.01 * 2000 + 2, (flags, ra, rb)
+    assert run(certify, argv(8, full, *flags), monkeypatch) == 0
+    assert [r[:5] + r[6:] for r in lines(full)] == [r[:5] + r[6:] for r in b]   # resumed == uninterrupted
+
+
+def test_sound_certification_runs_on_cuda_and_matches_the_cpu_table(cuda_ckpt, tmp_path, monkeypatch):
+    S_cpu, L = common.rounded_gaussian_table(0.5)
+    x = torch.randint(0, 256, (1, 3, 8, 8), dtype=torch.int32)
+    z, failed = common.sound_noisy_inputs(x.cuda(), 100, 0.5, torch.Generator(device="cuda").manual_seed(0))
+    s = torch.round(z.double() * 255).int().cpu() - x
+    assert z.is_cuda and not failed.any() and s.abs().max() <= L
+    out = tmp_path / "sound.tsv"
+    assert run(certify, ["--checkpoint", cuda_ckpt, "--N0", 50, "--N", 1000, "--max", 4, "--device", "cuda",
+                         "--sound", "--outfile", out], monkeypatch) == 0
+    assert len(lines(out)) == 4
+
+
+def test_counting_and_attacks_do_not_synchronise_with_the_host():
+    device = torch.device("cuda")
+    model = common.get_architecture("cifar_resnet20", "cifar10").to(device).eval()
+    x = torch.rand(2, 3, 32, 32, device=device)
+    g = torch.Generator(device=device).manual_seed(0)
+    common.sample_counts(model, x, 0.5, 256, 256, 10, g)               # warm-up (allocations, kernels)
+    torch.cuda.set_sync_debug_mode("error")                             # any implicit host sync raises
+    try:
+        common.sample_counts(model, x, 0.5, 512, 256, 10, g)
+        common.sample_counts(model, x, 0.5, 512, 256, 10, g, sound=255)
+        delta = 0.5 * torch.randn(2, *x.shape, device=device)
+        common.sphere_pgd(model, x, torch.tensor([1, 2], device=device), delta, T=2, eps=0.25)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+@pytest.mark.parametrize("module, extra", [
+    (train_gaussian, []),
+    (train_ours, ["--Et", 1, "--N", 10, "--reweight_every", 1, "--T", 2]),
+    (train_baselines, ["--method", "smoothadv"]), (train_baselines, ["--method", "macer"]),
+    (train_baselines, ["--method", "consistency"]), (train_baselines, ["--method", "smoothmix"]),
+    (train_baselines, ["--method", "stability"]),
+])
+def test_every_training_script_runs_on_cuda_with_amp_and_resumes_exactly(module, extra, amp, tmp_path, monkeypatch):
+    argv = [*DIGITS, *extra, "--amp", amp, "--channels-last", "--max-batches", 2]
+    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "whole"], monkeypatch) == 0
+    assert run(module, [*argv, "--epochs", 1, "--outdir", tmp_path / "parts"], monkeypatch) == 0
+    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "parts", "--resume"], monkeypatch) == 0
+    a = common.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
+    b = common.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_catrs_trains_on_cuda(tmp_path, monkeypatch):
+    teacher = tmp_path / "teacher"
+    assert run(train_gaussian, [*DIGITS, "--epochs", 1, "--max-batches", 2, "--outdir", teacher], monkeypatch) == 0
+    target = tmp_path / "target.pt"
+    assert run(train_baselines, ["--make-catrs-target", "--checkpoint", teacher / "checkpoint.pth.tar", "--out",
+                                 target, "--N", 4, "--device", "cuda"], monkeypatch) == 0
+    assert run(train_baselines, ["--method", "catrs", *DIGITS, "--catrs-target", target, "--epochs", 1,
+                                 "--max-batches", 2, "--amp", "bf16", "--outdir", tmp_path / "c"], monkeypatch) == 0
+
+
+def test_torchrun_with_one_process_and_nccl_writes_its_checkpoint(tmp_path):
+    out = tmp_path / "nccl"
+    args = [os.path.join(ROOT, "train_gaussian.py"), *map(str, DIGITS), "--epochs", "1", "--max-batches", "2",
+            "--outdir", str(out)]
+    proc = run_torchrun(args, tmp_path / "logs", nproc=1, timeout=300)
+    assert proc.returncode == 0, failure_report(proc, tmp_path / "logs")
+    assert common.load_checkpoint(str(out / "checkpoint.pth.tar"))["epoch"] == 1
