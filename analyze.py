@@ -192,7 +192,8 @@ def read_log(path):
         seen[idx] = line
     check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
     check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
-    log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool)}
+    log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool),
+           "grid": "stop" in cols}   # certify.py --radii: the radius is a certified grid level
     for name in ("nA", "N", "nY"):
         if name in cols:
             check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])),
@@ -606,18 +607,28 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
     for sigma, group in by_sigma(logs):
         rows, values, base = [], [], None
         for i, log in enumerate(group):
-            shown = log["label"] + (" (sound)" if log["sidecar"].get("sound") else "")
+            shown = log["label"] + (" (sound)" if log["sidecar"].get("sound") else "") + \
+                (" (grid)" if log.get("grid") else "")
             lead = [fmt_sigma(sigma) if i == 0 else "", shown] + extra_cells.get(id(log), [])
-            numbers = [f"{log['acr']:.3f}"] + [fmt_percent(a) for a in log["acc"]]
+            numbers = ["n/a" if log.get("grid") else f"{log['acr']:.3f}"] + [fmt_percent(a) for a in log["acc"]]
             md_rows.append(lead[:2] + [str(len(log["radius"]))] + lead[2:] + numbers)
             tsv_rows.append([fmt_sigma(sigma), log["label"], len(log["radius"])] + lead[2:] +
                             [f"{log['acr']:.6f}"] + [f"{100 * a:.2f}" for a in log["acc"]])
             rows.append(lead + numbers)
-            values.append([float(x) for x in numbers])             # rank what is printed
+            values.append([float("nan") if x == "n/a" else float(x) for x in numbers])   # rank what is printed
             if log["label"].lower() == baseline.lower():
                 base = i
         groups.append((rows, values, base))
     md = markdown(["σ", "method", "n"] + extra_header + ["ACR"] + radius_header, md_rows)
+    for log in logs:
+        if log.get("grid"):
+            N0 = log["sidecar"].get("N0") or 100
+            md += (f"\n\n(grid): {log['label']} was certified at a grid of radii (certify.py --radii "
+                   f"{' '.join(f'{r:g}' for r in log['sidecar'].get('radii') or [])}): its radius is the largest "
+                   f"grid radius certified, so certified accuracy is exact at the grid radii and a lower bound "
+                   f"between them, and there is no ACR (certify without --radii). Mean model evaluations per "
+                   f"example: {N0 + np.mean(log['N']):,.0f} (median {N0 + np.median(log['N']):,.0f}; CERTIFY "
+                   f"with N = 100,000: 100,100).")
     if any(log["sidecar"].get("sound") for log in logs):
         md += ("\n\n(sound): certified with `certify.py --sound` (exact integer noise on the input grid: a "
                "certificate floating point cannot fake); the other rows used the float sampler of Cohen et al.")
@@ -782,6 +793,9 @@ def attach_pA(logs, N_flag, alpha_flag):
     so never counted) and where it came from ('source'). Logs with the true label's votes also get
     'pA_all': nY / N for every row, wrong and abstained ones included (the whole range [0, 1])."""
     for log in logs:
+        common.check(not log.get("grid"), f"{log['path']}: a grid log (certify.py --radii) has no pA estimate "
+                                          f"(nA / N is biased by its adaptive stopping) and no full radius; "
+                                          f"certify without --radii for the ECDF of pA or a budget conversion")
         if "nY" in log:
             log["pA_all"] = log["nY"] / log["N"]
         if "nA" in log:

@@ -26,6 +26,11 @@ machine, its load, torch version, threads and settings:
   (f)  certify.py --sound: the exact integer sampler (common.sound_noisy_inputs) against the float noise and
        against the forward pass of 1000 noisy inputs, and sample_counts with and without it, for CIFAR-10's
        cifar_resnet20 and digits' digits_cnn (folded, channels-last, as certify.py runs them)
+  (g)  certify.py --radii (anytime-valid, ADAPTIVE.md §5) against CERTIFY at N and N / 10 on trained models at
+       sigma 0.25 and 0.5 (digits models trained here, or --checkpoint): model evaluations (mean, median, 90th
+       percentile, share run to the budget), wall time, certified accuracy at each grid radius and the
+       examples on which each arm disagrees with CERTIFY at N; arms: the grid with and without the final
+       look, and a single radius (0.5)
 (a)-(c), (e), (f) use random weights and random inputs: throughput depends on neither. On a
 machine shared with other jobs, --threads 1 avoids measuring the scheduler (threads waiting for each other).
 """
@@ -60,8 +65,10 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, usually one per core)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of (a)")
-    p.add_argument("--sections", default="abcdef", help="which parts to run, e.g. 'd' (default: all, abcdef; "
+    p.add_argument("--sections", default="abcdefg", help="which parts to run, e.g. 'd' (default: all, abcdefg; "
                    "a includes a')")
+    p.add_argument("--grid-N", type=int, help="(g): the budget N_max and CERTIFY's N (default 100000; quick 10000)")
+    p.add_argument("--grid-examples", type=int, help="(g): test examples per model (default 100; quick 10)")
     p.add_argument("--checkpoint", nargs="+", help="(d): trained models (with their sigma) instead of digits "
                    "models trained here; CIFAR-10 ones need --data-dir")
     p.add_argument("--data-dir", default=None, help="(d): dataset folder of the --checkpoint models")
@@ -415,10 +422,10 @@ def bench_baselines(device, reps, precision, channels_last):
 # (d) early abstention: the same examples and noise, certified with and without --early-abstain
 # ----------------------------------------------------------------------------------------------------------
 
-def train_digits_models(folder, epochs):
-    """Quick trained models for (d): digits_cnn with train_gaussian.py at sigma 0.5 and 1.0; their paths."""
+def train_digits_models(folder, epochs, sigmas=(0.5, 1.0)):
+    """Quick trained models for (d), (g): digits_cnn with train_gaussian.py at these sigmas; their paths."""
     paths = []
-    for sigma in (0.5, 1.0):
+    for sigma in sigmas:
         outdir = os.path.join(folder, f"gaussian_digits_sigma{sigma}")
         start = time.time()
         subprocess.run([sys.executable, os.path.join(ROOT, "train_gaussian.py"), "--dataset", "digits",
@@ -492,6 +499,60 @@ def bench_sound(device, reps, passes):
                    "sample_counts, float sampler")
 
 
+GRID_RADII = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5]
+
+
+def bench_grid(paths, device, data_dir, N, examples, trust=False):
+    """(g): anytime-valid certification at a grid of radii against CERTIFY, on the same examples and seeds."""
+    N0, alpha = 100, 0.001
+    for path in paths:
+        model, ckpt = common.load_model(path, device=device, trust=trust)
+        sigma, dataset_name = float(ckpt["sigma"]), ckpt["dataset"]
+        model = certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True)
+        dataset = common.get_dataset(dataset_name, "test", data_dir, train_transform=False)
+        picked = np.linspace(0, len(dataset) - 1, min(examples, len(dataset))).round().astype(int)
+        classes = common.NUM_CLASSES[dataset_name]
+        radii = [r for r in GRID_RADII if r <= 4 * sigma]
+        plans = {"grid": certify.grid_plan(radii, sigma, N, BATCH, alpha, alpha, True),
+                 "grid, no final look": certify.grid_plan(radii, sigma, N, BATCH, alpha, alpha, False),
+                 "single radius 0.5": certify.grid_plan([0.5], sigma, N, BATCH, alpha, alpha, True)}
+        arms = {f"CERTIFY N = {N:,}": None, f"CERTIFY N = {N // 10:,}": None, **plans}
+        results = {name: {"radius": [], "correct": [], "evals": [], "time": 0.0} for name in arms}
+        for idx in picked:
+            x, label = dataset[int(idx)]
+            x = x.to(device)
+            for name, plan in arms.items():
+                g = common.example_generator(0, int(idx), device)
+                start = time.perf_counter()
+                if plan is None:
+                    n = N if name.endswith(f"{N:,}") else N // 10
+                    out = certify.certify(model, x, sigma, N0, n, alpha, BATCH, classes, g)
+                else:
+                    out = certify.grid_certify(model, x, sigma, N0, BATCH, classes, g, plan)
+                sync(device)
+                row = results[name]
+                row["time"] += time.perf_counter() - start
+                row["radius"].append(out["radius"] if out["predict"] >= 0 else -1.0)
+                row["correct"].append(out["predict"] == int(label))
+                row["evals"].append(N0 + out["N"])
+        reference = results[f"CERTIFY N = {N:,}"]
+        levels = [0.0] + radii
+        print(f"  {os.path.basename(os.path.dirname(os.path.abspath(path)))} ({ckpt.get('arch')}, {dataset_name}, "
+              f"sigma {sigma}), {len(picked)} test examples, alpha {alpha}, N0 {N0}, batch {BATCH}:")
+        print("    " + f"{'arm':24s}{'mean':>9s}{'median':>9s}{'p90':>9s}{'budget':>8s}{'saving':>8s}{'s':>7s}  "
+              "certified accuracy (%) at r = " + " ".join(f"{r:g}" for r in levels) + "; disagreements")
+        for name, row in results.items():
+            ev = np.array(row["evals"])
+            at_budget = np.mean(ev >= N0 + N) if name in plans else float("nan")
+            acc = [100 * np.mean(np.array(row["correct"]) & (np.array(row["radius"]) >= r)) for r in levels]
+            disagree = [int(np.sum((np.array(row["correct"]) & (np.array(row["radius"]) >= r)) !=
+                                   (np.array(reference["correct"]) & (np.array(reference["radius"]) >= r))))
+                        for r in levels]
+            print(f"    {name:24s}{ev.mean():9,.0f}{np.median(ev):9,.0f}{np.percentile(ev, 90):9,.0f}"
+                  f"{100 * at_budget:7.0f}%{(N0 + N) / ev.mean():7.1f}x{row['time']:7.1f}  "
+                  + " ".join(f"{a:.1f}" for a in acc) + "; " + " ".join(map(str, disagree)), flush=True)
+
+
 def bench_early_abstain(paths, device, data_dir, N, examples, trust=False):
     """(d) for each model: evaluations and time of full vs early-abstaining CERTIFY on the same examples."""
     N0, alpha = 100, 0.001
@@ -558,8 +619,8 @@ def main():
     args = parse_args()
     common.check(all(v is None or v >= 1 for v in (args.threads, args.reps, args.abstain_N, args.abstain_examples)),
                  "--threads, --reps, --abstain-N and --abstain-examples must be >= 1")
-    common.check(args.sections and set(args.sections) <= set("abcdef"), f"--sections takes letters of "
-                                                                        f"'abcdef', got {args.sections!r}")
+    common.check(args.sections and set(args.sections) <= set("abcdefg"), f"--sections takes letters of "
+                                                                         f"'abcdefg', got {args.sections!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = common.get_device(args.device)
@@ -601,6 +662,12 @@ def main():
     if "f" in args.sections:
         print("\n(f) sound sampling (certify.py --sound)", flush=True)
         bench_sound(device, reps, 1 if quick else 3)
+    if "g" in args.sections:
+        print("\n(g) anytime-valid certification at a grid of radii (--radii)", flush=True)
+        with tempfile.TemporaryDirectory() as folder:
+            paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20, sigmas=(0.25, 0.5))
+            bench_grid(paths, device, args.data_dir, args.grid_N or (10_000 if quick else 100_000),
+                       args.grid_examples or (10 if quick else 100), args.trust_checkpoint)
     if "e" in args.sections:
         print("\n(e) baselines (train_baselines.py): seconds per CIFAR-10 epoch against Gaussian training", flush=True)
         bench_baselines(device, args.reps or (1 if quick else 3), "bf16", True)

@@ -34,22 +34,26 @@ import time
 
 import numpy as np
 import torch
-from scipy.stats import binomtest
+from scipy.stats import binomtest, norm
 
 import common
 
 CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "nY")
 PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N", "nY")
+# --radii (anytime-valid certification at a grid of radii): radius = the certified grid radius, N = the
+# estimation draws made, [pA_lower, pA_upper] the anytime-valid interval, stop = decided, curtailed or budget.
+GRID_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "pA_lower", "pA_upper", "stop")
 # Logs written before the nY column existed: still resumed in their own columns.
 LEGACY_COLUMNS = (CERTIFY_COLUMNS[:-1], PREDICT_COLUMNS[:-1])
 # Settings that change what a line means: a resumed file must have been written with the same ones.
 CHECKED_SETTINGS = ("mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N", "alpha", "seed",
-                    "skip", "precision", "early_abstain", "save_counts", "sound")
+                    "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look")
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
 NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
 # What a sidecar written before a setting existed meant by it.
 SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
-                    "compile": False, "save_counts": False, "sound": False}
+                    "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
+                    "final_look": None}
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
 EARLY_ABSTAIN_ALPHA = 0.001
@@ -93,6 +97,13 @@ def parse_args(argv=None):
                    help="sound sampling (Voráček & Hein 2023): integer noise on the 8-bit grid and one conversion "
                         "to float, so floating point cannot fake a certificate; certifies f composed with the "
                         "grid mapping. Default: the float sampler of Cohen et al. (comparable with the paper)")
+    p.add_argument("--radii", type=float, nargs="+", metavar="R", help="anytime-valid certification at these "
+                   "radii (ADAPTIVE.md): per example the largest one certified, stopping as soon as it is decided; "
+                   "--N is then the budget N_max. 0 is always added")
+    p.add_argument("--beta", type=float, help="--radii: level of the upper bound that rules radii out and stops "
+                   "early (default: alpha; it only ever removes certificates)")
+    p.add_argument("--no-final-look", dest="final_look", action="store_false", help="--radii: spend all of alpha "
+                   "on the confidence sequence, no Clopper-Pearson look at N_max (default: alpha / 10 and 0.9 alpha)")
     p.add_argument("--early-abstain", action="store_true",
                    help=f"CERTIFY: stop and abstain once an upper confidence bound on pA falls below 1/2 "
                         f"(tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws made")
@@ -145,6 +156,80 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
             "counts": counts.tolist()}
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Anytime-valid certification at a grid of radii (GRID-CS, ADAPTIVE.md §2; Voráček 2024, Horváth et al. 2022)
+# ----------------------------------------------------------------------------------------------------------
+
+def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look):
+    """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ..., their
+    thresholds tau_j = Phi(r_j / sigma), the check times (pass ends) and common.grid_tables.
+
+    alpha is split alpha_seq = alpha / 10 for the betting sequence and alpha_fin = 0.9 alpha for one
+    Clopper-Pearson look at N_max (final_look; else alpha_seq = alpha): a wrong certificate at any radius
+    needs the sequence to fail (probability <= alpha_seq, Ville) or the final look to (<= alpha_fin).
+    """
+    radii = sorted({0.0, *map(float, radii)})
+    taus = norm.cdf(np.array(radii) / sigma)
+    checks = [int(c) for c in np.cumsum(common.pass_sizes(N_max, batch))]
+    alpha_seq, alpha_fin = (alpha / 10, 0.9 * alpha) if final_look else (alpha, 0.0)
+    tables = common.grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max)
+    slack = tables["lower"] - np.array(checks)                      # votes needed beyond all-cA draws
+    reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]  # suffix minima: can level j still come?
+    return dict(tables, radii=radii, checks=checks, position={t: i for i, t in enumerate(checks)}, reach=reach,
+                alpha_seq=alpha_seq, alpha_fin=alpha_fin, beta=beta, N_max=N_max)
+
+
+def grid_levels(plan, A, i, final=False):
+    """(highest certified level, highest level not ruled out) after check i with A votes (-1: none)."""
+    certified = np.flatnonzero(A >= plan["lower"][:, i])
+    if final:
+        certified = np.union1d(certified, np.flatnonzero(A >= plan["final"]))
+    return (int(certified.max()) if len(certified) else -1), int(np.sum(A > plan["upper"][:, i])) - 1
+
+
+def grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision="fp32", sound=None):
+    """GRID-CS on one input: cA from N0 draws, then estimation draws until the certified level is decided.
+
+    After every pass (a check time t, A votes for cA) the integer tables give the highest certified level jL
+    (it never falls) and the highest level not ruled out jU; the run stops when jL >= jU (decided), when
+    level jL + 1 can no longer be reached even if every remaining draw votes cA (curtailed: the answer
+    cannot change), or at N_max (budget), where the final Clopper-Pearson look applies too. Guarantee: per
+    example, the certified radius is wrong with probability at most alpha, whatever the stopping. Returns a
+    dict: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (estimation draws made), the
+    anytime-valid interval pA_lower, pA_upper (not the biased nA / N) and stop.
+    """
+    counts0 = common.sample_counts(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator,
+                                   precision=precision, sound=sound)[0]
+    cA = int(counts0.argmax())
+    state = {"jL": -1, "jU": len(plan["radii"]) - 1, "stop": "budget", "T": plan["N_max"]}
+
+    def stop(counts, drawn):   # a table look-up per pass: a handful of integer comparisons
+        i, A = plan["position"][drawn], int(counts[0, cA])
+        jL, jU = grid_levels(plan, A, i)
+        state["jL"], state["jU"] = max(state["jL"], jL), min(state["jU"], jU)
+        nxt = state["jL"] + 1
+        if state["jL"] >= state["jU"] or nxt == len(plan["radii"]):
+            state["stop"] = "decided"
+        elif A - drawn < plan["reach"][nxt, i] and A + plan["N_max"] - drawn < plan["final"][nxt]:
+            state["stop"] = "curtailed"
+        else:
+            return False
+        state["T"] = drawn
+        return True
+    counts = common.sample_counts(model, x.unsqueeze(0), sigma, plan["N_max"], batch, num_classes, generator,
+                                  precision=precision, stop=stop, sound=sound)[0].cpu()
+    A, T = int(counts[cA]), state["T"]
+    if state["stop"] == "budget":   # the last pass: no stop() call after it
+        jL, _ = grid_levels(plan, A, len(plan["checks"]) - 1, final=True)
+        state["jL"] = max(state["jL"], jL)
+    L, U = common.kt_interval(A, T, plan["alpha_seq"], plan["beta"])
+    if T == plan["N_max"] and plan["alpha_fin"] > 0:
+        L = max(L, float(common.clopper_pearson_lower(A, T, plan["alpha_fin"])))
+    jL = state["jL"]
+    return {"predict": cA if jL >= 0 else -1, "radius": plan["radii"][jL] if jL >= 0 else 0.0, "nA": A, "N": T,
+            "pA_lower": L, "pA_upper": U, "stop": state["stop"], "counts": counts.tolist()}
+
+
 def abstain_checks(N, batch):
     """Early abstention tests pA after 1, 2, 4, 8, ... of the full count's passes (never after the last one).
 
@@ -190,9 +275,10 @@ def predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision=
 
 
 def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, seed, use_predict,
-                 precision="fp32", early_abstain=None, columns=None, counts_out=None, sound=None):
+                 precision="fp32", early_abstain=None, columns=None, counts_out=None, sound=None, plan=None):
     """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline).
 
+    plan: a grid_plan for anytime-valid certification at its radii (--radii) instead of CERTIFY.
     columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; LEGACY_COLUMNS for an old log).
     counts_out: optional list; every class's votes among the estimation draws are appended to it.
     """
@@ -200,6 +286,8 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
     start = time.time()
     if use_predict:
         out = predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision, sound)
+    elif plan is not None:
+        out = grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision, sound)
     else:
         out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision, early_abstain,
                       sound)
@@ -207,8 +295,10 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
         counts_out.append(out["counts"])
     values = {"idx": idx, "label": label, "predict": out["predict"], "radius": f"{out.get('radius', 0.0):.6}",
               "correct": int(out["predict"] == label), "time": str(datetime.timedelta(seconds=time.time() - start)),
-              "nA": out["nA"], "N": out["N"], "nY": int(out["counts"][label])}
-    columns = columns or (PREDICT_COLUMNS if use_predict else CERTIFY_COLUMNS)
+              "nA": out["nA"], "N": out["N"], "nY": int(out["counts"][label]),
+              "pA_lower": f"{out.get('pA_lower', 0):.6g}", "pA_upper": f"{out.get('pA_upper', 1):.6g}",
+              "stop": out.get("stop")}
+    columns = columns or (PREDICT_COLUMNS if use_predict else GRID_COLUMNS if plan else CERTIFY_COLUMNS)
     return "\t".join(str(values[c]) for c in columns)
 
 
@@ -385,6 +475,13 @@ def check_args(args):
     common.check(args.seed >= 0, f"--seed must be >= 0 (got {args.seed})")
     common.check_finite(vars(args))
     common.check(not (args.early_abstain and args.predict), "--early-abstain applies to CERTIFY, not --predict")
+    if args.radii is not None:
+        common.check(not args.predict, "--radii certifies (CERTIFY at a grid of radii), it does not --predict")
+        common.check(not args.early_abstain, "--radii stops early by itself (its upper bound at --beta rules "
+                                             "radii out); drop --early-abstain")
+        common.check(all(r >= 0 for r in args.radii), f"--radii must be >= 0 (got {args.radii})")
+    common.check(args.beta is None or (args.radii is not None and 0 <= args.beta < 1),
+                 "--beta goes with --radii and must lie in [0, 1)")
 
 
 def default_outfile(checkpoint, sigma, split, use_predict):
@@ -559,12 +656,16 @@ def certify_all(args, locks):
     sigma = float(sigma)
     dataset = common.get_dataset(dataset_name, args.split, args.data_dir, train_transform=False)
     outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict)
-    columns = PREDICT_COLUMNS if args.predict else CERTIFY_COLUMNS
+    columns = PREDICT_COLUMNS if args.predict else GRID_COLUMNS if args.radii is not None else CERTIFY_COLUMNS
+    beta = args.alpha if args.beta is None else args.beta
+    plan = None if args.radii is None else grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, beta,
+                                                     args.final_look)
     if not args.overwrite:
         columns = resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
     num_classes = common.NUM_CLASSES[dataset_name]
     counts = (outfile + ".counts", counts_columns(num_classes)) if args.save_counts else None
-    settings = {"mode": "predict" if args.predict else "certify", "dataset": dataset_name, "split": args.split,
+    settings = {"mode": "predict" if args.predict else "grid" if plan else "certify", "dataset": dataset_name,
+                "split": args.split,
                 "checkpoint": os.path.abspath(args.checkpoint), "checkpoint_sha256": file_sha256(args.checkpoint),
                 "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
                 "N0": None if args.predict else args.N0,  # PREDICT has no selection step
@@ -572,8 +673,8 @@ def certify_all(args, locks):
                 "precision": args.precision, "early_abstain": EARLY_ABSTAIN_ALPHA if args.early_abstain else False,
                 "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
-                "sound": args.sound,
-                "columns": list(columns)}
+                "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
+                "final_look": args.final_look if plan else None, "columns": list(columns)}
     check_outputs(outfile, counts, args.checkpoint, args.overwrite)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
@@ -616,7 +717,8 @@ def certify_all(args, locks):
             votes = []
             line = example_line(model, x.to(device), int(label), idx, sigma, args.N0, args.N, args.alpha,
                                 args.batch, num_classes, args.seed, args.predict, args.precision,
-                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None, columns, votes, levels)
+                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None, columns, votes, levels,
+                                plan)
             # the counts row first: a kill between the two writes repeats a row there (readers keep the first)
             print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
             print(line, file=out, flush=True)

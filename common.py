@@ -426,6 +426,76 @@ def certified_radius(pA_lower, sigma):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Anytime-valid bounds for certification at a grid of radii (ADAPTIVE.md §1b, §2: GRID-CS)
+# ----------------------------------------------------------------------------------------------------------
+# The betting confidence sequence of Voráček (2024, Alg. 2) with the Krichevsky-Trofimov mixture: after t
+# draws with A votes for cA, the wealth of betting against pA = p is the mixture likelihood ratio
+#   W_t(p) = B(A + 1/2, t - A + 1/2) / (pi p^A (1 - p)^(t - A)),
+# a nonnegative martingale with mean 1 under the true p, so by Ville's inequality P(exists t: W_t(p) >=
+# 1/alpha) <= alpha: rejecting every p with log W_t(p) >= log(1/alpha) is wrong with probability at most alpha,
+# at all times at once, whatever the stopping rule.
+
+def kt_log_wealth(A, t, p):
+    """log W_t(p) of the KT betting confidence sequence (closed form with scipy's betaln); numpy-vectorised."""
+    from scipy.special import betaln, xlog1py, xlogy
+    A, t, p = np.asarray(A, dtype=float), np.asarray(t, dtype=float), np.asarray(p, dtype=float)
+    return betaln(A + 0.5, t - A + 0.5) - math.log(math.pi) - xlogy(A, p) - xlog1py(t - A, -p)
+
+
+def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max):
+    """Integer thresholds of GRID-CS (ADAPTIVE.md §2), one row per threshold tau_j = Phi(r_j / sigma).
+
+    At check time checks[i] with A votes: level j is certified once A >= lower[j, i] (the smallest A with
+    A / t > tau_j and log W_t(tau_j) >= log(1 / alpha_seq)), and ruled out once A <= upper[j, i] (the largest
+    A with A / t < tau_j and log W_t(tau_j) >= log(1 / beta)); unreachable entries are t + 1 and -1. final[j]:
+    the smallest A whose Clopper-Pearson bound at alpha_fin over N_max draws exceeds tau_j (>= for j > 0;
+    > 1/2 for tau_0 = 1/2), N_max + 1 if none. The wealth grows with A above t tau and falls below it, so
+    each threshold is a binary search. Returns a dict of int64 arrays: lower, upper (k, len(checks)), final (k,).
+    """
+    def first(lo, hi, ok):   # smallest A in [lo, hi] with ok(A) (ok monotone rising), hi + 1 if none
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if ok(mid):
+                hi = mid - 1
+            else:
+                lo = mid + 1
+        return lo
+    k = len(taus)
+    lower, upper = np.zeros((k, len(checks)), np.int64), np.zeros((k, len(checks)), np.int64)
+    level_seq = math.log(1 / alpha_seq) if alpha_seq > 0 else math.inf
+    level_beta = math.log(1 / beta) if beta > 0 else math.inf
+    for j, tau in enumerate(taus):
+        for i, t in enumerate(checks):
+            above = math.floor(t * tau) + 1                      # the smallest A with A / t > tau
+            lower[j, i] = first(above, t, lambda A: kt_log_wealth(A, t, tau) >= level_seq)
+            below = math.ceil(t * tau) - 1                       # the largest A with A / t < tau
+            upper[j, i] = below - first(0, below, lambda d: kt_log_wealth(below - d, t, tau) >= level_beta)
+    final = np.array([first(0, N_max, lambda A: clopper_pearson_lower(A, N_max, alpha_fin) > tau if j == 0
+                            else clopper_pearson_lower(A, N_max, alpha_fin) >= tau) if alpha_fin > 0 else N_max + 1
+                      for j, tau in enumerate(taus)], np.int64)
+    return {"lower": lower, "upper": upper, "final": final}
+
+
+def kt_interval(A, t, alpha_low, beta_up):
+    """[L, U]: the values of p the KT sequence has not rejected after t draws with A votes, at level alpha_low
+    below A / t and beta_up above it. log W_t(p) is at most 0 at p = A / t and grows monotonically away from
+    it, so each end is one root (scipy's brentq)."""
+    from scipy.optimize import brentq
+    if t == 0:
+        return 0.0, 1.0
+    center, tiny = A / t, 1e-300
+
+    def end(level, outside):   # the root of log W_t(p) = level between the center and `outside`
+        if level == math.inf or kt_log_wealth(A, t, outside) < level:
+            return outside
+        return brentq(lambda p: kt_log_wealth(A, t, p) - level, min(center, outside), max(center, outside),
+                      xtol=1e-15)
+    L = 0.0 if A == 0 else end(math.log(1 / alpha_low) if alpha_low > 0 else math.inf, tiny)
+    U = 1.0 if A == t else end(math.log(1 / beta_up) if beta_up > 0 else math.inf, 1 - 1e-16)
+    return float(L), float(U)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Noise and the Monte Carlo class counter (CERTIFY, PREDICT and training's pA estimates)
 # ----------------------------------------------------------------------------------------------------------
 

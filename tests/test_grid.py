@@ -1,0 +1,256 @@
+"""Anytime-valid certification at a grid of radii (certify.py --radii; ADAPTIVE.md §4): the betting sequence's
+coverage against an invalid repeated test, the false-certificate rate on a classifier with known pA, the
+integer tables against brute force, threshold logic, the limiting case equal to CERTIFY, monotonicity,
+curtailment, accounting and resume. Seeded; rates are checked against alpha + 3 standard errors."""
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from scipy.stats import beta as beta_dist
+from scipy.stats import norm
+
+import certify
+import common
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The statistics
+# ----------------------------------------------------------------------------------------------------------
+
+def test_kt_closed_form_equals_the_step_by_step_product():
+    rng = np.random.default_rng(0)
+    draws = rng.random(500) < 0.8
+    log_q, A = 0.0, 0
+    for t, hit in enumerate(draws):
+        q = (A + 0.5) / (t + 1)                     # the KT estimate before draw t + 1
+        log_q += math.log(q if hit else 1 - q)
+        A += int(hit)
+    for p in (0.3, 0.8, 0.95):
+        by_steps = log_q - A * math.log(p) - (500 - A) * math.log(1 - p)
+        assert common.kt_log_wealth(A, 500, p) == pytest.approx(by_steps, abs=1e-9)
+
+
+def test_tables_match_brute_force_for_small_t():
+    taus, checks = [0.5, 0.7, 0.9], list(range(10, 501, 49))
+    tables = common.grid_tables(taus, checks, 0.01, 0.02, 0.05, 500)
+    for j, tau in enumerate(taus):
+        for i, t in enumerate(checks):
+            A = np.arange(t + 1)
+            wealth = common.kt_log_wealth(A, t, tau)
+            lower = A[(A / t > tau) & (wealth >= math.log(100))]
+            upper = A[(A / t < tau) & (wealth >= math.log(50))]
+            assert tables["lower"][j, i] == (lower.min() if len(lower) else t + 1)
+            assert tables["upper"][j, i] == (upper.max() if len(upper) else -1)
+        A = np.arange(501)
+        cp = beta_dist.ppf(0.05, np.maximum(A, 1), 500 - A + 1) * (A > 0)
+        ok = A[(cp > tau) if j == 0 else (cp >= tau)]
+        assert tables["final"][j] == (ok.min() if len(ok) else 501)
+    assert np.all(np.diff(tables["lower"], axis=0) >= 0)              # higher radius, more votes needed
+
+
+def cs_violations(p, n, alpha, beta, rng, checks):
+    """Share of seeded Bernoulli(p) streams where the KT interval excluded p at some check."""
+    bad = 0
+    for _ in range(n):
+        A = np.cumsum(rng.random(checks[-1]) < p)
+        for t in checks:
+            L, U = common.kt_interval(int(A[t - 1]), t, alpha, beta)
+            if not L <= p <= U:
+                bad += 1
+                break
+    return bad / n
+
+
+def test_confidence_sequence_covers_at_every_look_and_a_repeated_cp_test_does_not():
+    rng = np.random.default_rng(1)
+    alpha, n = 0.05, 400
+    checks = [int(c) for c in np.unique(np.geomspace(10, 4000, 40).astype(int))]
+    se = math.sqrt(2 * alpha * (1 - 2 * alpha) / n)
+    for p in (0.05, 0.5, 0.9, 0.99):
+        assert cs_violations(p, n, alpha, alpha, rng, checks) <= 2 * alpha + 3 * se, p
+    # negative control: a fixed-n Clopper-Pearson bound recomputed at every look is not anytime-valid
+    fails = 0
+    for _ in range(n):
+        A = np.cumsum(rng.random(checks[-1]) < 0.5)
+        fails += any(common.clopper_pearson_lower(int(A[t - 1]), t, alpha) > 0.5 for t in checks)
+    assert fails / n > alpha + 3 * math.sqrt(alpha * (1 - alpha) / n)    # clearly invalid: about 0.2
+
+
+def test_table_boundaries_agree_with_the_radius_formula():
+    # at the threshold count the bound certifies r (sigma Phi^-1(L) >= r), one vote fewer it does not
+    sigma, N = 0.5, 5000
+    plan = certify.grid_plan([0.25, 0.5, 1.0], sigma, N, 500, 0.001, 0.001, True)
+    for j, r in enumerate(plan["radii"]):
+        A = int(plan["final"][j])
+        L = common.clopper_pearson_lower(A, N, plan["alpha_fin"])
+        L_less = common.clopper_pearson_lower(A - 1, N, plan["alpha_fin"])
+        assert sigma * norm.ppf(L) >= r - 1e-9 and (L > 0.5 if r == 0 else True)
+        assert sigma * norm.ppf(L_less) < r + 1e-9 or (r == 0 and L_less <= 0.5)
+        for i, t in enumerate(plan["checks"]):
+            A = int(plan["lower"][j, i])
+            if A <= t:   # reachable: the KT lower bound crosses tau_j exactly there
+                assert common.kt_interval(A, t, plan["alpha_seq"], 0.5)[0] >= norm.cdf(r / sigma) - 1e-12
+                assert common.kt_interval(A - 1, t, plan["alpha_seq"], 0.5)[0] < norm.cdf(r / sigma) + 1e-12
+    assert plan["radii"] == [0.0, 0.25, 0.5, 1.0]                         # 0 is always a level
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The pipeline, N0 included, on classifiers whose pA is known
+# ----------------------------------------------------------------------------------------------------------
+
+class Halfspace(nn.Module):
+    """Class 1 iff w.x + b > 0: at signed distance d, pA = Phi(d / sigma) and the exact radius is d."""
+
+    def __init__(self, w, b):
+        super().__init__()
+        self.w, self.b = w, b
+
+    def forward(self, x):
+        s = x.flatten(1) @ self.w + self.b
+        return torch.stack([torch.zeros_like(s), s], 1)
+
+
+def point_at(w, b, d):
+    return ((d * w.norm() - b) * w / w.norm() ** 2).view(1, 1, -1)
+
+
+def test_false_certificate_rate_at_the_worst_case_stays_within_alpha():
+    torch.manual_seed(0)
+    w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
+    model = Halfspace(w, b)
+    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, 1000, alpha, alpha, True)
+    runs = 300
+    for r in (0.25, 0.5):
+        for d in (r, r - 0.02 * sigma):                                   # exactly at, and just below, r
+            x = point_at(w, b, d)
+            wrong = sum(certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(7, k),
+                                             plan)["radius"] >= r for k in range(runs))
+            assert wrong / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), (r, d)
+    x = point_at(w, b, 0.5 + 0.4 * sigma)                                 # comfortably beyond 0.5: certified
+    got = [certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(8, k), plan)
+           for k in range(20)]
+    assert all(o["radius"] == 0.5 and o["N"] < 20_000 for o in got)      # and early
+
+
+def test_limiting_configuration_equals_fixed_n_certify():
+    # no sequential looks (alpha_seq = 0, beta = 0) and the whole alpha on the final look: CERTIFY at N
+    torch.manual_seed(1)
+    w, b, sigma, N = torch.randn(4), torch.tensor(0.1), 0.5, 5000
+    model = Halfspace(w, b)
+    radii = [0.1 * k for k in range(1, 12)]
+    plan = certify.grid_plan(radii, sigma, N, 500, 0.001, 0.0, True)
+    plan = dict(plan, **common.grid_tables(norm.cdf(np.array(plan["radii"]) / sigma), plan["checks"], 0.0, 0.0,
+                                           0.001, N))
+    plan["reach"] = np.full_like(plan["lower"], 10 ** 9)                  # no sequential certificate reachable
+    plan["alpha_seq"], plan["alpha_fin"] = 0.0, 0.001
+    for d in (-0.2, 0.05, 0.2, 0.5, 0.9, 1.5):
+        x = point_at(w, b, d)
+        full = certify.certify(model, x, sigma, 100, N, 0.001, 500, 2, common.example_generator(3, 0))
+        grid = certify.grid_certify(model, x, sigma, 100, 500, 2, common.example_generator(3, 0), plan)
+        expected = max([r for r in plan["radii"] if r <= full["radius"]], default=0.0)
+        assert grid["predict"] == full["predict"], d
+        if full["predict"] >= 0:
+            assert grid["radius"] == pytest.approx(expected) and grid["nA"] <= full["nA"]
+
+
+def test_curtailment_never_changes_the_answer_and_draws_never_exceed_the_budget():
+    torch.manual_seed(2)
+    w, b, sigma = torch.randn(4), torch.tensor(0.0), 0.5
+    model = Halfspace(w, b)
+    plan = certify.grid_plan([0.25, 0.5, 1.0, 2.5], sigma, 20_000, 1000, 0.001, 0.001, True)
+    no_curtail = dict(plan, reach=np.full_like(plan["reach"], -10 ** 9), final=plan["final"])
+    for d in (0.3, 0.6, 1.2, 3.0):                                        # 3.0: the top level is out of reach
+        x = point_at(w, b, d)
+        a = certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(5, 0), plan)
+        full = dict(no_curtail, final=np.where(np.arange(len(plan["final"])) >= 0, plan["final"], 0))
+        c = certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(5, 0), full)
+        assert a["radius"] == c["radius"] and a["N"] <= c["N"] <= 20_000
+        assert a["N"] in plan["checks"] and a["pA_lower"] <= a["pA_upper"]
+
+
+def test_levels_never_fall_and_more_votes_never_certify_less():
+    plan = certify.grid_plan([0.25, 0.5, 1.0], 0.5, 10_000, 1000, 0.001, 0.001, True)
+    for i in range(len(plan["checks"])):
+        levels = [certify.grid_levels(plan, A, i)[0] for A in range(0, plan["checks"][i] + 1, 7)]
+        assert levels == sorted(levels)
+
+
+def test_draw_accounting_counts_every_forward_call():
+    calls = []
+
+    class Counting(Halfspace):
+        def forward(self, x):
+            calls.append(x.shape[0])
+            return super().forward(x)
+    torch.manual_seed(3)
+    w = torch.randn(4)
+    model = Counting(w, torch.tensor(0.0))
+    plan = certify.grid_plan([0.25, 0.5], 0.5, 20_000, 1000, 0.001, 0.001, True)
+    out = certify.grid_certify(model, point_at(w, torch.tensor(0.0), 0.4), 0.5, 100, 1000, 2,
+                               common.example_generator(0, 0), plan)
+    assert sum(calls) == 100 + out["N"] and out["N"] in plan["checks"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The command line: columns, resume, analysis
+# ----------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def digits_model(tmp_path_factory):
+    torch.manual_seed(0)
+    model = common.get_architecture("lenet", "digits")
+    train = common.get_dataset("digits", "train")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(150):
+        i = torch.randint(0, len(train), (64,))
+        x, y = train.images[i], train.labels[i]
+        loss = nn.functional.cross_entropy(model(x + 0.25 * torch.randn_like(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    path = str(tmp_path_factory.mktemp("grid") / "checkpoint.pth.tar")
+    common.save_checkpoint({"arch": "lenet", "dataset": "digits", "sigma": 0.25, "state_dict": model.state_dict()},
+                           path)
+    return path
+
+
+def run_cli(argv):
+    try:
+        common.run(lambda: certify.main([str(a) for a in argv]))
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def test_grid_log_resumes_to_the_same_lines_and_analyze_reads_it(digits_model, tmp_path, capsys):
+    import analyze
+    base = ["--checkpoint", digits_model, "--N", 20_000, "--batch", 1000, "--radii", 0.25, 0.5, "--skip", 5]
+    whole, part = tmp_path / "whole.tsv", tmp_path / "part.tsv"
+    assert run_cli([*base, "--max", 12, "--outfile", whole]) == 0
+    assert run_cli([*base, "--max", 5, "--outfile", part]) == 0            # a run stopped after 5 examples
+    assert run_cli([*base, "--max", 12, "--outfile", part]) == 0
+    strip = lambda path: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in open(path).read().splitlines()]  # noqa
+    assert strip(part) == strip(whole)
+    header = open(whole).readline().rstrip("\n").split("\t")
+    assert header == list(certify.GRID_COLUMNS)
+    rows = [dict(zip(header, ln.split("\t"))) for ln in open(whole).read().splitlines()[1:]]
+    assert all(r["stop"] in ("decided", "curtailed", "budget") and float(r["radius"]) in (0.0, 0.25, 0.5)
+               for r in rows)
+    assert run_cli([*base[:-2], "--skip", 5, "--max", 12, "--outfile", whole, "--radii", 0.25]) == 2   # other radii
+    capsys.readouterr()
+    code = 0
+    try:
+        common.run(lambda: analyze.main(["table", str(whole), "--radii", "0", "0.25", "0.5"]))
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr().out
+    assert code == 0 and "grid" in out and "model evaluations" in out
+    try:
+        common.run(lambda: analyze.main(["ecdf", str(whole)]))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    assert code == 2 and "--radii" in capsys.readouterr().err
