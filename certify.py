@@ -47,20 +47,22 @@ GRID_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N
 LEGACY_COLUMNS = (CERTIFY_COLUMNS[:-1], PREDICT_COLUMNS[:-1])
 # Settings that change what a line means: a resumed file must have been written with the same ones.
 CHECKED_SETTINGS = ("mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N", "alpha", "seed",
-                    "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look")
+                    "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look",
+                    "ddrs")
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
 NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
 # What a sidecar written before a setting existed meant by it.
 SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
                     "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
-                    "final_look": None}
+                    "final_look": None, "ddrs": None}
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
 EARLY_ABSTAIN_ALPHA = 0.001
 
 
-def parse_args(argv=None):
-    p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(description=__doc__):
+    """certify.py's flags (ddrs.py certify adds its own to them)."""
+    p = common.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", choices=common.DATASETS, help="default: the checkpoint's 'dataset' entry")
     p.add_argument("--data-dir", default=None, help="dataset folder (default: $RS_DATA_DIR or ./data)")
     p.add_argument("--split", default="test", choices=("train", "test"), help="which split to certify")
@@ -107,7 +109,12 @@ def parse_args(argv=None):
     p.add_argument("--early-abstain", action="store_true",
                    help=f"CERTIFY: stop and abstain once an upper confidence bound on pA falls below 1/2 "
                         f"(tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws made")
+    return p
+
+
+def parse_args(argv=None, parser=None):
     argv = sys.argv[1:] if argv is None else argv
+    p = parser or build_parser()
     return p.parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `torchrun certify.py -- ...` may pass the --
 
 
@@ -639,8 +646,11 @@ def main(argv=None):
         certify_all(args, locks)
 
 
-def certify_all(args, locks):
-    """CERTIFY (or PREDICT) of every selected example into the outfile: set-up, checks, then the loop."""
+def certify_all(args, locks, sigma_of=None, extra_settings=None):
+    """CERTIFY (or PREDICT) of every selected example into the outfile: set-up, checks, then the loop.
+
+    sigma_of: optional callable(model, x, idx, sigma) -> the noise level of example idx (ddrs.py's per-input
+    sigma); its value is written in an extra last column `sigma`. extra_settings: more checked settings."""
     rank, world, device_name = distributed_setup(args.device)
     device = common.get_device(device_name)
     common.check_precision(args.precision, device)
@@ -657,6 +667,8 @@ def certify_all(args, locks):
     dataset = common.get_dataset(dataset_name, args.split, args.data_dir, train_transform=False)
     outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict)
     columns = PREDICT_COLUMNS if args.predict else GRID_COLUMNS if args.radii is not None else CERTIFY_COLUMNS
+    if sigma_of is not None:
+        columns = columns + ("sigma",)
     beta = args.alpha if args.beta is None else args.beta
     plan = None if args.radii is None else grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, beta,
                                                      args.final_look)
@@ -674,7 +686,7 @@ def certify_all(args, locks):
                 "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
                 "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
-                "final_look": args.final_look if plan else None, "columns": list(columns)}
+                "final_look": args.final_look if plan else None, "columns": list(columns), **(extra_settings or {})}
     check_outputs(outfile, counts, args.checkpoint, args.overwrite)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
@@ -715,10 +727,13 @@ def certify_all(args, locks):
         for k, idx in enumerate(mine):
             x, label = dataset[idx]
             votes = []
-            line = example_line(model, x.to(device), int(label), idx, sigma, args.N0, args.N, args.alpha,
+            s = sigma if sigma_of is None else sigma_of(model, x.to(device), idx, sigma)
+            line = example_line(model, x.to(device), int(label), idx, s, args.N0, args.N, args.alpha,
                                 args.batch, num_classes, args.seed, args.predict, args.precision,
-                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None, columns, votes, levels,
-                                plan)
+                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None,
+                                columns if sigma_of is None else columns[:-1], votes, levels, plan)
+            if sigma_of is not None:
+                line += f"\t{s:.6g}"
             # the counts row first: a kill between the two writes repeats a row there (readers keep the first)
             print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
             print(line, file=out, flush=True)
