@@ -2,6 +2,7 @@
 
 Usage: python ddrs.py certify --checkpoint runs/train_gaussian_digits_sigma0.25/checkpoint.pth.tar --N 1000
        python ddrs.py memory runs/ddrs/<log>.tsv       (Algorithm 3 over a finished log, in index order)
+       python ddrs.py train --method gaussian --dataset digits --sigma 0.25     (DS2 training, Algorithm 2)
 
 The paper, and where it is here:
   Algorithm 1, OptimizeSigma (§3.2, Eq. 3)   optimize_sigma: per-input sigma by Monte Carlo gradient ascent on
@@ -12,6 +13,9 @@ The paper, and where it is here:
   Algorithm 3, memory-based certification    `memory`: the stored (x_i, c_i, r_i) keep balls of different
      (§3.5, App. C)                          classes disjoint; cases (i) inside a foreign ball and (ii) touching
                                              one, with the paper's or the code's rule (--case-rule)
+  Algorithm 2, DS2 training (§4)             `train`: Gaussian, SmoothAdv or MACER with a sigma per training
+                                             example, optimised for each minibatch (K_train steps, weights
+                                             frozen) from the value it had last time, after fixed-sigma epochs
 
 What a DDRS certificate proves (read this before using one). Each line is Cohen et al.'s certificate for the
 classifier smoothed at the single noise level sigma_x chosen for that input: with probability >= 1 - alpha,
@@ -75,13 +79,13 @@ def optimize_sigma(model, x, sigma0, K, M, lr, generators, clamp=(0.02, 0.98), b
     """Algorithm 1: each input's sigma by K steps of gradient ascent on radius_proxy, weights frozen.
 
     x: (B, C, H, W); generators: one torch.Generator per input (its noise does not depend on the batch).
-    Starts at sigma0; each step draws M fresh noises per input and moves s by lr * d radius / d s (plain
+    Starts at sigma0 (a float, or one value per input); each step draws M fresh noises per input and moves s by lr * d radius / d s (plain
     ascent, then clipped to `bounds`). fixed_cA: keep the class of the first step's E (sigma0's), as the
     paper; otherwise the top class of each step, as the official code. keep_best: return the iterate with
     the best proxy (s_0 included), measured at each step. K = 0 returns sigma0 exactly. Returns (B,) sigmas.
     """
     B = x.shape[0]
-    s = torch.full((B,), float(sigma0), device=x.device)
+    s = torch.as_tensor(sigma0, dtype=torch.float32, device=x.device).expand(B).clone()   # a float or (B,)
     if K == 0:
         return s
     best, best_value, cA = s.clone(), torch.full((B,), -math.inf, device=x.device), None
@@ -158,8 +162,32 @@ def check_memory_invariant(memory):
 
 def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    common.check(argv[:1] in (["certify"], ["memory"]), "usage: python ddrs.py certify ... | python ddrs.py "
-                                                        "memory LOG (see --help of each)")
+    common.check(argv[:1] in (["certify"], ["memory"], ["train"]), "usage: python ddrs.py certify ... | memory "
+                                                                  "LOG | train ... (see --help of each)")
+    if argv[0] == "train":
+        p = common.ArgumentParser(prog="ddrs.py train", description=train_main.__doc__)
+        p.add_argument("--method", required=True, choices=tuple(DS_METHODS), help="the loss (DDRS.md §5)")
+        p.add_argument("--dataset", default="cifar10", choices=common.DATASETS, help="training data")
+        p.add_argument("--data-dir", default=None, help="dataset folder (default $RS_DATA_DIR or ./data)")
+        p.add_argument("--arch", choices=common.ARCHS, help="default: the dataset's (cifar_resnet110, digits_cnn)")
+        p.add_argument("--sigma", type=float, help="sigma_0: the fixed sigma of the warm-up and every start")
+        p.add_argument("--m", type=int, help="noise draws per image (default: 1; MACER 64)")
+        p.add_argument("--epochs", type=int, help="default: 200 cifar10, 20 digits")
+        p.add_argument("--warmup", type=int, help="epochs at the fixed sigma_0 first (default 50 cifar10, 5 digits)")
+        p.add_argument("--K_train", type=int, default=1, help="OptimizeSigma steps per minibatch (ASSUMED 1)")
+        p.add_argument("--M", type=int, default=1, help="noise draws per OptimizeSigma step")
+        p.add_argument("--lr_sigma", type=float, default=1e-4, help="OptimizeSigma step size")
+        p.add_argument("--batch", type=int, default=256, help="images per loader batch")
+        p.add_argument("--lr", type=float, default=0.1, help="initial SGD learning rate")
+        p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+        p.add_argument("--weight_decay", type=float, default=1e-4, help="SGD weight decay")
+        p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
+        p.add_argument("--seed", type=int, default=0, help="seed of all randomness (a resumed run repeats it)")
+        p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+        p.add_argument("--outdir", help="run folder (default runs/ddrs_<method>_<dataset>_sigma<sigma>)")
+        p.add_argument("--resume", action="store_true", help="continue the run in --outdir from its checkpoint")
+        p.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests)")
+        return "train", p.parse_args(argv[1:])
     if argv[0] == "memory":
         p = common.ArgumentParser(prog="ddrs.py memory", description=memory_main.__doc__)
         p.add_argument("log", help="a finished `ddrs.py certify` log (the memory is replayed in index order)")
@@ -235,6 +263,97 @@ def memory_main(args):
           f"{cases['inside']}, case (ii) touching one {cases['touching']}, unchanged {cases['none']} -> {outfile}")
 
 
+# DS2 schedules (DDRS.md §5): CIFAR-10 200 epochs from scratch, the first 50 at the fixed sigma; digits: our
+# CPU demo, 20 epochs, the first 5 fixed. ImageNet fine-tunes released models for 30 epochs (not here).
+DS_SCHEDULE = {"cifar10": {"epochs": 200, "warmup": 50, "lr_step": 50}, "digits": {"epochs": 20, "warmup": 5,
+                                                                                     "lr_step": 10}}
+# Per-method losses of DDRS.md §5: Cohen (m = 1), SmoothAdv (2 PGD steps, one draw, eps 64/255 as [C]),
+# MACER ([C]: 64 draws, lambda 12, gamma 8, beta 16); --m overrides the draws.
+DS_METHODS = {"gaussian": dict(m=1), "smoothadv": dict(m=1, T=2, eps=64 / 255),
+              "macer": dict(m=64, lbd=12.0, gamma=8.0, beta=16.0)}
+
+
+def ds_loss_fn(method, hp, sigmas, sigma_steps, epoch, seed):
+    """The epoch's loss_fn(model, x, y, idx) for common.train_epoch: optimise each image's sigma from its stored
+    value (Algorithm 2, weights frozen inside optimize_sigma), store it, then the method's loss at those sigmas.
+    sigmas: a CPU tensor with one sigma per training index, updated in place. sigma_steps: (K, M, lr)."""
+    import train_baselines
+    K, M, lr = sigma_steps
+
+    def loss_fn(model, x, y, idx):
+        gens = [sigma_generator(seed + 7919 * (epoch + 1), int(i), x.device) for i in idx.tolist()]
+        s = optimize_sigma(common.unwrap(model), x, sigmas[idx.cpu()].to(x.device), K, M, lr, gens)
+        sigmas[idx.cpu()] = s.cpu()
+        s = s.view(-1, *[1] * (x.dim() - 1))                                     # (b, 1, 1, 1): per image
+        if method == "gaussian":
+            return common.gaussian_loss(model, x, y, s, hp["m"])
+        if method == "smoothadv":
+            return train_baselines.smoothadv_loss(model, x, y, idx, sigma=s, m=hp["m"], T=hp["T"], eps=hp["eps"])
+        return train_baselines.macer_loss(model, x, y, idx, sigma=s, m=hp["m"], beta=hp["beta"], gamma=hp["gamma"],
+                                          lbd=hp["lbd"])
+    return loss_fn
+
+
+def train_main(args):
+    """`ddrs.py train` (Algorithm 2): the shared epoch loop, with per-example sigmas after the warm-up."""
+    common.check(args.sigma is not None and 0 < args.sigma < math.inf, "--sigma (sigma_0) must be a finite number > 0")
+    common.check(args.dataset in DS_SCHEDULE, f"ddrs.py train supports {', '.join(DS_SCHEDULE)} (ImageNet "
+                                              f"fine-tuning is not built)")
+    common.check("WORLD_SIZE" not in os.environ or os.environ["WORLD_SIZE"] == "1",
+                 "ddrs.py train runs in one process: each rank would keep its own examples' sigmas")
+    hp = dict(DS_METHODS[args.method], **{k: v for k, v in (("m", args.m),) if v is not None})
+    sched = DS_SCHEDULE[args.dataset]
+    epochs = sched["epochs"] if args.epochs is None else args.epochs
+    warmup = sched["warmup"] if args.warmup is None else args.warmup
+    common.check(epochs >= 0 and warmup >= 0 and hp["m"] >= 1 and args.K_train >= 0 and args.M >= 1,
+                 "--epochs, --warmup and --K_train must be >= 0, --m and --M >= 1")
+    settings = dict(vars(args), epochs=epochs, warmup=warmup, m=hp["m"], lr_step=sched["lr_step"],
+                    arch=args.arch or common.DEFAULT_ARCH[args.dataset],
+                    outdir=args.outdir or f"runs/ddrs_{args.method}_{args.dataset}_sigma{args.sigma}")
+    common.check_training_settings(settings)
+    s = argparse.Namespace(**settings)
+    device = common.get_device(args.device)
+    with common.run_folder_lock(s.outdir):
+        ds_train(s, hp, device)
+
+
+def ds_train(s, hp, device):
+    """The loop of `ddrs.py train`: fixed sigma for s.warmup epochs, then per-example sigmas (checkpointed)."""
+    import time
+    common.seed_everything(s.seed)
+    train_set = common.get_dataset(s.dataset, "train", s.data_dir)
+    test_loader = common.make_test_loader(common.get_dataset(s.dataset, "test", s.data_dir), 256, s.workers)
+    loaders = common.TrainLoader(train_set, s.batch, s.workers, s.seed)
+    model = common.get_architecture(s.arch, s.dataset).to(device)
+    optimizer = common.make_optimizer(model, s.lr, s.momentum, s.weight_decay)
+    scheduler = common.make_scheduler(optimizer, s.lr_step)
+    first, state = common.start_or_resume(model, optimizer, scheduler, s.outdir, s.resume,
+                                          {"arch": s.arch, "dataset": s.dataset, "sigma": s.sigma},
+                                          args=vars(s))
+    sigmas = state.get("sigmas", torch.full((len(train_set),), float(s.sigma))).cpu().float()
+    common.write_json(vars(s), os.path.join(s.outdir, "args.json"))
+    print(f"DS2 training {s.arch} with {s.method} on {s.dataset}, sigma_0 {s.sigma}, {s.warmup} fixed epochs, "
+          f"then K_train {s.K_train}; writing {s.outdir}")
+    log, run_start = common.open_train_log(s.outdir, first), time.time()
+    chunks = 1 if s.method == "macer" else hp["m"]        # the m-chunk convention, as train_baselines.CHUNKED
+    for epoch in range(first, s.epochs):
+        start = time.time()
+        common.seed_epoch(s.seed, epoch)
+        K = s.K_train if epoch >= s.warmup else 0                      # Algorithm 2: fixed sigma first
+        loss_fn = ds_loss_fn(s.method, hp, sigmas, (K, s.M, s.lr_sigma), epoch, s.seed)
+        lr = optimizer.param_groups[0]["lr"]
+        row = common.train_epoch(model, loaders.epoch(epoch), optimizer, loss_fn, chunks, device,
+                                 common.progress_line(f"epoch {epoch + 1}"), s.max_batches)
+        row.update(common.evaluate_noisy(model, test_loader, s.sigma, device,
+                                         common.eval_generator(s.seed, epoch, device)))
+        scheduler.step()
+        common.log_epoch(log, epoch, s.epochs, run_start, first,
+                         dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
+        common.save_training_checkpoint(s.outdir, model, optimizer, scheduler, epoch + 1, vars(s),
+                                        {"sigmas": sigmas.clone()})
+        print(f"  sigma per example: mean {sigmas.mean():.4f}, min {sigmas.min():.4f}, max {sigmas.max():.4f}")
+
+
 def read_ddrs_log(path):
     """The rows of a `ddrs.py certify` log: idx, predict (-1: abstain), radius, sigma."""
     common.check(os.path.isfile(path), f"{path}: file not found")
@@ -255,6 +374,8 @@ def main(argv=None):
     command, args = parse_args(argv)
     if command == "certify":
         certify_main(args)
+    elif command == "train":
+        train_main(args)
     else:
         memory_main(args)
 
