@@ -183,7 +183,7 @@ def to_numbers(path, column, cells, line_numbers):
 def read_log(path):
     """A Cohen-format certification log: {'radius', 'correct'} arrays, plus 'nA', 'N' and 'nY' (the true
     label's votes, certify.py since it records them) when present."""
-    cols = read_columns(path, COHEN_COLUMNS, ("radius", "correct", "nA", "N", "nY"))
+    cols = read_columns(path, COHEN_COLUMNS, ("radius", "correct", "nA", "N", "nY", "sigma"))
     common.check(len(cols["radius"]) > 0, f"{path}: no examples (only a header)")
     seen = {}
     for idx, line in zip(cols["idx"], cols["_line"]):   # two writers on one file, or logs pasted together
@@ -194,6 +194,9 @@ def read_log(path):
     check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
     log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool),
            "grid": "stop" in cols}   # certify.py --radii: the radius is a certified grid level
+    if "sigma" in cols:                  # ddrs.py certify: each row's own sigma_x
+        check_rows(cols, path, np.isfinite(cols["sigma"]) & (cols["sigma"] > 0), "sigma must be a number > 0")
+        log["sigma_x"] = cols["sigma"]
     for name in ("nA", "N", "nY"):
         if name in cols:
             check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])),
@@ -608,7 +611,7 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
         rows, values, base = [], [], None
         for i, log in enumerate(group):
             shown = log["label"] + (" (sound)" if log["sidecar"].get("sound") else "") + \
-                (" (grid)" if log.get("grid") else "")
+                (" (grid)" if log.get("grid") else "") + (" (DDRS)" if "sigma_x" in log else "")
             lead = [fmt_sigma(sigma) if i == 0 else "", shown] + extra_cells.get(id(log), [])
             numbers = ["n/a" if log.get("grid") else f"{log['acr']:.3f}"] + [fmt_percent(a) for a in log["acc"]]
             md_rows.append(lead[:2] + [str(len(log["radius"]))] + lead[2:] + numbers)
@@ -621,6 +624,12 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
         groups.append((rows, values, base))
     md = markdown(["σ", "method", "n"] + extra_header + ["ACR"] + radius_header, md_rows)
     for log in logs:
+        if "sigma_x" in log:
+            sx = log["sigma_x"]
+            md += (f"\n\n(DDRS): the radii of {log['label']} come from a data-dependent sigma (ddrs.py, grouped "
+                   f"here under its sigma_0): sigma_x median {np.median(sx):.3f}, 5-95 % {np.percentile(sx, 5):.3f}-"
+                   f"{np.percentile(sx, 95):.3f}. Each is a certificate of the classifier smoothed at that input's "
+                   f"sigma_x only, not of the data-dependent classifier (ddrs.py's docstring; README, DDRS).")
         if log.get("grid"):
             N0 = log["sidecar"].get("N0") or 100
             md += (f"\n\n(grid): {log['label']} was certified at a grid of radii (certify.py --radii "

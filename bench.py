@@ -31,6 +31,9 @@ machine, its load, torch version, threads and settings:
        percentile, share run to the budget), wall time, certified accuracy at each grid radius and the
        examples on which each arm disagrees with CERTIFY at N; arms: the grid with and without the final
        look, and a single radius (0.5)
+  (h)  ddrs.py certify (K = 100 OptimizeSigma steps, M = 1) against plain CERTIFY on the same model and
+       examples (the digits models of (g), or --checkpoint): seconds per example and the ratio (the paper:
+       1.6 -> 1.8 s per CIFAR-10 input, 1.15x, at N = 100,000)
 (a)-(c), (e), (f) use random weights and random inputs: throughput depends on neither. On a
 machine shared with other jobs, --threads 1 avoids measuring the scheduler (threads waiting for each other).
 """
@@ -65,7 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, usually one per core)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of (a)")
-    p.add_argument("--sections", default="abcdefg", help="which parts to run, e.g. 'd' (default: all, abcdefg; "
+    p.add_argument("--sections", default="abcdefgh", help="which parts to run, e.g. 'd' (default: all, abcdefgh; "
                    "a includes a')")
     p.add_argument("--grid-N", type=int, help="(g): the budget N_max and CERTIFY's N (default 100000; quick 10000)")
     p.add_argument("--grid-examples", type=int, help="(g): test examples per model (default 100; quick 10)")
@@ -553,6 +556,37 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False):
                   + " ".join(f"{a:.1f}" for a in acc) + "; " + " ".join(map(str, disagree)), flush=True)
 
 
+def bench_ddrs(paths, device, data_dir, N, examples, K=100, trust=False):
+    """(h): seconds per example of DDRS (OptimizeSigma, then CERTIFY at sigma_x) against CERTIFY at sigma_0."""
+    import ddrs
+    for path in paths:
+        model, ckpt = common.load_model(path, device=device, trust=trust)
+        sigma, dataset_name = float(ckpt["sigma"]), ckpt["dataset"]
+        model = certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True)
+        dataset = common.get_dataset(dataset_name, "test", data_dir, train_transform=False)
+        picked = np.linspace(0, len(dataset) - 1, min(examples, len(dataset))).round().astype(int)
+        classes = common.NUM_CLASSES[dataset_name]
+        times = {"CERTIFY at sigma_0": 0.0, f"DDRS (K = {K}, M = 1) + CERTIFY at sigma_x": 0.0}
+        for idx in picked:
+            x = dataset[int(idx)][0].to(device)
+            for name in times:
+                start = time.perf_counter()
+                s = sigma
+                if name.startswith("DDRS"):
+                    gens = [ddrs.sigma_generator(0, int(idx), device)]
+                    s = float(ddrs.optimize_sigma(model, x.unsqueeze(0), sigma, K, 1, 1e-4, gens)[0])
+                certify.certify(model, x, s, 100, N, 0.001, BATCH, classes, common.example_generator(0, int(idx),
+                                                                                                     device))
+                sync(device)
+                times[name] += time.perf_counter() - start
+        print(f"  {os.path.basename(os.path.dirname(os.path.abspath(path)))} ({ckpt.get('arch')}, {dataset_name}, "
+              f"sigma_0 {sigma}), N = {N:,}, {len(picked)} examples:")
+        for name, t in times.items():
+            print(f"    {name:44s} {t / len(picked):8.3f} s per example")
+        names = list(times)
+        print(f"  {'DDRS / CERTIFY (time)':62s} {times[names[1]] / times[names[0]]:6.2f}x   (the paper: 1.15x)")
+
+
 def bench_early_abstain(paths, device, data_dir, N, examples, trust=False):
     """(d) for each model: evaluations and time of full vs early-abstaining CERTIFY on the same examples."""
     N0, alpha = 100, 0.001
@@ -619,8 +653,8 @@ def main():
     args = parse_args()
     common.check(all(v is None or v >= 1 for v in (args.threads, args.reps, args.abstain_N, args.abstain_examples)),
                  "--threads, --reps, --abstain-N and --abstain-examples must be >= 1")
-    common.check(args.sections and set(args.sections) <= set("abcdefg"), f"--sections takes letters of "
-                                                                         f"'abcdefg', got {args.sections!r}")
+    common.check(args.sections and set(args.sections) <= set("abcdefgh"), f"--sections takes letters of "
+                                                                          f"'abcdefgh', got {args.sections!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = common.get_device(args.device)
@@ -668,6 +702,12 @@ def main():
             paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20, sigmas=(0.25, 0.5))
             bench_grid(paths, device, args.data_dir, args.grid_N or (10_000 if quick else 100_000),
                        args.grid_examples or (10 if quick else 100), args.trust_checkpoint)
+    if "h" in args.sections:
+        print("\n(h) DDRS certification against plain CERTIFY (ddrs.py certify)", flush=True)
+        with tempfile.TemporaryDirectory() as folder:
+            paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20, sigmas=(0.25,))
+            bench_ddrs(paths, device, args.data_dir, args.grid_N or (10_000 if quick else 100_000),
+                       args.grid_examples or (5 if quick else 50), trust=args.trust_checkpoint)
     if "e" in args.sections:
         print("\n(e) baselines (train_baselines.py): seconds per CIFAR-10 epoch against Gaussian training", flush=True)
         bench_baselines(device, args.reps or (1 if quick else 3), "bf16", True)

@@ -11,6 +11,7 @@ import pytest
 
 import analyze
 import certify
+import ddrs
 import train_baselines
 import train_gaussian
 import train_ours
@@ -29,6 +30,8 @@ def parse(script, argv, monkeypatch):
             return certify.parse_args(argv)
         if name == "analyze.py":
             return analyze.parse_args(argv)
+        if name == "ddrs.py":
+            return ddrs.parse_args(argv)[1]
         module = {"train_gaussian.py": train_gaussian, "train_ours.py": train_ours,
                   "train_baselines.py": train_baselines}[name]
         monkeypatch.setattr(sys, "argv", [name] + argv)   # the training scripts parse sys.argv

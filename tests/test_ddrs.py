@@ -185,6 +185,9 @@ def test_k_zero_lines_equal_certify_py_and_memory_replays_the_log(ckpt, tmp_path
     assert any(float(r[-1]) != 0.25 for r in rows(tmp_path / "k.tsv"))
     assert run(ddrs.main, ["certify", *common_flags, "--K", 6, "--lr", 0.05, "--outfile", tmp_path / "k.tsv"]) == 2
     capsys.readouterr()
+    import analyze
+    assert run(analyze.main, ["table", tmp_path / "k.tsv", "--radii", 0]) == 0
+    assert "(DDRS)" in capsys.readouterr().out                                   # the table says what it is
     assert run(ddrs.main, ["memory", tmp_path / "k.tsv"]) == 0
     out = capsys.readouterr().out
     assert "case (i)" in out and len(rows(tmp_path / "k_memory.tsv")) == 8
