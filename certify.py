@@ -686,7 +686,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
                 "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
                 "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
-                "final_look": args.final_look if plan else None, "columns": list(columns), **(extra_settings or {})}
+                "final_look": args.final_look if plan else None, "columns": list(columns), "ddrs": None,
+                **(extra_settings or {})}
     check_outputs(outfile, counts, args.checkpoint, args.overwrite)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)

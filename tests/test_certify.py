@@ -16,6 +16,7 @@ from scipy.stats import beta, norm
 
 import certify
 import common
+from helpers import digits_checkpoint
 from torchrun_util import failure_report, run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -197,21 +198,7 @@ CLI = ["--N0", "30", "--N", "300", "--batch", "500"]
 @pytest.fixture(scope="module")
 def digits_ckpt(tmp_path_factory):
     """A LeNet briefly trained with Gaussian noise on digits, so that certificates differ between examples."""
-    torch.manual_seed(0)
-    model = common.get_architecture("lenet", "digits")
-    train = common.get_dataset("digits", "train")
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for _ in range(100):
-        i = torch.randint(0, len(train), (64,))
-        x, y = train.images[i], train.labels[i]
-        loss = F.cross_entropy(model(x + SIGMA * torch.randn_like(x)), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    path = str(tmp_path_factory.mktemp("ckpt") / "checkpoint.pth.tar")
-    ckpt = {"arch": "lenet", "dataset": "digits", "sigma": SIGMA, "state_dict": model.state_dict()}
-    common.save_checkpoint(ckpt, path)
-    return path
+    return digits_checkpoint(tmp_path_factory.mktemp("ckpt") / "checkpoint.pth.tar", sigma=SIGMA)
 
 
 def run_cli(argv):

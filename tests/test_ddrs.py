@@ -13,6 +13,7 @@ from scipy.stats import norm
 import certify
 import common
 import ddrs
+from helpers import digits_checkpoint
 
 
 class SoftLinear(nn.Module):
@@ -145,21 +146,7 @@ def test_an_abstained_point_is_never_covered_by_a_later_ball():
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    torch.manual_seed(0)
-    model = common.get_architecture("lenet", "digits")
-    train = common.get_dataset("digits", "train")
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for _ in range(100):
-        i = torch.randint(0, len(train), (64,))
-        x, y = train.images[i], train.labels[i]
-        loss = nn.functional.cross_entropy(model(x + 0.25 * torch.randn_like(x)), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    path = str(tmp_path_factory.mktemp("ddrs") / "checkpoint.pth.tar")
-    common.save_checkpoint({"arch": "lenet", "dataset": "digits", "sigma": 0.25, "state_dict": model.state_dict()},
-                           path)
-    return path
+    return digits_checkpoint(tmp_path_factory.mktemp("ddrs") / "checkpoint.pth.tar")
 
 
 def run(main, argv):

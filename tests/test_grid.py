@@ -14,6 +14,7 @@ from scipy.stats import norm
 
 import certify
 import common
+from helpers import digits_checkpoint
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -200,21 +201,7 @@ def test_draw_accounting_counts_every_forward_call():
 
 @pytest.fixture(scope="module")
 def digits_model(tmp_path_factory):
-    torch.manual_seed(0)
-    model = common.get_architecture("lenet", "digits")
-    train = common.get_dataset("digits", "train")
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for _ in range(150):
-        i = torch.randint(0, len(train), (64,))
-        x, y = train.images[i], train.labels[i]
-        loss = nn.functional.cross_entropy(model(x + 0.25 * torch.randn_like(x)), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    path = str(tmp_path_factory.mktemp("grid") / "checkpoint.pth.tar")
-    common.save_checkpoint({"arch": "lenet", "dataset": "digits", "sigma": 0.25, "state_dict": model.state_dict()},
-                           path)
-    return path
+    return digits_checkpoint(tmp_path_factory.mktemp("grid") / "checkpoint.pth.tar", steps=150)
 
 
 def run_cli(argv):

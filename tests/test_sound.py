@@ -12,6 +12,7 @@ from scipy.stats import chisquare, norm
 
 import certify
 import common
+from helpers import train_digits_model
 
 H = 1 / 255
 
@@ -313,18 +314,8 @@ def test_a_fingerprint_detector_beats_a_float_re_addition_but_not_the_integer_ro
 # ----------------------------------------------------------------------------------------------------------
 
 def test_sound_and_float_certification_agree_on_a_trained_digits_model():
-    torch.manual_seed(0)
-    model = common.get_architecture("lenet", "digits")
-    train, test = common.get_dataset("digits", "train"), common.get_dataset("digits", "test")
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for _ in range(150):
-        i = torch.randint(0, len(train), (64,))
-        x, y = train.images[i], train.labels[i]
-        loss = F.cross_entropy(model(x + 0.25 * torch.randn_like(x)), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
+    model = train_digits_model(steps=150)
+    test = common.get_dataset("digits", "test")
     radii, n = [0.0, 0.25, 0.5], 120
     acc = {}
     for levels in (None, common.DATASET_LEVELS["digits"]):
