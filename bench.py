@@ -502,6 +502,18 @@ def bench_sound(device, reps, passes):
                    "sample_counts, float sampler")
 
 
+def trained_model(path, device, data_dir, examples, trust=False):
+    """A trained checkpoint as (d), (g) and (h) use it: a dict with the model on the fast path (folded,
+    channels-last), ckpt, sigma, dataset_name, classes, the test set and `picked`, examples spread over it."""
+    model, ckpt = common.load_model(path, device=device, trust=trust)
+    common.check(ckpt.get("sigma") and ckpt.get("dataset"), f"{path!r} stores no sigma or dataset")
+    dataset = common.get_dataset(ckpt["dataset"], "test", data_dir, train_transform=False)
+    return {"model": certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True),
+            "ckpt": ckpt, "sigma": float(ckpt["sigma"]), "dataset_name": ckpt["dataset"], "dataset": dataset,
+            "classes": common.NUM_CLASSES[ckpt["dataset"]],
+            "picked": np.linspace(0, len(dataset) - 1, min(examples, len(dataset))).round().astype(int)}
+
+
 GRID_RADII = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5]
 
 
@@ -509,12 +521,9 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False):
     """(g): anytime-valid certification at a grid of radii against CERTIFY, on the same examples and seeds."""
     N0, alpha = 100, 0.001
     for path in paths:
-        model, ckpt = common.load_model(path, device=device, trust=trust)
-        sigma, dataset_name = float(ckpt["sigma"]), ckpt["dataset"]
-        model = certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True)
-        dataset = common.get_dataset(dataset_name, "test", data_dir, train_transform=False)
-        picked = np.linspace(0, len(dataset) - 1, min(examples, len(dataset))).round().astype(int)
-        classes = common.NUM_CLASSES[dataset_name]
+        t = trained_model(path, device, data_dir, examples, trust)
+        model, ckpt, sigma, dataset_name = t["model"], t["ckpt"], t["sigma"], t["dataset_name"]
+        dataset, picked, classes = t["dataset"], t["picked"], t["classes"]
         radii = [r for r in GRID_RADII if r <= 4 * sigma]
         plans = {"grid": certify.grid_plan(radii, sigma, N, BATCH, alpha, alpha, True),
                  "grid, no final look": certify.grid_plan(radii, sigma, N, BATCH, alpha, alpha, False),
@@ -560,12 +569,9 @@ def bench_ddrs(paths, device, data_dir, N, examples, K=100, trust=False):
     """(h): seconds per example of DDRS (OptimizeSigma, then CERTIFY at sigma_x) against CERTIFY at sigma_0."""
     import ddrs
     for path in paths:
-        model, ckpt = common.load_model(path, device=device, trust=trust)
-        sigma, dataset_name = float(ckpt["sigma"]), ckpt["dataset"]
-        model = certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True)
-        dataset = common.get_dataset(dataset_name, "test", data_dir, train_transform=False)
-        picked = np.linspace(0, len(dataset) - 1, min(examples, len(dataset))).round().astype(int)
-        classes = common.NUM_CLASSES[dataset_name]
+        t = trained_model(path, device, data_dir, examples, trust)
+        model, ckpt, sigma, dataset_name = t["model"], t["ckpt"], t["sigma"], t["dataset_name"]
+        dataset, picked, classes = t["dataset"], t["picked"], t["classes"]
         times = {"CERTIFY at sigma_0": 0.0, f"DDRS (K = {K}, M = 1) + CERTIFY at sigma_x": 0.0}
         for idx in picked:
             x = dataset[int(idx)][0].to(device)
@@ -593,12 +599,9 @@ def bench_early_abstain(paths, device, data_dir, N, examples, trust=False):
     print(f"  N0 = {N0}, N = {N}, batch {BATCH}, alpha {alpha}; early abstention tests after "
           f"{certify.abstain_checks(N, BATCH)} draws, alpha_e = {certify.EARLY_ABSTAIN_ALPHA} in total")
     for path in paths:
-        model, ckpt = common.load_model(path, device=device, trust=trust)
-        common.check(ckpt.get("sigma") and ckpt.get("dataset"), f"{path!r} stores no sigma or dataset")
-        sigma, dataset_name = float(ckpt["sigma"]), ckpt["dataset"]
-        model = certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True)
-        dataset = common.get_dataset(dataset_name, "test", data_dir, train_transform=False)
-        picked = np.linspace(0, len(dataset) - 1, min(examples, len(dataset))).round().astype(int)
+        t = trained_model(path, device, data_dir, examples, trust)
+        model, ckpt, sigma, dataset_name = t["model"], t["ckpt"], t["sigma"], t["dataset_name"]
+        dataset, picked = t["dataset"], t["picked"]
         full, early, time_full, time_early = [], [], 0.0, 0.0
         for idx in picked:
             x, label = dataset[int(idx)]
