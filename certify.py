@@ -9,12 +9,21 @@ Output (tab-separated, one flushed line per example; `predict` is -1 on abstenti
   CERTIFY:   idx label predict radius correct time nA N nY  (nA: votes for the selected class among the N
                                                              draws; nY: votes for the true label among them)
   --predict: idx label predict correct time nA N nY         (nA: votes for the top class; no radius)
+  --radii:   idx label predict radius correct time nA N pA_lower pA_upper stop   (anytime-valid certification
+             at a grid of radii, ADAPTIVE.md: radius = the largest grid radius certified, N = draws made)
 nY / N estimates pA of every example, wrong and abstained ones too: the whole distribution of pA (§4.3,
 Fig. 3). --save-counts also keeps every class's votes, one row per example, in <outfile>.counts.
 The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line; a log
 written before nY existed resumes in its own columns.
 Speed (README, Speed; measured by bench.py): channels-last and folded BatchNorm by default, --precision bf16,
 --compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
+
+Floating point: by default (as the paper and Cohen et al.) f sees fl(x + fl(sigma * randn)), which keeps
+low-order bits of x; a base classifier that reads them can obtain false certificates (Voráček & Hein 2023;
+tests/test_sound.py rebuilds such attacks). The certificate of the float path therefore assumes that f does
+not exploit rounding. --sound removes that assumption (integer noise on the input grid, one conversion):
+it certifies f composed with the grid mapping, with the same radius formula. Checkpoints are loaded without
+running code (weights_only); --trust-checkpoint loads files that need more, and runs what they hold.
 
 Usage (after `python train_gaussian.py --dataset digits --sigma 0.5 --epochs 5`; about a minute on a CPU):
     python certify.py --checkpoint runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --N 1000
