@@ -83,6 +83,32 @@ def test_linear_toy_sigma_grows_and_the_proxy_stays_below_the_distance():
     assert float(s) > 0.1                                                       # ascent moves sigma up
 
 
+class SoftBall(nn.Module):
+    """Class 0 inside the ball ||z|| < rho (soft edge tau), class 1 outside: an optimum sigma exists."""
+
+    def __init__(self, rho=1.0, tau=0.05):
+        super().__init__()
+        self.rho, self.tau = rho, tau
+
+    def forward(self, z):
+        inside = torch.special.ndtr((self.rho - z.flatten(1).norm(dim=1)) / self.tau).clamp(1e-12, 1 - 1e-12)
+        return torch.stack([torch.log(inside), torch.log1p(-inside)], 1)
+
+
+def test_ball_toy_sigma_ascends_to_near_the_best_sigma_of_the_exact_objective():
+    model, x = SoftBall(), torch.zeros(1, 1, 1, 2)                  # the centre of the class-0 ball, in 2-D
+    e = torch.randn(40_000, 1, 1, 1, 2, generator=torch.Generator().manual_seed(0))
+
+    def objective(s):   # the proxy with 40,000 common draws: close to the exact expectation
+        return float(ddrs.radius_proxy(model, x, torch.tensor([s]), e, torch.tensor([0]))[0])
+    grid = np.linspace(0.05, 1.5, 59)
+    values = [objective(s) for s in grid]
+    best = grid[int(np.argmax(values))]
+    s = float(ddrs.optimize_sigma(model, x, 0.1, 300, 256, 0.01, [ddrs.sigma_generator(0, 0, "cpu")])[0])
+    assert objective(s) >= objective(0.1)                           # never worse than sigma_0
+    assert abs(s - best) < 0.1 and objective(s) > max(values) - 0.02   # near the grid argmax
+
+
 def test_k_zero_is_sigma0_bounds_hold_and_the_result_is_reproducible():
     model, x = toy(), torch.rand(3, 1, 2, 2)
     gens = lambda: [ddrs.sigma_generator(0, i, "cpu") for i in range(3)]         # noqa: E731
