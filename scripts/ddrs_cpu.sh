@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DDRS on CIFAR-10 at CPU scale (README, DDRS; DDRS.md §6's small-scale check), committed under results/ddrs_cpu:
-# a Gaussian sigma_0 = 0.25 LeNet (the shortened schedule of scripts/cifar_cpu.sh), certified on every 20th test
-# image (500) with N = 10,000, alpha = 0.001, at the fixed sigma_0 and with DS (K = 100, M = 1, step 1e-4:
+# a Gaussian sigma_0 = 0.25 LeNet (the shortened schedule of scripts/cifar_cpu.sh), certified on every SKIP-th
+# test image (default 20: 500 images; the committed run used SKIP=100, 100 images) with N = 10,000, alpha = 0.001, at the fixed sigma_0 and with DS (K = 100, M = 1, step 1e-4:
 # DDRS.md's defaults), then the memory (Algorithm 3) and the table. About 30 CPU-minutes on 2 cores.
 #   DATA_DIR=../shared/data/cifar10 bash scripts/ddrs_cpu.sh
 set -euo pipefail
@@ -10,6 +10,7 @@ PYTHON=${PYTHON:-python3}
 DATA_DIR=${DATA_DIR:-${RS_DATA_DIR:-data}}
 RUNS=${RUNS:-runs/ddrs_cpu}
 OUT=${OUT:-results/ddrs_cpu}
+SKIP=${SKIP:-20}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 CKPT=$RUNS/gaussian_sigma0.25/checkpoint.pth.tar
@@ -20,7 +21,7 @@ if [ ! -f "$RUNS/gaussian_sigma0.25/DONE" ]; then
         --epochs 10 --workers 0 --amp --channels-last --outdir "$RUNS/gaussian_sigma0.25" "${resume[@]}"
     touch "$RUNS/gaussian_sigma0.25/DONE"
 fi
-CERTIFY=(--checkpoint "$CKPT" --dataset cifar10 --data-dir "$DATA_DIR" --N 10000 --alpha 0.001 --skip 20 --batch 1000
+CERTIFY=(--checkpoint "$CKPT" --dataset cifar10 --data-dir "$DATA_DIR" --N 10000 --alpha 0.001 --skip "$SKIP" --batch 1000
          --precision bf16)
 $PYTHON certify.py "${CERTIFY[@]}" --outfile "$OUT/fixed_noise_0.25.tsv"
 $PYTHON ddrs.py certify "${CERTIFY[@]}" --K 100 --outfile "$OUT/ds_noise_0.25.tsv"
