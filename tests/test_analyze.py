@@ -545,3 +545,14 @@ def test_tables_mark_the_logs_certified_with_the_sound_sampler(tmp_path, capsys)
     assert code == 0 and "| a (sound) |" in out and "| b |" in out and "certify.py --sound" in out
     code, out, _ = run_main(["table", plain, "--radii", "0"], capsys)
     assert "(sound)" not in out
+
+
+def test_the_committed_ddrs_cpu_table_is_analyze_output_of_the_committed_logs(tmp_path, capsys):
+    results = os.path.join(ROOT, "results", "ddrs_cpu")
+    logs = [os.path.join(results, f"{name}_noise_0.25.tsv") for name in ("fixed", "ds")]
+    code, _, err = run_main(["table", *logs, "--labels", "fixed", "ds", "--radii", "0", "0.25", "0.5", "0.75", "1.0",
+                             "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    for name in ("table.md", "table.tsv"):
+        with open(tmp_path / name) as fresh, open(os.path.join(results, name)) as committed:
+            assert fresh.read() == committed.read(), name
