@@ -27,3 +27,12 @@ def digits_checkpoint(path, arch="lenet", sigma=0.25, steps=100, seed=0):
     common.save_checkpoint({"arch": arch, "dataset": "digits", "sigma": sigma, "state_dict": model.state_dict()},
                            str(path))
     return str(path)
+
+
+def run_main(main, argv):
+    """main(argv) as its command line runs it (through common.run), in this process; returns the exit code."""
+    try:
+        common.run(lambda: main([str(a) for a in argv]))
+    except SystemExit as e:
+        return e.code
+    return 0

@@ -13,7 +13,7 @@ from scipy.stats import norm
 import certify
 import common
 import ddrs
-from helpers import digits_checkpoint
+from helpers import digits_checkpoint, run_main
 
 
 class SoftLinear(nn.Module):
@@ -175,12 +175,7 @@ def ckpt(tmp_path_factory):
     return digits_checkpoint(tmp_path_factory.mktemp("ddrs") / "checkpoint.pth.tar")
 
 
-def run(main, argv):
-    try:
-        common.run(lambda: main([str(a) for a in argv]))
-    except SystemExit as e:
-        return e.code
-    return 0
+run = run_main
 
 
 def rows(path):

@@ -14,7 +14,7 @@ from scipy.stats import norm
 
 import certify
 import common
-from helpers import digits_checkpoint
+from helpers import digits_checkpoint, run_main
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -205,11 +205,7 @@ def digits_model(tmp_path_factory):
 
 
 def run_cli(argv):
-    try:
-        common.run(lambda: certify.main([str(a) for a in argv]))
-    except SystemExit as e:
-        return e.code
-    return 0
+    return run_main(certify.main, argv)
 
 
 def test_grid_log_resumes_to_the_same_lines_and_analyze_reads_it(digits_model, tmp_path, capsys):
