@@ -1088,7 +1088,7 @@ def trainpa_report(logs, pt, out, name="trainpa"):
     common.check(0 <= pt <= 1, f"--pt must lie in [0, 1] (got {pt})")
     rows = [[log["label"], log["source"], str(len(log["pA_all"])), fmt_percent(np.mean(log["pA_all"] < 0.5)),
              fmt_percent(np.mean(log["pA_all"] < pt)), f"{np.mean(log['pA_all']):.3f}"] for log in logs]
-    md = (f"Training-set pA (§5.1: 20%-50% of the data has pA < 0.5 on CIFAR-10), shares in %:\n\n" +
+    md = ("Training-set pA (§5.1: 20%-50% of the data has pA < 0.5 on CIFAR-10), shares in %:\n\n" +
           markdown(["file", "from", "n", "P(pA<0.5)", f"P(pA<{pt:g})", "mean pA"], rows))
     write_text(out, f"{name}.md", md)
     if out:

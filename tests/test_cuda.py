@@ -5,7 +5,6 @@ the plain path on the same noise and resumes to the same file; every training sc
 `--amp bf16` and `--amp fp16` and resumes exactly; the Monte Carlo counter and the attacks run without host
 synchronisation; torchrun with one process and nccl writes its checkpoint."""
 import os
-import shutil
 import sys
 
 import pytest

@@ -1,8 +1,6 @@
 """ddrs.py (DDRS, Alfarra et al. 2022; DDRS.md §7): OptimizeSigma's gradient, clamp and toys, certification at
 sigma_x equal to certify.py when K = 0, and the memory's invariant, cases and order dependence."""
 import math
-import os
-import sys
 
 import numpy as np
 import pytest

@@ -3,7 +3,6 @@ coverage against an invalid repeated test, the false-certificate rate on a class
 integer tables against brute force, threshold logic, the limiting case equal to CERTIFY, monotonicity,
 curtailment, accounting and resume. Seeded; rates are checked against alpha + 3 standard errors."""
 import math
-import os
 
 import numpy as np
 import pytest

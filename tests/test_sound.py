@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from scipy.stats import chisquare, norm
 
 import certify
