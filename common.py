@@ -470,9 +470,13 @@ def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max):
             lower[j, i] = first(above, t, lambda A: kt_log_wealth(A, t, tau) >= level_seq)
             below = math.ceil(t * tau) - 1                       # the largest A with A / t < tau
             upper[j, i] = below - first(0, below, lambda d: kt_log_wealth(below - d, t, tau) >= level_beta)
-    final = np.array([first(0, N_max, lambda A: clopper_pearson_lower(A, N_max, alpha_fin) > tau if j == 0
-                            else clopper_pearson_lower(A, N_max, alpha_fin) >= tau) if alpha_fin > 0 else N_max + 1
-                      for j, tau in enumerate(taus)], np.int64)
+    final = np.full(k, N_max + 1, np.int64)                      # no final look: never reachable
+    if alpha_fin > 0:
+        for j, tau in enumerate(taus):
+            if j == 0:   # r = 0 certifies only when the bound exceeds 1/2, as CERTIFY's prediction
+                final[j] = first(0, N_max, lambda A: clopper_pearson_lower(A, N_max, alpha_fin) > tau)
+            else:
+                final[j] = first(0, N_max, lambda A: clopper_pearson_lower(A, N_max, alpha_fin) >= tau)
     return {"lower": lower, "upper": upper, "final": final}
 
 
