@@ -759,7 +759,10 @@ def envelope_report(logs, radii, out, name="envelope"):
     header = ["method"] + [f"{r:.2f}" for r in radii]
     rows = [[label] + [f"{fmt_percent(a)} ({fmt_sigma(s)})" for a, s in zip(e["acc"], e["sigma"])]
             for label, e in env.items()]
-    best = [max(env, key=lambda label: env[label]["acc"][j]) for j in range(len(radii))]
+    best = []
+    for j in range(len(radii)):   # every label that reaches the best value: a tie is not a win
+        top = max(env[label]["acc"][j] for label in env)
+        best.append(" = ".join(label for label in env if env[label]["acc"][j] == top))
     rows.append(["best"] + best)
     tsv_rows = [[label, "accuracy"] + [f"{100 * a:.2f}" for a in e["acc"]] for label, e in env.items()]
     tsv_rows += [[label, "sigma"] + [fmt_sigma(s) for s in e["sigma"]] for label, e in env.items()]

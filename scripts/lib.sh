@@ -67,3 +67,11 @@ need() {
         exit 2
     fi
 }
+
+# keep_log RUN_DIR FILE: copy a finished run's training log (log.tsv) beside the results it gave.
+keep_log() {
+    if [ "$DRY_RUN" != 1 ]; then
+        mkdir -p "$(dirname "$2")"
+        cp "$1/log.tsv" "$2"
+    fi
+}

@@ -6,9 +6,15 @@
 # VARIANTS="gaussian all" limits the runs. The row with every part on is the same command as Table 3's
 # "ours"; the row with none is Gaussian training as the paper's code runs it (sampling with replacement).
 # Writes $RUNS/cifar10_ablation/sigma<S>/<variant>/, $RUNS/certify/cifar10_ablation/<variant>/noise_<S>.tsv
-# and $RUNS/tables/table5_sigma<S>/. Other settings (RUNS, GPUS, EXTRA_TRAIN, ...): scripts/lib.sh.
+# and $RUNS/tables/table5_sigma<S>/. Other settings (RUNS, GPUS, EXTRA_TRAIN, ...): scripts/lib.sh; and
+#   OURS_FLAGS   train_ours.py flags for every variant, before the variant's switches (which win), e.g. a
+#                shortened schedule (scripts/table5_cpu.sh)
+#   LOGS, TABLES where the certification logs and the table go (defaults above)
 source "$(dirname "$0")/lib.sh"
 SIGMA=${1:?usage: bash scripts/table5.sh SIGMA   (0.25, 0.5 or 1.0)}
+read -r -a OURS_ARGS <<< "${OURS_FLAGS:-}"
+LOGS=${LOGS:-$RUNS/certify/cifar10_ablation}
+TABLES=${TABLES:-$RUNS/tables/table5_sigma$SIGMA}
 VARIANTS=${VARIANTS:-gaussian discard weight attack discard_weight discard_attack weight_attack all}
 
 logs=()
@@ -26,10 +32,10 @@ for variant in $VARIANTS; do
         *) echo "table5.sh: unknown variant $variant" >&2; exit 2 ;;
     esac
     dir=$RUNS/cifar10_ablation/sigma$SIGMA/$variant
-    train "$dir" train_ours.py --dataset cifar10 --sigma "$SIGMA" "${flags[@]}"
-    log=$RUNS/certify/cifar10_ablation/$variant/noise_$SIGMA.tsv
+    train "$dir" train_ours.py --dataset cifar10 --sigma "$SIGMA" "${OURS_ARGS[@]}" "${flags[@]}"
+    log=$LOGS/$variant/noise_$SIGMA.tsv
     certify "$dir/checkpoint.pth.tar" "$SIGMA" "$log"
     logs+=("$log")
     parts+=("$on")
 done
-run "$PYTHON" analyze.py ablation "${logs[@]}" --parts "${parts[@]}" --out "$RUNS/tables/table5_sigma$SIGMA"
+run "$PYTHON" analyze.py ablation "${logs[@]}" --parts "${parts[@]}" --out "$TABLES"

@@ -203,6 +203,15 @@ def test_envelope_takes_the_best_sigma_at_each_radius(tmp_path):
     assert np.allclose(env["m"]["acc"], [0.75, 0.75, 0.5]) and env["m"]["sigma"] == [0.25, 0.25, 1.0]
 
 
+def test_envelope_best_row_names_every_label_of_a_tie(tmp_path, capsys):
+    a = write_log(tmp_path / "a_noise_0.5.tsv", [0.6, 0.0], [1, 0])
+    b = write_log(tmp_path / "b_noise_0.5.tsv", [0.5, 0.2], [1, 1])
+    code, out, _ = run_main(["envelope", a, b, "--radii", "0", "0.4", "1.0"], capsys)
+    assert code == 0
+    best = [c.strip() for c in next(line for line in out.splitlines() if line.startswith("| best")).split("|")]
+    assert best[2:5] == ["b", "a = b", "a = b"]   # 100 > 50; 50 = 50; 0 = 0: a tie is no win
+
+
 def test_gradnorm_table_means_easy_and_hard_and_their_ratio(tmp_path, capsys):
     path = tmp_path / "gradnorm_ours_attack.tsv"
     path.write_text("idx\tlabel\tpA\tgrad_norm\n0\t1\t0.9\t4\n1\t1\t0.6\t2\n2\t0\t0.1\t6\n3\t0\t0.5\t100\n")
@@ -351,15 +360,42 @@ def test_published_ecdfs_give_the_orders_listed_in_appendix_b3():
         assert set(pairs) <= set(better), sigma
 
 
-def test_the_committed_cifar10_cpu_tables_are_analyze_output_of_the_committed_logs(tmp_path, capsys):
-    results = os.path.join(ROOT, "results", "cifar10_cpu")
-    logs = [os.path.join(results, "certify", f"{name}_noise_0.5.tsv") for name in ("gaussian", "ours")]
-    for command in ("table", "envelope", "ecdf"):
-        code, _, err = run_main([command, *logs, "--labels", "gaussian", "ours", "--out", str(tmp_path)], capsys)
+def cpu_logs(folder, names, sigma):
+    return [os.path.join(ROOT, "results", folder, "certify", f"{name}_noise_{sigma}.tsv") for name in names]
+
+
+FIG3_METHODS = ("consistency", "smoothmix", "macer", "catrs", "smoothadv")
+TABLE5_VARIANTS = ("gaussian", "discard", "weight", "attack", "discard_weight", "discard_attack", "weight_attack",
+                   "all")
+TABLE5_PARTS = ("none", "discard", "weight", "attack", "discard+weight", "discard+attack", "weight+attack",
+                "discard+weight+attack")
+# results/<folder>: the analyze.py commands of its script (scripts/*_cpu.sh) and the files they must give
+COMMITTED = {
+    "cifar10_cpu": ([[c, *cpu_logs("cifar10_cpu", ("gaussian", "ours"), 0.5), "--labels", "gaussian", "ours"]
+                     for c in ("table", "envelope", "ecdf")],
+                    ("table.md", "table.tsv", "envelope.md", "envelope.tsv", "ecdf.md", "ecdf_ours_0.5.tsv")),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(COMMITTED))
+def test_the_committed_cpu_results_are_analyze_output_of_the_committed_logs(folder, tmp_path, capsys):
+    commands, files = COMMITTED[folder]
+    for argv in commands:
+        code, _, err = run_main([*argv, "--out", str(tmp_path)], capsys)
         assert code == 0, err
-    for name in ("table.md", "table.tsv", "envelope.md", "envelope.tsv", "ecdf.md", "ecdf_ours_0.5.tsv"):
-        with open(tmp_path / name) as fresh, open(os.path.join(results, name)) as committed:
-            assert fresh.read() == committed.read(), name
+    for name in files:
+        with open(tmp_path / name) as fresh, open(os.path.join(ROOT, "results", folder, name)) as committed:
+            assert fresh.read() == committed.read(), f"{folder}/{name}"
+
+
+def test_the_committed_cpu_logs_carry_the_true_labels_votes():
+    """Figure 3 needs pA below 1/2: every committed CPU certification log has the nY column."""
+    for folder in COMMITTED:
+        for argv in COMMITTED[folder][0]:
+            for path in argv[1:]:
+                if path.endswith(".tsv") and "/certify/" in path:
+                    log = analyze.read_log(path)
+                    assert "nY" in log and len(log["nY"]) == 500, path
 
 
 # ----------------------------------------------------------------------------------------------------------

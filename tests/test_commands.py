@@ -223,3 +223,32 @@ def test_gpu_check_runs_shrunk_on_the_cpu():
     summary = proc.stdout.split("\nSummary")[1]
     assert "certify CIFAR-10 bf16" in summary and "certify CIFAR-10 fp32" in summary
     assert summary.count("training ") == 2 and "textbook CERTIFY (fp32)" in proc.stdout
+
+
+CPU_SCRIPTS = ["cifar_cpu.sh", "fig3_cpu.sh", "table2_cpu.sh", "table5_cpu.sh"]
+
+
+@pytest.mark.parametrize("script", CPU_SCRIPTS)
+def test_every_cpu_experiment_command_parses_and_uses_one_schedule(script, monkeypatch, tmp_path):
+    """The CPU-scale claims (results/cifar10_cpu, fig3_cpu, table2_cpu, table5_cpu): one architecture and one
+    shortened schedule for every run, each certified on 500 test images with N = 10,000, alpha = 0.001."""
+    # an empty RUNS: finished runs (DONE) in the working tree would hide their commands
+    parsed = check_all(dry_run(["bash", f"scripts/{script}"], {"RUNS": str(tmp_path)}), monkeypatch)
+    assert parsed[-1][0] == "analyze.py"
+    trained = [a for name, a in parsed if name.startswith("train_") and not a.gradnorm
+               and not getattr(a, "make_catrs_target", False)]
+    assert all((a.arch, a.epochs, a.lr_step, a.amp) == ("lenet", 10, 6, "bf16") for a in trained)
+    certified = [a for name, a in parsed if name == "certify.py"]
+    assert all((a.N, a.alpha, a.skip, a.precision) == (10_000, 0.001, 20, "bf16") for a in certified)
+    if script == "fig3_cpu.sh":   # all seven methods of Figure 3, certified at sigma 0.5
+        methods = {a.method for name, a in parsed if name == "train_baselines.py" and a.method}
+        assert methods == {"smoothadv", "macer", "consistency", "smoothmix", "catrs"}
+        assert len(certified) == 7 and all(a.sigma == 0.5 for a in certified)
+        teacher = [a for name, a in parsed if name == "train_gaussian.py" and a.sigma == 0.25]
+        assert len(teacher) == 1 and teacher[0].m == 1                # the CAT-RS recipe's teacher
+    if script == "table5_cpu.sh":  # the eight rows, the variants' switches winning over the shared flags
+        switches = {(a.discard is not False, a.reweight is not False, a.T != 0) for a in trained}
+        assert len(trained) == 8 and len(switches) == 8 and all(a.sigma == 0.25 for a in trained)
+    if script == "table2_cpu.sh":  # each loss with the settings its model was trained with
+        probes = [a for name, a in parsed if name.startswith("train_") and a.gradnorm]
+        assert len(probes) == 7 and all(a.probe == 1000 for a in probes)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Table 2 and Figure 5 at CPU scale, committed under results/table2_cpu (README, "Table 2 on a CPU"): the mean
+# parameter-gradient l2 norm of easy (pA > 0.5) and hard (pA < 0.5) training examples under each method's own
+# loss, on the sigma = 0.5 LeNets of scripts/fig3_cpu.sh (run it first), PROBE (default 1000) training probes
+# with pA from 100 noisy copies each; and Figure 5: the paper's loss on the Gaussian model with and without
+# its attack (T = 2, eps = 0.25, as the paper's method was trained here). About 15 CPU-minutes.
+#   DATA_DIR=../shared/data/cifar10 bash scripts/table2_cpu.sh
+# Each loss takes the settings its model was trained with (scripts/fig3_cpu.sh); ACR: results/fig3_cpu.
+RUNS=${RUNS:-runs/cifar_cpu}
+source "$(dirname "$0")/lib.sh"
+OUT=${OUT:-results/table2_cpu}
+PROBE=${PROBE:-1000}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+files=()
+for method in gaussian smoothadv consistency smoothmix catrs macer; do
+    checkpoint=$RUNS/$method/checkpoint.pth.tar
+    need "$checkpoint" "train it first: bash scripts/fig3_cpu.sh"
+    case $method in
+        gaussian)  run "$PYTHON" train_gaussian.py --gradnorm "$checkpoint" --m 2 --probe "$PROBE" --data-dir "$DATA_DIR" \
+                       --outdir "$OUT" ;;
+        smoothadv) flags=(--T 2 --warmup 1) ;;
+        smoothmix) flags=(--warmup 1) ;;
+        macer)     flags=(--deferred) ;;
+        catrs)     flags=(--catrs-target "$RUNS/catrs_target.pt") ;;
+        *)         flags=() ;;
+    esac
+    if [ "$method" != gaussian ]; then
+        run "$PYTHON" train_baselines.py --method "$method" --gradnorm "$checkpoint" --probe "$PROBE" \
+            --data-dir "$DATA_DIR" --outdir "$OUT" "${flags[@]}"
+    fi
+    files+=("$OUT/gradnorm_$method.tsv")
+done
+run "$PYTHON" train_ours.py --gradnorm "$RUNS/gaussian/checkpoint.pth.tar" --probe "$PROBE" --data-dir "$DATA_DIR" \
+    --m 2 --T 2 --eps 0.25 --outdir "$OUT"
+files+=("$OUT/gradnorm_ours_noattack.tsv" "$OUT/gradnorm_ours_attack.tsv")
+run "$PYTHON" analyze.py gradnorm "${files[@]}" --out "$OUT"
