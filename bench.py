@@ -72,6 +72,8 @@ def parse_args(argv=None):
                    "a includes a')")
     p.add_argument("--grid-N", type=int, help="(g): the budget N_max and CERTIFY's N (default 100000; quick 10000)")
     p.add_argument("--grid-examples", type=int, help="(g): test examples per model (default 100; quick 10)")
+    p.add_argument("--grid-logs", nargs="+", metavar="TSV", help="(g) from finished certify.py logs of one model "
+                   "on the same examples instead: CERTIFY at N first (the reference), then the other arms")
     p.add_argument("--checkpoint", nargs="+", help="(d): trained models (with their sigma) instead of digits "
                    "models trained here; CIFAR-10 ones need --data-dir")
     p.add_argument("--data-dir", default=None, help="(d): dataset folder of the --checkpoint models")
@@ -547,22 +549,68 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False):
                 row["radius"].append(out["radius"] if out["predict"] >= 0 else -1.0)
                 row["correct"].append(out["predict"] == int(label))
                 row["evals"].append(N0 + out["N"])
-        reference = results[f"CERTIFY N = {N:,}"]
-        levels = [0.0] + radii
         print(f"  {os.path.basename(os.path.dirname(os.path.abspath(path)))} ({ckpt.get('arch')}, {dataset_name}, "
               f"sigma {sigma}), {len(picked)} test examples, alpha {alpha}, N0 {N0}, batch {BATCH}:")
-        print("    " + f"{'arm':24s}{'mean':>9s}{'median':>9s}{'p90':>9s}{'budget':>8s}{'saving':>8s}{'s':>7s}  "
-              "certified accuracy (%) at r = " + " ".join(f"{r:g}" for r in levels) + "; disagreements")
-        for name, row in results.items():
-            ev = np.array(row["evals"])
-            at_budget = np.mean(ev >= N0 + N) if name in plans else float("nan")
-            acc = [100 * np.mean(np.array(row["correct"]) & (np.array(row["radius"]) >= r)) for r in levels]
-            disagree = [int(np.sum((np.array(row["correct"]) & (np.array(row["radius"]) >= r)) !=
-                                   (np.array(reference["correct"]) & (np.array(reference["radius"]) >= r))))
-                        for r in levels]
-            print(f"    {name:24s}{ev.mean():9,.0f}{np.median(ev):9,.0f}{np.percentile(ev, 90):9,.0f}"
-                  f"{100 * at_budget:7.0f}%{(N0 + N) / ev.mean():7.1f}x{row['time']:7.1f}  "
-                  + " ".join(f"{a:.1f}" for a in acc) + "; " + " ".join(map(str, disagree)), flush=True)
+        print_grid_table(results, f"CERTIFY N = {N:,}", set(plans), N, N0, [0.0] + radii)
+
+
+def print_grid_table(results, reference, grid_arms, N, N0, levels):
+    """(g)'s table: per arm the model evaluations (mean, median, 90th percentile, share run to the budget N0 + N,
+    saving against CERTIFY at N), seconds, certified accuracy at each level and the examples on which it
+    disagrees with the reference arm there. results: {arm: {'radius', 'correct', 'evals', 'time'}}, one
+    entry per example in the same order for every arm."""
+    ref = results[reference]
+    print("    " + f"{'arm':24s}{'mean':>9s}{'median':>9s}{'p90':>9s}{'budget':>8s}{'saving':>8s}{'s':>8s}  "
+          "certified accuracy (%) at r = " + " ".join(f"{r:g}" for r in levels) + "; disagreements")
+    for name, row in results.items():
+        ev = np.array(row["evals"])
+        at_budget = np.mean(ev >= N0 + N) if name in grid_arms else float("nan")
+        certified = [np.array(row["correct"]) & (np.array(row["radius"]) >= r) for r in levels]
+        disagree = [int(np.sum(c != (np.array(ref["correct"]) & (np.array(ref["radius"]) >= r))))
+                    for c, r in zip(certified, levels)]
+        print(f"    {name:24s}{ev.mean():9,.0f}{np.median(ev):9,.0f}{np.percentile(ev, 90):9,.0f}"
+              f"{100 * at_budget:7.0f}%{(N0 + N) / ev.mean():7.1f}x{row['time']:8.1f}  "
+              + " ".join(f"{100 * np.mean(c):.1f}" for c in certified) + "; " + " ".join(map(str, disagree)),
+              flush=True)
+
+
+def log_seconds(cell):
+    """Seconds of a certification log's time cell (str of a datetime.timedelta: 'H:MM:SS.ffffff', or
+    'D day(s), H:MM:SS.ffffff')."""
+    days, _, clock = cell.rpartition(", ")
+    hours, minutes, secs = clock.split(":")
+    return (int(days.split()[0]) * 86400 if days else 0) + int(hours) * 3600 + int(minutes) * 60 + float(secs)
+
+
+def grid_from_logs(paths):
+    """(g) from certify.py logs of one model on the same examples (--grid-logs): the first is CERTIFY at the
+    budget N (the reference), the others CERTIFY at another N or certify.py --radii runs. Certification logs
+    resume, so a benchmark too long for one sitting (scripts/grid_cpu.sh) is built from them."""
+    import analyze
+    logs = analyze.load_logs(paths)
+    results, grid_arms, radii = {}, set(), set()
+    for log in logs:
+        cols = analyze.read_columns(log["path"], analyze.COHEN_COLUMNS, ("idx",))
+        common.check("N" in log, f"{log['path']}: no N column (the draws made; certify.py writes it)")
+        order = np.argsort(cols["idx"])
+        name = os.path.splitext(os.path.basename(log["path"]))[0]
+        results[name] = {"idx": cols["idx"][order], "radius": log["radius"][order], "correct": log["correct"][order],
+                         "evals": log["sidecar"].get("N0", 100) + log["N"][order],
+                         "time": sum(log_seconds(t) for t in cols["time"])}
+        if log.get("grid"):
+            grid_arms.add(name)
+            radii.update(log["sidecar"].get("radii") or [])
+    reference = next(iter(results))
+    for name, row in results.items():
+        common.check(np.array_equal(row["idx"], results[reference]["idx"]),
+                     f"{name}: not the examples of {reference} (finish both runs: certify.py resumes)")
+    first = logs[0]
+    N, N0 = first["sidecar"].get("N"), first["sidecar"].get("N0", 100)
+    common.check(isinstance(N, int) and not first.get("grid"), f"{first['path']}: the first log must be CERTIFY "
+                                                                f"(no --radii) with its settings file (N)")
+    print(f"  {len(results[reference]['idx'])} examples, sigma {first['sigma']}, N0 {N0}, reference "
+          f"{reference} (N = {N:,}); evaluations N0 + N per example, seconds from the logs' time column:")
+    print_grid_table(results, reference, grid_arms, N, N0, sorted(radii | {0.0}))
 
 
 def bench_ddrs(paths, device, data_dir, N, examples, K=100, trust=False):
@@ -701,10 +749,13 @@ def main():
         bench_sound(device, reps, 1 if quick else 3)
     if "g" in args.sections:
         print("\n(g) anytime-valid certification at a grid of radii (--radii)", flush=True)
-        with tempfile.TemporaryDirectory() as folder:
-            paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20, sigmas=(0.25, 0.5))
-            bench_grid(paths, device, args.data_dir, args.grid_N or (10_000 if quick else 100_000),
-                       args.grid_examples or (10 if quick else 100), args.trust_checkpoint)
+        if args.grid_logs:
+            grid_from_logs(args.grid_logs)
+        else:
+            with tempfile.TemporaryDirectory() as folder:
+                paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20, sigmas=(0.25, 0.5))
+                bench_grid(paths, device, args.data_dir, args.grid_N or (10_000 if quick else 100_000),
+                           args.grid_examples or (10 if quick else 100), args.trust_checkpoint)
     if "h" in args.sections:
         print("\n(h) DDRS certification against plain CERTIFY (ddrs.py certify)", flush=True)
         with tempfile.TemporaryDirectory() as folder:

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import analyze
+import bench
 import certify
 import ddrs
 import train_baselines
@@ -32,6 +33,8 @@ def parse(script, argv, monkeypatch):
             return analyze.parse_args(argv)
         if name == "ddrs.py":
             return ddrs.parse_args(argv)[1]
+        if name == "bench.py":
+            return bench.parse_args(argv)
         module = {"train_gaussian.py": train_gaussian, "train_ours.py": train_ours,
                   "train_baselines.py": train_baselines}[name]
         monkeypatch.setattr(sys, "argv", [name] + argv)   # the training scripts parse sys.argv
@@ -225,7 +228,7 @@ def test_gpu_check_runs_shrunk_on_the_cpu():
     assert summary.count("training ") == 2 and "textbook CERTIFY (fp32)" in proc.stdout
 
 
-CPU_SCRIPTS = ["cifar_cpu.sh", "fig3_cpu.sh", "table2_cpu.sh", "table5_cpu.sh"]
+CPU_SCRIPTS = ["cifar_cpu.sh", "fig3_cpu.sh", "table2_cpu.sh", "table5_cpu.sh", "grid_cpu.sh"]
 
 
 @pytest.mark.parametrize("script", CPU_SCRIPTS)
@@ -234,12 +237,14 @@ def test_every_cpu_experiment_command_parses_and_uses_one_schedule(script, monke
     shortened schedule for every run, each certified on 500 test images with N = 10,000, alpha = 0.001."""
     # an empty RUNS: finished runs (DONE) in the working tree would hide their commands
     parsed = check_all(dry_run(["bash", f"scripts/{script}"], {"RUNS": str(tmp_path)}), monkeypatch)
-    assert parsed[-1][0] == "analyze.py"
+    assert parsed[-1][0] == ("bench.py" if script == "grid_cpu.sh" else "analyze.py")
     trained = [a for name, a in parsed if name.startswith("train_") and not a.gradnorm
                and not getattr(a, "make_catrs_target", False)]
     assert all((a.arch, a.epochs, a.lr_step, a.amp) == ("lenet", 10, 6, "bf16") for a in trained)
     certified = [a for name, a in parsed if name == "certify.py"]
-    assert all((a.N, a.alpha, a.skip, a.precision) == (10_000, 0.001, 20, "bf16") for a in certified)
+    assert all((a.alpha, a.skip, a.precision) == (0.001, 20, "bf16") for a in certified)
+    if script not in ("grid_cpu.sh", "table2_cpu.sh"):
+        assert certified and all(a.N == 10_000 for a in certified)
     if script == "fig3_cpu.sh":   # all seven methods of Figure 3, certified at sigma 0.5
         methods = {a.method for name, a in parsed if name == "train_baselines.py" and a.method}
         assert methods == {"smoothadv", "macer", "consistency", "smoothmix", "catrs"}
@@ -249,6 +254,15 @@ def test_every_cpu_experiment_command_parses_and_uses_one_schedule(script, monke
     if script == "table5_cpu.sh":  # the eight rows, the variants' switches winning over the shared flags
         switches = {(a.discard is not False, a.reweight is not False, a.T != 0) for a in trained}
         assert len(trained) == 8 and len(switches) == 8 and all(a.sigma == 0.25 for a in trained)
+    if script == "grid_cpu.sh":    # five arms per sigma on the same examples, the budget 100,000 for the grid
+        assert len(certified) == 10
+        grids = [a for a in certified if a.radii]
+        assert len(grids) == 6 and all(a.N == 100_000 for a in grids)
+        assert sum(not a.final_look for a in grids) == 2
+        assert sorted(a.N for a in certified if not a.radii) == [10_000, 10_000, 100_000, 100_000]
+        tables = [a for name, a in parsed if name == "bench.py"]
+        assert len(tables) == 2 and all(len(a.grid_logs) == 5 and "N100000" in a.grid_logs[0] for a in tables)
+        return
     if script == "table2_cpu.sh":  # each loss with the settings its model was trained with
         probes = [a for name, a in parsed if name.startswith("train_") and a.gradnorm]
         assert len(probes) == 7 and all(a.probe == 1000 for a in probes)

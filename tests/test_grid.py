@@ -236,3 +236,29 @@ def test_grid_log_resumes_to_the_same_lines_and_analyze_reads_it(digits_model, t
     except SystemExit as e:
         code = e.code
     assert code == 2 and "--radii" in capsys.readouterr().err
+
+
+def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model, tmp_path, capsys):
+    """bench.py --sections g --grid-logs: the benchmark rebuilt from resumable certify.py logs."""
+    import bench
+    base = ["--checkpoint", digits_model, "--batch", 1000, "--skip", 5, "--max", 8]
+    full, small, grid = tmp_path / "certify_N20000.tsv", tmp_path / "certify_N2000.tsv", tmp_path / "grid.tsv"
+    assert run_cli([*base, "--N", 20_000, "--outfile", full]) == 0
+    assert run_cli([*base, "--N", 2_000, "--outfile", small]) == 0
+    assert run_cli([*base, "--N", 20_000, "--radii", 0.25, 0.5, "--outfile", grid]) == 0
+    capsys.readouterr()
+    bench.grid_from_logs([str(full), str(small), str(grid)])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("    certify_") or
+            line.startswith("    grid")}
+    assert set(rows) == {"certify_N20000", "certify_N2000", "grid"}
+    cells = lambda name: rows[name].split(";")[0].split()   # noqa: E731
+    assert cells("certify_N20000")[1:4] == ["20,100"] * 3 and cells("certify_N2000")[1] == "2,100"
+    assert rows["certify_N20000"].split(";")[1].split() == ["0", "0", "0"]   # no disagreement with itself
+    evals = [100 + int(line.split("\t")[-4]) for line in open(grid).read().splitlines()[1:]]   # N0 + draws
+    assert cells("grid")[1] == f"{np.mean(evals):,.0f}"
+    # examples must match: a log of other examples is one clear error
+    other = tmp_path / "other.tsv"
+    assert run_cli([*base[:-4], "--skip", 3, "--max", 8, "--N", 2_000, "--outfile", other]) == 0
+    with pytest.raises(common.UserError, match="not the examples"):
+        bench.grid_from_logs([str(full), str(other)])

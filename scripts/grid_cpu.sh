@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The grid benchmark of bench.py (g) on CIFAR-10 at CPU scale, committed under results/grid_cpu (README,
+# Certify, "--radii"): the Gaussian LeNets of scripts/ddrs_cpu.sh (sigma 0.25) and scripts/cifar_cpu.sh
+# (sigma 0.5), every 20th test image (500), each certified five ways on the same examples and noise seeds:
+# CERTIFY with N = 100,000 (the reference) and 10,000, certify.py --radii with the budget N_max = 100,000
+# (the grid 0.25, 0.5, ... up to the budget's ceiling sigma x 3.8), the same without the final look, and
+# the single radius 0.5. Then bench.py's table from the logs. About 4.5 CPU-hours; a second call resumes.
+#   DATA_DIR=../shared/data/cifar10 bash scripts/grid_cpu.sh
+source "$(dirname "$0")/lib.sh"
+OUT=${OUT:-results/grid_cpu}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+CPU_CERTIFY=(--dataset cifar10 --N0 100 --alpha 0.001 --skip 20 --batch 1000 --precision bf16)
+
+for sigma in 0.25 0.5; do
+    case $sigma in
+        0.25) checkpoint=runs/ddrs_cpu/gaussian_sigma0.25/checkpoint.pth.tar; grid=(0.25 0.5 0.75)
+              hint="train it: bash scripts/ddrs_cpu.sh" ;;
+        0.5)  checkpoint=runs/cifar_cpu/gaussian/checkpoint.pth.tar; grid=(0.25 0.5 0.75 1.0 1.25 1.5 1.75)
+              hint="train it: bash scripts/cifar_cpu.sh" ;;
+    esac
+    need "$checkpoint" "$hint"
+    dir=$OUT/sigma$sigma
+    certify "$checkpoint" "$sigma" "$dir/grid.tsv" "${CPU_CERTIFY[@]}" --N 100000 --radii "${grid[@]}"
+    certify "$checkpoint" "$sigma" "$dir/single_r0.5.tsv" "${CPU_CERTIFY[@]}" --N 100000 --radii 0.5
+    certify "$checkpoint" "$sigma" "$dir/grid_no_final_look.tsv" "${CPU_CERTIFY[@]}" --N 100000 --radii "${grid[@]}" \
+        --no-final-look
+    certify "$checkpoint" "$sigma" "$dir/certify_N10000.tsv" "${CPU_CERTIFY[@]}" --N 10000
+    certify "$checkpoint" "$sigma" "$dir/certify_N100000.tsv" "${CPU_CERTIFY[@]}" --N 100000
+    logs=("$dir/certify_N100000.tsv" "$dir/certify_N10000.tsv" "$dir/grid.tsv" "$dir/grid_no_final_look.tsv"
+          "$dir/single_r0.5.tsv")
+    if [ "$DRY_RUN" = 1 ]; then
+        run "$PYTHON" bench.py --sections g --grid-logs "${logs[@]}"
+    else
+        run "$PYTHON" bench.py --sections g --grid-logs "${logs[@]}" | tee "$dir/bench.txt"
+    fi
+done
