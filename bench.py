@@ -729,8 +729,8 @@ def main():
     if "a" in args.sections:
         print(f"\n(a) certification, {ARCH}, one input, noise samples per second", flush=True)
         bench_certify(device, reps, N, use_compile)
-        print(f"\n(a') certification as shipped: certify.py's process keeps freed memory (glibc), the textbook's "
-              f"does not", flush=True)
+        print("\n(a') certification as shipped: certify.py's process keeps freed memory (glibc), the textbook's "
+              "does not", flush=True)
         bench_as_shipped(device, 1000, 1 if quick else 3)
     if "b" in args.sections:
         print("\n(b) training, noisy samples per second", flush=True)
