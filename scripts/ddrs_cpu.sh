@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # DDRS on CIFAR-10 at CPU scale (README, DDRS; DDRS.md §6's small-scale check), committed under results/ddrs_cpu:
 # a Gaussian sigma_0 = 0.25 LeNet (the shortened schedule of scripts/cifar_cpu.sh), certified on every SKIP-th
-# test image (default 20: 500 images; the committed run used SKIP=100, 100 images) with N = 10,000, alpha = 0.001, at the fixed sigma_0 and with DS (K = 100, M = 1, step 1e-4:
+# test image (default 20: 500 images, the committed run) with N = 10,000, alpha = 0.001, at the fixed sigma_0
+# and with DS (K = 100, M = 1, step 1e-4:
 # DDRS.md's defaults), then the memory (Algorithm 3) and the table. About 30 CPU-minutes on 2 cores.
 #   DATA_DIR=../shared/data/cifar10 bash scripts/ddrs_cpu.sh
 set -euo pipefail
