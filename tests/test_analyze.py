@@ -364,7 +364,6 @@ def cpu_logs(folder, names, sigma):
     return [os.path.join(ROOT, "results", folder, "certify", f"{name}_noise_{sigma}.tsv") for name in names]
 
 
-FIG3_METHODS = ("consistency", "smoothmix", "macer", "catrs", "smoothadv")
 TABLE5_VARIANTS = ("gaussian", "discard", "weight", "attack", "discard_weight", "discard_attack", "weight_attack",
                    "all")
 TABLE5_PARTS = ("none", "discard", "weight", "attack", "discard+weight", "discard+attack", "weight+attack",
@@ -374,6 +373,9 @@ COMMITTED = {
     "cifar10_cpu": ([[c, *cpu_logs("cifar10_cpu", ("gaussian", "ours"), 0.5), "--labels", "gaussian", "ours"]
                      for c in ("table", "envelope", "ecdf")],
                     ("table.md", "table.tsv", "envelope.md", "envelope.tsv", "ecdf.md", "ecdf_ours_0.5.tsv")),
+    "table5_cpu": ([["ablation", *[os.path.join(ROOT, "results", "table5_cpu", "certify", v, "noise_0.25.tsv")
+                                   for v in TABLE5_VARIANTS], "--parts", *TABLE5_PARTS]],
+                   ("ablation.md", "ablation.tsv")),
 }
 
 
