@@ -33,6 +33,7 @@ for variant in $VARIANTS; do
     esac
     dir=$RUNS/cifar10_ablation/sigma$SIGMA/$variant
     train "$dir" train_ours.py --dataset cifar10 --sigma "$SIGMA" "${OURS_ARGS[@]}" "${flags[@]}"
+    keep_log "$dir" "$TABLES/${variant}_log.tsv"    # the training log (wall time per epoch) beside the table
     log=$LOGS/$variant/noise_$SIGMA.tsv
     certify "$dir/checkpoint.pth.tar" "$SIGMA" "$log"
     logs+=("$log")
