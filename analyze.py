@@ -557,11 +557,13 @@ def pyplot():
 
 
 def save_figure(fig, out, name):
-    """figures as <out>/<name>.png and .pdf."""
+    """figures as <out>/<name>.png and .pdf, the same bytes for the same figure (no date in the PDF), so that
+    a rerun on the same logs changes no committed file."""
     common.make_outdir(out)
     for ext in ("png", "pdf"):
         path = os.path.join(out, f"{name}.{ext}")
-        fig.savefig(path, dpi=150, bbox_inches="tight")
+        metadata = {"CreationDate": None} if ext == "pdf" else None
+        fig.savefig(path, dpi=150, bbox_inches="tight", metadata=metadata)
         print(f"wrote {path}", file=sys.stderr)
     pyplot().close(fig)
 

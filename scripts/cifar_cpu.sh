@@ -7,15 +7,13 @@
 # scripts/fig3_cpu.sh uses both runs (RUNS, default runs/cifar_cpu) for Figure 3 and Table 2.
 RUNS=${RUNS:-runs/cifar_cpu}
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/cpu_settings.sh"
 OUT=${OUT:-results/cifar10_cpu}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
-# Shortened schedule: lr 0.1, x0.1 after 6 epochs (the paper: 150 epochs, x0.1 every 50); m = 2 noise copies.
-CPU_SCHEDULE=(--dataset cifar10 --arch lenet --lr_step 6 --epochs 10 --workers 0 --amp --channels-last)
-# Algorithm 2 scaled down: discard at Et = 7 (paper 70 of 150) with pA from N = 32 samples (paper 100),
+# The schedule of scripts/cpu_settings.sh with m = 2 noise copies. Algorithm 2 scaled down: discard at Et = 7 (paper 70 of 150) with pA from N = 32 samples (paper 100),
 # reweight at Et (every 4 epochs), a 2-step attack (paper T = 6) with the paper's eps = 0.25.
 OURS=(--Et 7 --pt 0.4 --N 32 --reweight_every 4 --T 2 --eps 0.25)
-CPU_CERTIFY=(--dataset cifar10 --N 10000 --alpha 0.001 --skip 20 --batch 1000 --precision bf16)
 
 train "$RUNS/gaussian" train_gaussian.py "${CPU_SCHEDULE[@]}" --sigma 0.5 --m 2
 train "$RUNS/ours" train_ours.py "${CPU_SCHEDULE[@]}" --sigma 0.5 --m 2 "${OURS[@]}"

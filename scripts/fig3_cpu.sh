@@ -14,10 +14,9 @@
 #              training image (released 10,000: 500 million LeNet evaluations)
 RUNS=${RUNS:-runs/cifar_cpu}
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/cpu_settings.sh"
 OUT=${OUT:-results/fig3_cpu}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-CPU_SCHEDULE=(--dataset cifar10 --arch lenet --lr_step 6 --epochs 10 --workers 0 --amp --channels-last)
-CPU_CERTIFY=(--dataset cifar10 --N 10000 --alpha 0.001 --skip 20 --batch 1000 --precision bf16)
 
 bash "$(dirname "$0")/cifar_cpu.sh"
 train "$RUNS/catrs_teacher_sigma0.25" train_gaussian.py "${CPU_SCHEDULE[@]}" --sigma 0.25 --m 1
@@ -28,14 +27,8 @@ fi
 logs=(results/cifar10_cpu/certify/gaussian_noise_0.5.tsv results/cifar10_cpu/certify/ours_noise_0.5.tsv)
 labels=(gaussian ours)
 for method in consistency smoothmix macer catrs smoothadv; do
-    case $method in
-        smoothadv) flags=(--T 2 --warmup 1) ;;
-        smoothmix) flags=(--warmup 1) ;;
-        macer)     flags=(--deferred) ;;
-        catrs)     flags=(--catrs-target "$RUNS/catrs_target.pt") ;;
-        *)         flags=() ;;
-    esac
-    train "$RUNS/$method" train_baselines.py --method "$method" "${CPU_SCHEDULE[@]}" --sigma 0.5 "${flags[@]}"
+    method_flags "$method"
+    train "$RUNS/$method" train_baselines.py --method "$method" "${CPU_SCHEDULE[@]}" --sigma 0.5 "${FLAGS[@]}"
     keep_log "$RUNS/$method" "$OUT/${method}_log.tsv"
     certify "$RUNS/$method/checkpoint.pth.tar" 0.5 "$OUT/certify/${method}_noise_0.5.tsv" "${CPU_CERTIFY[@]}"
     logs+=("$OUT/certify/${method}_noise_0.5.tsv")

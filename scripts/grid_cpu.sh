@@ -5,18 +5,22 @@
 # CERTIFY with N = 100,000 (the reference) and 10,000, certify.py --radii with the budget N_max = 100,000
 # (the grid 0.25, 0.5, ... up to the budget's ceiling sigma x 3.8), the same without the final look, and
 # the single radius 0.5. Then bench.py's table from the logs. About 4.5 CPU-hours; a second call resumes.
+# SIGMAS picks the noise levels, so that two cores can run one each:
 #   DATA_DIR=../shared/data/cifar10 bash scripts/grid_cpu.sh
+#   SIGMAS=0.5 DATA_DIR=../shared/data/cifar10 bash scripts/grid_cpu.sh
 source "$(dirname "$0")/lib.sh"
 OUT=${OUT:-results/grid_cpu}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 CPU_CERTIFY=(--dataset cifar10 --N0 100 --alpha 0.001 --skip 20 --batch 1000 --precision bf16)
 
-for sigma in 0.25 0.5; do
+read -r -a SIGMA_LIST <<< "${SIGMAS:-0.25 0.5}"
+for sigma in "${SIGMA_LIST[@]}"; do
     case $sigma in
         0.25) checkpoint=runs/ddrs_cpu/gaussian_sigma0.25/checkpoint.pth.tar; grid=(0.25 0.5 0.75)
               hint="train it: bash scripts/ddrs_cpu.sh" ;;
         0.5)  checkpoint=runs/cifar_cpu/gaussian/checkpoint.pth.tar; grid=(0.25 0.5 0.75 1.0 1.25 1.5 1.75)
               hint="train it: bash scripts/cifar_cpu.sh" ;;
+        *)    echo "grid_cpu.sh: SIGMAS may hold 0.25 and 0.5, not $sigma" >&2; exit 2 ;;
     esac
     need "$checkpoint" "$hint"
     dir=$OUT/sigma$sigma

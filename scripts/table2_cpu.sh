@@ -8,6 +8,7 @@
 # Each loss takes the settings its model was trained with (scripts/fig3_cpu.sh); ACR: results/fig3_cpu.
 RUNS=${RUNS:-runs/cifar_cpu}
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/cpu_settings.sh"
 OUT=${OUT:-results/table2_cpu}
 PROBE=${PROBE:-1000}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -16,18 +17,13 @@ files=()
 for method in gaussian smoothadv consistency smoothmix catrs macer; do
     checkpoint=$RUNS/$method/checkpoint.pth.tar
     need "$checkpoint" "train it first: bash scripts/fig3_cpu.sh"
-    case $method in
-        gaussian)  run "$PYTHON" train_gaussian.py --gradnorm "$checkpoint" --m 2 --probe "$PROBE" --data-dir "$DATA_DIR" \
-                       --outdir "$OUT" ;;
-        smoothadv) flags=(--T 2 --warmup 1) ;;
-        smoothmix) flags=(--warmup 1) ;;
-        macer)     flags=(--deferred) ;;
-        catrs)     flags=(--catrs-target "$RUNS/catrs_target.pt") ;;
-        *)         flags=() ;;
-    esac
-    if [ "$method" != gaussian ]; then
+    if [ "$method" = gaussian ]; then
+        run "$PYTHON" train_gaussian.py --gradnorm "$checkpoint" --m 2 --probe "$PROBE" --data-dir "$DATA_DIR" \
+            --outdir "$OUT"
+    else
+        method_flags "$method"
         run "$PYTHON" train_baselines.py --method "$method" --gradnorm "$checkpoint" --probe "$PROBE" \
-            --data-dir "$DATA_DIR" --outdir "$OUT" "${flags[@]}"
+            --data-dir "$DATA_DIR" --outdir "$OUT" "${FLAGS[@]}"
     fi
     files+=("$OUT/gradnorm_$method.tsv")
 done

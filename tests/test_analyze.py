@@ -477,6 +477,10 @@ def test_full_range_ecdf_and_shares_equal_a_brute_force_count_of_the_votes(tmp_p
     for p, y in curve[::50]:
         assert y == pytest.approx(sum(q >= p for q in pA) / n)             # P(pA >= p) over every row
     assert (tmp_path / "fig" / "ecdf_full.png").stat().st_size > 0
+    # a rerun on the same log writes the same bytes (no date in the PDF), so committed figures do not churn
+    assert run_main(["ecdf", path, "--out", str(tmp_path / "again")], capsys)[0] == 0
+    for name in ("ecdf_full.pdf", "ecdf_full.png"):
+        assert (tmp_path / "fig" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
 
 
 def test_section_4_3_sentence_says_whether_a_method_has_more_mass_near_0_and_1(tmp_path, capsys):
