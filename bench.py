@@ -599,7 +599,10 @@ def grid_from_logs(paths):
                          "time": sum(log_seconds(t) for t in cols["time"])}
         if log.get("grid"):
             grid_arms.add(name)
-            radii.update(log["sidecar"].get("radii") or [])
+            results[name]["radii"] = log["sidecar"].get("radii") or []
+            radii.update(results[name]["radii"])
+        if "nA" in log:
+            results[name]["pA"] = np.asarray(log["nA"])[order] / np.asarray(log["N"])[order]
     reference = next(iter(results))
     for name, row in results.items():
         common.check(np.array_equal(row["idx"], results[reference]["idx"]),
@@ -611,6 +614,27 @@ def grid_from_logs(paths):
     print(f"  {len(results[reference]['idx'])} examples, sigma {first['sigma']}, N0 {N0}, reference "
           f"{reference} (N = {N:,}); evaluations N0 + N per example, seconds from the logs' time column:")
     print_grid_table(results, reference, grid_arms, N, N0, sorted(radii | {0.0}))
+    if "pA" in results[reference]:
+        for name in sorted(grid_arms):
+            print_budget_bound(name, results[name], results[reference]["pA"], first["sigma"], N, N0)
+
+
+def print_budget_bound(name, row, reference_pA, sigma, N, N0):
+    """What bounds a grid arm's saving: the examples that ran to the budget (undecided after N0 + N draws),
+    their share of the arm's evaluations, and how close the reference's estimate nA / N of their pA lies to a
+    threshold Phi(r / sigma) of the arm's radii (0.5 for r = 0), against the other examples."""
+    from scipy.stats import norm
+    evals = np.asarray(row["evals"])
+    ran = evals >= N0 + N
+    thresholds = norm.cdf(np.asarray(sorted(set(row["radii"]) | {0.0})) / sigma)
+    gap = np.min(np.abs(np.asarray(reference_pA)[:, None] - thresholds[None, :]), axis=1)
+    line = (f"    bound of {name}: {ran.sum()} examples ({100 * ran.mean():.1f} %) ran to the budget and took "
+            f"{100 * evals[ran].sum() / evals.sum():.0f} % of its evaluations")
+    if ran.any() and not ran.all():
+        line += (f"; the reference's pA estimate lies a median {np.median(gap[ran]):.4f} from a threshold "
+                 f"Phi(r/sigma) for them, {np.median(gap[~ran]):.4f} for the others; without them the mean "
+                 f"would be {evals[~ran].mean():,.0f} ({(N0 + N) / evals[~ran].mean():.1f}x)")
+    print(line)
 
 
 def bench_ddrs(paths, device, data_dir, N, examples, K=100, trust=False):

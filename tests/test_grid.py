@@ -238,6 +238,18 @@ def test_grid_log_resumes_to_the_same_lines_and_analyze_reads_it(digits_model, t
     assert code == 2 and "--radii" in capsys.readouterr().err
 
 
+def test_budget_bound_line_counts_the_examples_run_to_the_budget_and_their_distance_to_a_threshold(capsys):
+    """By hand: sigma 0.25 and the radii 0, 0.5 have the thresholds 0.5 and Phi(2) = 0.97725; two of four
+    examples ran to the budget (N0 + N = 20,100) with pA 0.00025 and 0.01275 from Phi(2)."""
+    import bench
+    row = {"evals": [20_100, 1_100, 20_100, 100], "radii": [0.0, 0.5]}
+    bench.print_budget_bound("grid", row, [0.977, 0.6, 0.99, 0.3], 0.25, 20_000, 100)
+    assert capsys.readouterr().out.strip() == (
+        "bound of grid: 2 examples (50.0 %) ran to the budget and took 97 % of its evaluations; the reference's pA "
+        "estimate lies a median 0.0065 from a threshold Phi(r/sigma) for them, 0.1500 for the others; without "
+        "them the mean would be 600 (33.5x)")
+
+
 def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model, tmp_path, capsys):
     """bench.py --sections g --grid-logs: the benchmark rebuilt from resumable certify.py logs."""
     import bench
@@ -257,6 +269,8 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     assert rows["certify_N20000"].split(";")[1].split() == ["0", "0", "0"]   # no disagreement with itself
     evals = [100 + int(line.split("\t")[-4]) for line in open(grid).read().splitlines()[1:]]   # N0 + draws
     assert cells("grid")[1] == f"{np.mean(evals):,.0f}"
+    ran = sum(int(line.split("\t")[-4]) == 20_000 for line in open(grid).read().splitlines()[1:])
+    assert f"    bound of grid: {ran} examples ({100 * ran / 8:.1f} %) ran to the budget" in out
     # examples must match: a log of other examples is one clear error
     other = tmp_path / "other.tsv"
     assert run_cli([*base[:-4], "--skip", 3, "--max", 8, "--N", 2_000, "--outfile", other]) == 0
