@@ -108,6 +108,8 @@ def parse_args(argv=None):
 
     s = logs_command("gradnorm", "mean gradient norm of easy and hard examples (Table 2) and histograms (Fig. 5)",
                      logs_help="gradient-norm TSVs (columns idx label pA grad_norm) of the training scripts")
+    s.add_argument("--acr", nargs="+", metavar="LOG", help="certification logs of the probed models, one per "
+                   "gradient-norm file in order ('-' for none): Table 2's ACR column")
 
     s = logs_command("ablation", "Table 5: ACR and certified accuracy of logs labelled by the parts that were on")
     s.add_argument("--parts", nargs="+", required=True,
@@ -1126,14 +1128,24 @@ def easy_hard(pA, grad_norm):
     return {"easy": e, "hard": h, "ratio": e / h if h > 0 else math.nan, "n_easy": len(easy), "n_hard": len(hard)}
 
 
-def gradnorm_report(logs, out, name="gradnorm"):
-    """Table 2 (without the ACR column: `table` gives it) and the Fig. 5 histograms."""
+def gradnorm_report(logs, out, name="gradnorm", acr_paths=None):
+    """Table 2 and the Fig. 5 histograms. acr_paths: one certification log per gradient-norm log ('-' for
+    none), whose ACR goes beside it as in Table 2; None: no ACR column."""
+    if acr_paths is not None:
+        common.check(len(acr_paths) == len(logs), f"--acr needs one certification log per gradient-norm file "
+                                                  f"('-' for none): got {len(acr_paths)} for {len(logs)}")
     rows = []
-    for log in logs:
+    for i, log in enumerate(logs):
         s = easy_hard(log["pA"], log["grad_norm"])
-        rows.append([log["label"], f"{s['easy']:.2f}", f"{s['hard']:.2f}", f"{s['ratio']:.2f}",
-                     str(s["n_easy"]), str(s["n_hard"])])
+        row = [log["label"], f"{s['easy']:.2f}", f"{s['hard']:.2f}", f"{s['ratio']:.2f}", str(s["n_easy"]),
+               str(s["n_hard"])]
+        if acr_paths is not None:
+            certified = None if acr_paths[i] == "-" else read_log(acr_paths[i])
+            row.insert(1, "" if certified is None else f"{acr(certified['radius'], certified['correct']):.3f}")
+        rows.append(row)
     header = ["method", "easy", "hard", "easy / hard", "n easy", "n hard"]
+    if acr_paths is not None:
+        header.insert(1, "ACR")
     md = ("Mean per-example gradient l2 norm, easy: pA > 0.5, hard: pA < 0.5 (Table 2):\n\n" +
           markdown(header, rows))
     write_text(out, f"{name}.md", md)
@@ -1208,7 +1220,8 @@ def main(argv=None):
     elif c == "paper":
         text = paper_report(args.root, args.out)
     elif c == "gradnorm":
-        text = gradnorm_report(load_logs(args.logs, args.labels, args.sigmas, read_gradnorm), args.out)
+        text = gradnorm_report(load_logs(args.logs, args.labels, args.sigmas, read_gradnorm), args.out,
+                               acr_paths=args.acr)
     elif c == "trainpa":
         text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA), args.pt, args.out)
     elif c == "budget":

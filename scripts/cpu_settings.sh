@@ -11,7 +11,7 @@ CPU_CERTIFY=(--dataset cifar10 --N 10000 --alpha 0.001 --skip 20 --batch 1000 --
 # same flags as its training.
 method_flags() {
     case $1 in
-        smoothadv) FLAGS=(--T 2 --warmup 1) ;;
+        smoothadv) FLAGS=(--T 2 --warmup 4) ;;
         smoothmix) FLAGS=(--warmup 1) ;;
         macer)     FLAGS=(--deferred) ;;
         catrs)     FLAGS=(--catrs-target "$RUNS/catrs_target.pt") ;;

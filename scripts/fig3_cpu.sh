@@ -9,7 +9,9 @@
 #   SmoothAdv  T = 2 attack steps (released 10; m = 8 kept): 10 steps on 8 copies is ~30x a Gaussian epoch
 #   MACER      --deferred: no robustness term until after the lr decay (the released sigma = 1.0 setting);
 #              the sigma = 0.5 setting stays at chance on LeNet (README, Baselines)
-#   SmoothAdv, SmoothMix  eps / mixup warm-up 1 epoch (released 10 of 150)
+#   SmoothMix  mixup warm-up 1 epoch (released 10 of 150)
+#   SmoothAdv  eps warm-up 4 epochs (released 10 of 150): with 1, eps = 1.0 from the first step, LeNet stayed
+#              at chance (train accuracy 9.9 % after an epoch)
 #   CAT-RS     teacher: Gaussian sigma = 0.25, m = 1 on this schedule; its soft labels from N = 100 votes per
 #              training image (released 10,000: 500 million LeNet evaluations)
 RUNS=${RUNS:-runs/cifar_cpu}

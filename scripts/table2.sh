@@ -14,7 +14,7 @@ METHODS=${METHODS:-gaussian smoothadv consistency smoothmix catrs}
 PROBE=${PROBE:-1000}
 D=cifar10
 
-files=()
+files=() acrs=()
 for method in $METHODS; do
     checkpoint=$RUNS/$D/${method}_sigma$SIGMA/checkpoint.pth.tar
     need "$checkpoint" "train it first: make table3 SIGMA=$SIGMA METHODS=$method"
@@ -26,9 +26,12 @@ for method in $METHODS; do
                --data-dir "$DATA_DIR" ;;
     esac
     files+=("$(dirname "$checkpoint")/gradnorm_$method.tsv")
+    log=$RUNS/certify/$D/$method/noise_$SIGMA.tsv    # Table 2's ACR column, where make table3 certified it
+    if [ "$DRY_RUN" = 1 ] || [ -f "$log" ]; then acrs+=("$log"); else acrs+=(-); fi
 done
 gaussian=$RUNS/$D/gaussian_sigma$SIGMA
 need "$gaussian/checkpoint.pth.tar" "train it first: make table3 SIGMA=$SIGMA METHODS=gaussian"
 run "$PYTHON" train_ours.py --gradnorm "$gaussian/checkpoint.pth.tar" --probe "$PROBE" --data-dir "$DATA_DIR"
 files+=("$gaussian/gradnorm_ours_noattack.tsv" "$gaussian/gradnorm_ours_attack.tsv")
-run "$PYTHON" analyze.py gradnorm "${files[@]}" --out "$RUNS/tables/table2_sigma$SIGMA"
+acrs+=(- -)    # Fig. 5's rows: the Gaussian model under the paper's loss
+run "$PYTHON" analyze.py gradnorm "${files[@]}" --acr "${acrs[@]}" --out "$RUNS/tables/table2_sigma$SIGMA"

@@ -219,6 +219,16 @@ def test_gradnorm_table_means_easy_and_hard_and_their_ratio(tmp_path, capsys):
     assert code == 0
     row = [line for line in out.splitlines() if "| ours_attack |" in line][0].split("|")
     assert [c.strip() for c in row[2:7]] == ["3.00", "6.00", "0.50", "2", "1"]   # pA = 0.5 is neither
+    # --acr: Table 2's ACR column from the probed model's certification log, '-' for none
+    certified = write_log(tmp_path / "ours_sigma0.5.tsv", [0.5, 0.1, 0.3], [1, 1, 0])   # ACR 0.6 / 3 = 0.200
+    code, out, _ = run_main(["gradnorm", str(path), str(path), "--labels", "a", "b", "--acr", certified, "-"],
+                            capsys)
+    assert code == 0
+    rows = {r[1].strip(): [c.strip() for c in r[2:4]] for r in (line.split("|") for line in out.splitlines())
+            if len(r) > 3 and r[1].strip() in ("method", "a", "b")}
+    assert rows == {"method": ["ACR", "easy"], "a": ["0.200", "3.00"], "b": ["", "3.00"]}
+    code, _, err = run_main(["gradnorm", str(path), "--acr", certified, certified], capsys)
+    assert code == 2 and "one certification log per gradient-norm file" in err
 
 
 def test_ablation_marks_the_parts_and_puts_gaussian_first(tmp_path, capsys):

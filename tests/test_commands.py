@@ -266,3 +266,7 @@ def test_every_cpu_experiment_command_parses_and_uses_one_schedule(script, monke
     if script == "table2_cpu.sh":  # each loss with the settings its model was trained with
         probes = [a for name, a in parsed if name.startswith("train_") and a.gradnorm]
         assert len(probes) == 7 and all(a.probe == 1000 for a in probes)
+        table = parsed[-1][1]   # Table 2's ACR column: each probed model's own certification log
+        assert len(table.acr) == len(table.logs) == 8 and table.acr[-2:] == ["-", "-"]
+        assert all(os.path.basename(log).startswith(os.path.basename(g).replace("gradnorm_", "").split(".")[0])
+                   for log, g in zip(table.acr[:6], table.logs[:6]))
