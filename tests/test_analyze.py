@@ -378,6 +378,8 @@ TABLE5_VARIANTS = ("gaussian", "discard", "weight", "attack", "discard_weight", 
                    "all")
 TABLE5_PARTS = ("none", "discard", "weight", "attack", "discard+weight", "discard+attack", "weight+attack",
                 "discard+weight+attack")
+FIG3_METHODS = ("consistency", "smoothmix", "macer", "catrs", "smoothadv")   # scripts/fig3_cpu.sh's order
+FIG3_LOGS = [*cpu_logs("cifar10_cpu", ("gaussian", "ours"), 0.5), *cpu_logs("fig3_cpu", FIG3_METHODS, 0.5)]
 # results/<folder>: the analyze.py commands of its script (scripts/*_cpu.sh) and the files they must give
 COMMITTED = {
     "cifar10_cpu": ([[c, *cpu_logs("cifar10_cpu", ("gaussian", "ours"), 0.5), "--labels", "gaussian", "ours"]
@@ -386,6 +388,8 @@ COMMITTED = {
     "table5_cpu": ([["ablation", *[os.path.join(ROOT, "results", "table5_cpu", "certify", v, "noise_0.25.tsv")
                                    for v in TABLE5_VARIANTS], "--parts", *TABLE5_PARTS]],
                    ("ablation.md", "ablation.tsv")),
+    "fig3_cpu": ([[c, *FIG3_LOGS, "--labels", "gaussian", "ours", *FIG3_METHODS] for c in ("table", "ecdf")],
+                 ("table.md", "table.tsv", "ecdf.md", "ecdf_full_smoothadv_0.5.tsv", "ecdf_full_gaussian_0.5.tsv")),
 }
 
 
