@@ -390,6 +390,14 @@ COMMITTED = {
                    ("ablation.md", "ablation.tsv")),
     "fig3_cpu": ([[c, *FIG3_LOGS, "--labels", "gaussian", "ours", *FIG3_METHODS] for c in ("table", "ecdf")],
                  ("table.md", "table.tsv", "ecdf.md", "ecdf_full_smoothadv_0.5.tsv", "ecdf_full_gaussian_0.5.tsv")),
+    "table2_cpu": ([["gradnorm", *[os.path.join(ROOT, "results", "table2_cpu", f"gradnorm_{m}.tsv") for m in
+                                   ("gaussian", "smoothadv", "consistency", "smoothmix", "catrs", "macer",
+                                    "ours_noattack", "ours_attack")],
+                     "--labels", "gaussian", "smoothadv", "consistency", "smoothmix", "catrs", "macer",
+                     "ours_noattack", "ours_attack",
+                     "--acr", FIG3_LOGS[0], *[FIG3_LOGS[2 + FIG3_METHODS.index(m)] for m in
+                                              ("smoothadv", "consistency", "smoothmix", "catrs", "macer")], "-", "-"]],
+                   ("gradnorm.md", "gradnorm.tsv")),
 }
 
 
