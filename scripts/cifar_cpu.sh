@@ -11,8 +11,9 @@ source "$(dirname "$0")/cpu_settings.sh"
 OUT=${OUT:-results/cifar10_cpu}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
-# The schedule of scripts/cpu_settings.sh with m = 2 noise copies. Algorithm 2 scaled down: discard at Et = 7 (paper 70 of 150) with pA from N = 32 samples (paper 100),
-# reweight at Et (every 4 epochs), a 2-step attack (paper T = 6) with the paper's eps = 0.25.
+# The schedule of scripts/cpu_settings.sh with m = 2 noise copies. Algorithm 2 scaled down: discard at Et = 7
+# (paper 70 of 150) with pA from N = 32 samples (paper 100), reweight at Et (every 4 epochs), a 2-step attack
+# (paper T = 6) with the paper's eps = 0.25.
 OURS=(--Et 7 --pt 0.4 --N 32 --reweight_every 4 --T 2 --eps 0.25)
 
 train "$RUNS/gaussian" train_gaussian.py "${CPU_SCHEDULE[@]}" --sigma 0.5 --m 2

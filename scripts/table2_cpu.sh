@@ -21,14 +21,14 @@ for method in gaussian smoothadv consistency smoothmix catrs macer; do
     if [ "$method" = gaussian ]; then
         run "$PYTHON" train_gaussian.py --gradnorm "$checkpoint" --m 2 --probe "$PROBE" --data-dir "$DATA_DIR" \
             --outdir "$OUT"
+        acrs+=(results/cifar10_cpu/certify/gaussian_noise_0.5.tsv)
     else
         method_flags "$method"
         run "$PYTHON" train_baselines.py --method "$method" --gradnorm "$checkpoint" --probe "$PROBE" \
             --data-dir "$DATA_DIR" --outdir "$OUT" "${FLAGS[@]}"
+        acrs+=("results/fig3_cpu/certify/${method}_noise_0.5.tsv")
     fi
     files+=("$OUT/gradnorm_$method.tsv")
-    if [ "$method" = gaussian ]; then acrs+=(results/cifar10_cpu/certify/gaussian_noise_0.5.tsv)
-    else acrs+=("results/fig3_cpu/certify/${method}_noise_0.5.tsv"); fi
 done
 run "$PYTHON" train_ours.py --gradnorm "$RUNS/gaussian/checkpoint.pth.tar" --probe "$PROBE" --data-dir "$DATA_DIR" \
     --m 2 --T 2 --eps 0.25 --outdir "$OUT"
