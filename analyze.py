@@ -11,6 +11,7 @@ the logs this repository's certify.py writes and those other projects publish. S
   trainpa   pA of the training set from train_ours.py's estimates or train-split logs (§5.1)
   gradnorm  gradient norm of easy (pA > 0.5) and hard (pA < 0.5) examples (Table 2, Fig. 5)
   ablation  Table 5 from logs labelled by the parts of our method that were on
+  compare   B - A for every metric, with an interval for the test sample, Monte Carlo and seed noise
   paper     all of the above that the paper's published logs allow (the list sits at the bottom of this file)
 
 Markdown goes to stdout; --out DIR also writes .md/.tex/.tsv files and figures (PNG + PDF).
@@ -28,7 +29,7 @@ import re
 import sys
 
 import numpy as np
-from scipy.stats import binom
+from scipy.stats import binom, norm
 
 import common
 
@@ -117,6 +118,25 @@ def parse_args(argv=None):
     s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
     s.add_argument("--format", choices=("markdown", "latex", "tsv"), default="markdown", help="what stdout gets")
 
+    help_text = ("the difference B - A of every metric with a simultaneous interval that includes the test "
+                 "sample, the certification's Monte Carlo noise and training seeds; verdict higher, lower or "
+                 "within noise")
+    s = sub.add_parser("compare", help=help_text, description=help_text + ". Usage: compare A.tsv B.tsv, or "
+                       "compare A_seed0.tsv A_seed1.tsv ... --vs B_seed0.tsv B_seed1.tsv ... (several logs of a "
+                       "side: its training seeds, or its sigmas for the best-over-sigma rows)")
+    s.add_argument("logs", nargs="+", help="side A's logs; without --vs exactly two logs, A then B")
+    s.add_argument("--vs", nargs="+", metavar="LOG", help="side B's logs")
+    s.add_argument("--labels", nargs=2, metavar=("A", "B"), help="names of the sides (default: from the paths)")
+    s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII[1:],
+                   help="radii of the certified-accuracy rows (default 0.25 to 2.5; rows where both are 0 drop)")
+    s.add_argument("--level", type=float, default=0.95, help="simultaneous coverage of the intervals")
+    s.add_argument("--replicates", type=int, default=2000, help="bootstrap replicates (default 2000)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (the same output for the same seed)")
+    s.add_argument("--over", choices=COMPARE_OVER, default="images", help="the truth the interval is about: "
+                   "the expectation over test images (default; a paired bootstrap over images, which carries the "
+                   "certification's Monte Carlo noise), or on these very images (the votes are redrawn)")
+    s.add_argument("--out", help="folder for compare.tsv and compare.md")
+
     s = sub.add_parser("paper", help="every table and figure the paper's published logs allow")
     s.add_argument("--root", required=True, help="folder with certify/<dataset>/<method>/noise_<sigma>.tsv "
                                                  "(the paper repository's data folder)")
@@ -185,16 +205,23 @@ def to_numbers(path, column, cells, line_numbers):
 def read_log(path):
     """A Cohen-format certification log: {'radius', 'correct'} arrays, plus 'nA', 'N' and 'nY' (the true
     label's votes, certify.py since it records them) when present."""
-    cols = read_columns(path, COHEN_COLUMNS, ("radius", "correct", "nA", "N", "nY", "sigma"))
+    cols = read_columns(path, COHEN_COLUMNS, ("idx", "label", "predict", "radius", "correct", "nA", "N", "nY",
+                                              "sigma"))
     common.check(len(cols["radius"]) > 0, f"{path}: no examples (only a header)")
+    for name in ("idx", "label"):
+        check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])),
+                   f"{name} must be an integer >= 0")
     seen = {}
-    for idx, line in zip(cols["idx"], cols["_line"]):   # two writers on one file, or logs pasted together
+    for idx, line in zip(cols["idx"].astype(np.int64).tolist(), cols["_line"]):   # two writers, or logs pasted
         common.check(idx not in seen, f"{path} line {line}: idx {idx} again (first on line {seen.get(idx)}); "
                                       f"each example must appear once: remove the duplicate rows")
         seen[idx] = line
+    check_rows(cols, path, cols["predict"] == np.round(cols["predict"]), "predict must be an integer")
     check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
     check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
     log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool),
+           "idx": cols["idx"].astype(np.int64), "y": cols["label"].astype(np.int64),
+           "predict": cols["predict"].astype(np.int64),
            "grid": "stop" in cols}   # certify.py --radii: the radius is a certified grid level
     if "sigma" in cols:                  # ddrs.py certify: each row's own sigma_x
         check_rows(cols, path, np.isfinite(cols["sigma"]) & (cols["sigma"] > 0), "sigma must be a number > 0")
@@ -407,6 +434,23 @@ def ecdf(pA, ps):
     """P(pA >= p) for each p: the share of all rows whose pA is at least p (rows with -inf never count)."""
     ordered = np.sort(pA)
     return (len(ordered) - np.searchsorted(ordered, ps, side="left")) / len(ordered)
+
+
+ECDF_LEVEL = 0.95   # the simultaneous band drawn around every ECDF
+
+
+def dkw_halfwidth(n, level=ECDF_LEVEL):
+    """Dvoretzky-Kiefer-Wolfowitz (Massart's constant): with probability >= level the ECDF of n independent
+    draws lies within this distance of the true distribution at every p at once. Here the draws are the
+    images' estimates (nA / N or nY / N, not pA itself); the test sample's noise, not the Monte Carlo noise."""
+    return math.sqrt(math.log(2 / (1 - level)) / (2 * n))
+
+
+def ecdf_band_rows(ps, values, n):
+    """ECDF file rows `x y low high`: the curve and its DKW band, clipped to [0, 1]."""
+    eps = dkw_halfwidth(n)
+    return [[repr(float(p)), repr(float(y)), repr(max(0.0, float(y) - eps)), repr(min(1.0, float(y) + eps))]
+            for p, y in zip(ps, values)]
 
 
 def ecdf_lookup(grid_p, grid_y, ps):
@@ -835,11 +879,14 @@ def ecdf_report(logs, pmax, out, name="ecdf", baseline="gaussian"):
             rows.append([fmt_sigma(sigma), log["label"], log["source"]] +
                         [fmt_percent(y) for y in ecdf(log["pA"], SUMMARY_P)])
             log["ecdf"] = ecdf(log["pA"], ECDF_GRID)
-            points = [[repr(float(p)), repr(float(y))] for p, y in zip(ECDF_GRID, log["ecdf"])]  # as published
-            write_text(out, f"{name}_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y"], points))
+            points = ecdf_band_rows(ECDF_GRID, log["ecdf"], len(log["pA"]))   # x y as published, then the band
+            write_text(out, f"{name}_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y", "low", "high"], points))
         lines += dominance_lines(sigma, group, pmax)
     md = ("P(pA >= p) in %, pA = nA/N of the true class on correct rows (App. B):\n\n" +
           markdown(["σ", "method", "from"] + [f"{p:g}" for p in SUMMARY_P], rows) +
+          f"\n\nEvery curve in the ECDF files (columns low high) and plots carries a simultaneous "
+          f"{100 * ECDF_LEVEL:g} % DKW band over the images (±{dkw_halfwidth(len(logs[0]['pA'])):.3f} at "
+          f"{len(logs[0]['pA'])} images): two curves whose bands overlap everywhere are not told apart by it." +
           f"\n\nDominance (App. B.3: A > B if A's ECDF is >= B's at every p of the range and higher "
           f"somewhere; ~: neither), on [0.5, {pmax:g}] and on the paper's literal [0.5, 1]:\n\n" +
           "\n".join(lines))
@@ -885,8 +932,9 @@ def full_range_report(logs, baseline, out, name):
             log["shares"] = [float(np.mean(test(log["pA_all"]))) for _, test in SHARES]
             rows.append([fmt_sigma(sigma), log["label"], str(len(log["pA_all"]))] +
                         [fmt_percent(v) for v in log["shares"]])
-            points = [[repr(float(p)), repr(float(y))] for p, y in zip(FULL_GRID, ecdf(log["pA_all"], FULL_GRID))]
-            write_text(out, f"{name}_full_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y"], points))
+            points = ecdf_band_rows(FULL_GRID, ecdf(log["pA_all"], FULL_GRID), len(log["pA_all"]))
+            write_text(out, f"{name}_full_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y", "low", "high"],
+                                                                                       points))
         for log in group:
             if base is not None and log is not base:
                 sentences.append(f"- σ = {fmt_sigma(sigma)}: " + mass_sentence(log, base))
@@ -916,7 +964,7 @@ def plot_ecdf(logs, out, name):
     fig, axes = sigma_panels(plt, groups)
     for ax, (sigma, group) in zip(axes, groups):
         for log in group:
-            ax.plot(ECDF_GRID, log["ecdf"], label=log["label"])
+            band(ax, ECDF_GRID, log["ecdf"], len(log["pA"]), log["label"])
         ax.set(title=f"σ = {fmt_sigma(sigma)}", xlabel="p", ylabel="P(pA ≥ p)", xlim=(0.5, 1.0))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -927,7 +975,7 @@ def plot_ecdf(logs, out, name):
     fig, axes = plt.subplots(2, len(groups), figsize=(4.2 * len(groups), 6.4), squeeze=False, layout="constrained")
     for j, (sigma, group) in enumerate(groups):
         for log in group:
-            axes[0, j].plot(FULL_GRID, ecdf(log["pA_all"], FULL_GRID), label=log["label"])
+            band(axes[0, j], FULL_GRID, ecdf(log["pA_all"], FULL_GRID), len(log["pA_all"]), log["label"])
             axes[1, j].hist(log["pA_all"], bins=np.linspace(0, 1, 21), density=True, histtype="step",
                             label=log["label"])
         axes[0, j].set(title=f"σ = {fmt_sigma(sigma)}", xlabel="p", ylabel="P(pA ≥ p)", xlim=(0, 1))
@@ -936,6 +984,14 @@ def plot_ecdf(logs, out, name):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     save_figure(fig, out, f"{name}_full")
+
+
+def band(ax, ps, values, n, label):
+    """An ECDF curve with its shaded DKW band (dkw_halfwidth)."""
+    eps = dkw_halfwidth(n)
+    line, = ax.plot(ps, values, label=label)
+    ax.fill_between(ps, np.clip(values - eps, 0, 1), np.clip(values + eps, 0, 1), color=line.get_color(),
+                    alpha=0.15, linewidth=0)
 
 
 def read_ecdf_or_log(path):
@@ -1211,6 +1267,249 @@ def paper_report(root, out):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# compare: the difference between two configurations, with an interval that carries every source of noise
+# ----------------------------------------------------------------------------------------------------------
+# A side is one log or several (training seeds of one configuration; several sigmas give per-sigma rows and
+# the best-over-sigma envelope). The difference is an estimate of one of two truths (--over):
+#   images    (default) the metric's expectation over the distribution the test images come from. A bootstrap
+#             replicate draws the images with replacement; logs that certified the same images (the same idx
+#             and labels) share the draw, which pairs them, others are drawn apart (unpaired). The Monte Carlo
+#             noise of certification is inside this interval already: each image's votes are random given
+#             the model and independent between images, so it is part of the per-image spread the bootstrap
+#             resamples (redrawing votes as well would count it twice).
+#   test-set  the metric's expectation on these very images (the fixed test set of a paper's table): the
+#             images stay, and each replicate redraws every image's votes nA* ~ Binomial(N, nA / N) (nY
+#             likewise) and recomputes the radius as CERTIFY does (sigma Phi^-1 of the Clopper-Pearson bound,
+#             abstaining below 1/2). The class cA stays the logged one (the N0 selection draws are not redrawn);
+#             an abstained row counts as correct when redrawn above 1/2 only if its votes are the true label's
+#             (nA == nY). Logs without nA N get nA back from their radius (App. B.2, with their budget); rows
+#             stopped early (N below the log's largest) and grid logs (--radii) keep their results.
+# Training seeds, in both: the k logs of a side at one sigma are drawn with replacement and the seed part of a
+# replicate is scaled by sqrt(k / (k - 1)), so that its variance is the unbiased between-seed variance of a
+# mean of k (the per-seed values are noisy themselves, so this errs on the wide side). A side with one log
+# has no seed noise: its verdict is about that model, not its training method.
+# Multiplicity: one simultaneous band over all rows (the max-|t| method): c is the level-quantile over
+# replicates of max over rows of |diff* - diff| / se, and each row's interval is diff +- c se, so with
+# probability about `level` every interval covers its true difference at once (family-wise error 1 - level).
+# A row is `higher` or `lower` when its interval excludes 0, else `within noise`.
+
+def compare_metrics(radius, correct, pA_all, radii, with_acr):
+    """{metric: values} of one log, vectorised over leading axes (replicates); rows on the last axis."""
+    out = {"clean accuracy": correct.mean(-1)}
+    for r in radii:
+        out[f"certified accuracy r={r:g}"] = (correct & (radius >= r)).mean(-1)
+    if with_acr:
+        out["ACR"] = np.where(correct, radius, 0.0).mean(-1)
+    if pA_all is not None:
+        for name, test in SHARES:
+            out[name] = test(pA_all).mean(-1)
+    return out
+
+
+def z_table(N, alpha):
+    """Phi^-1 of the Clopper-Pearson lower bound for every count 0..N (-inf where it would abstain, < 1/2)."""
+    z = norm.ppf(common.clopper_pearson_lower(np.arange(N + 1), N, alpha))
+    return np.where(z >= 0, z, -np.inf)
+
+
+def mc_model(log):
+    """What certification noise of a log can be redrawn: a dict with the rows to redraw ('free'), their votes,
+    N, whether a redrawn certificate would be right, sigma per row and the z table; None where nothing can
+    (grid logs, or a log whose sigma is unknown)."""
+    if log.get("grid") or (log["sigma"] is None and "sigma_x" not in log):
+        return None
+    sigma = log["sigma_x"] if "sigma_x" in log else np.full(len(log["radius"]), log["sigma"])
+    if "nA" in log:
+        N, nA = int(log["N"].max()), log["nA"]
+        alpha = float(log["sidecar"].get("alpha", PAPER_ALPHA))
+        free = log["N"] == N                           # rows stopped early (--early-abstain) stay as they are
+    else:                                              # Cohen's columns only: the count behind each radius
+        N, alpha = log_budget(log, None, None)
+        nA = np.minimum(min_count(log["radius"], N, alpha, log["sigma"]), N)
+        free = log["predict"] >= 0                     # an abstention's count is unknown
+    right = log["correct"].copy()                      # cA is the true label
+    if "nY" in log:
+        right |= (log["predict"] < 0) & (log["nY"] == nA)
+    return {"free": free, "N": N, "nA": nA.astype(np.int64), "right": right, "sigma": sigma,
+            "coupled": "nY" in log and (log["nY"] == nA), "z": z_table(N, alpha)}
+
+
+def redraw_log(log, model, B, rng):
+    """(radius, correct, pA_all) arrays of shape (B, n): the log's rows with their votes redrawn."""
+    n = len(log["radius"])
+    radius, correct = np.broadcast_to(log["radius"], (B, n)), np.broadcast_to(log["correct"], (B, n))
+    pA_all = None if "nY" not in log else np.broadcast_to(log["nY"] / log["N"], (B, n))
+    if model is None:
+        return radius, correct, pA_all
+    N, free = model["N"], model["free"]
+    nA = rng.binomial(N, model["nA"] / N, size=(B, n))
+    z = model["z"][nA]
+    radius = np.where(free, np.where(model["right"], model["sigma"] * z, -np.inf), radius)
+    correct = np.where(free, model["right"] & np.isfinite(z), correct)
+    if pA_all is not None:
+        nY = np.where(model["coupled"], nA, rng.binomial(N, log["nY"] / N, size=(B, n)))
+        pA_all = np.where(free, nY / N, pA_all)
+    return radius, correct, pA_all
+
+
+def side_groups(logs):
+    """{sigma: [logs]} of one side (sigma None for logs of unknown sigma)."""
+    groups = {}
+    for log in logs:
+        groups.setdefault(log["sigma"], []).append(log)
+    return groups
+
+
+def compare_rows(side_a, side_b, radii):
+    """The metrics both sides have: {name: (sigma or 'envelope', base metric, radius)} in report order."""
+    ga, gb = side_groups(side_a), side_groups(side_b)
+    sigmas = [s for s in ga if s in gb]
+    common.check(sigmas, f"the two sides share no sigma (A: {sorted(map(str, ga))}, B: {sorted(map(str, gb))}); "
+                         f"compare logs certified at the same sigma")
+    logs = side_a + side_b
+    with_acr = not any(log.get("grid") for log in logs)
+    with_pA = all("nY" in log for log in logs) and with_acr
+    return sigmas, with_acr, with_pA
+
+
+def side_values(groups, sigmas, draws, radii, with_acr, with_pA, seed_draws):
+    """{row: (B,) values} of one side: per sigma the mean over its seeds of each metric (seed_draws: the
+    seeds drawn per replicate, or None for the point estimate), then the best-over-sigma envelope."""
+    rows = {}
+    for s in sigmas:
+        per_log = []
+        for log in groups[s]:
+            radius, correct, pA_all = draws[id(log)]
+            per_log.append(compare_metrics(radius, correct, pA_all if with_pA else None, radii, with_acr))
+        prefix = f"σ={fmt_sigma(s)} " if len(sigmas) > 1 else ""
+        for name in per_log[0]:
+            values = np.stack([m[name] for m in per_log])            # (k, B)
+            k = len(per_log)
+            mean = values.mean(0)
+            if seed_draws is not None and k > 1:
+                drawn = np.take_along_axis(values, seed_draws[s], axis=0).mean(0)
+                mean = mean + math.sqrt(k / (k - 1)) * (drawn - mean)
+            rows[prefix + name] = mean
+    if len(sigmas) > 1:
+        for r in radii:
+            rows[f"best over σ r={r:g}"] = np.max([rows[f"σ={fmt_sigma(s)} certified accuracy r={r:g}"]
+                                                   for s in sigmas], axis=0)
+    return rows
+
+
+def image_sets(logs):
+    """Logs that certified the same images (equal idx and labels, in any order) share one bootstrap draw:
+    {log id: (set number, order that sorts the log by idx)}, and the number of sets."""
+    keys, out = [], {}
+    for log in logs:
+        order = np.argsort(log["idx"], kind="stable")
+        key = (log["idx"][order].tobytes(), log["y"][order].tobytes())
+        if key not in keys:
+            keys.append(key)
+        out[id(log)] = (keys.index(key), order)
+    return out, len(keys)
+
+
+COMPARE_OVER = ("images", "test-set")
+
+
+def compare_sides(side_a, side_b, radii, level, replicates, seed, over="images", chunk=250):
+    """Rows (metric, a, b, diff, low, high, verdict) comparing side B with side A (diff = b - a), the
+    simultaneous band at `level`, and facts for the report. See the comment above for what the band holds."""
+    common.check(0 < level < 1, f"--level must lie in (0, 1) (got {level})")
+    common.check(replicates >= 100, f"--replicates must be >= 100 (got {replicates})")
+    common.check(over in COMPARE_OVER, f"--over must be one of {', '.join(COMPARE_OVER)} (got {over!r})")
+    sigmas, with_acr, with_pA = compare_rows(side_a, side_b, radii)
+    logs = side_a + side_b
+    sets, n_sets = image_sets(logs)
+    models = {id(log): mc_model(log) if over == "test-set" else None for log in logs}
+    ga, gb = side_groups(side_a), side_groups(side_b)
+    point = {id(log): redraw_log(log, None, 1, None) for log in logs}
+    pa = side_values(ga, sigmas, point, radii, with_acr, with_pA, None)
+    pb = side_values(gb, sigmas, point, radii, with_acr, with_pA, None)
+    names = [name for name in pa if " r=" not in name or pa[name][0] > 0 or pb[name][0] > 0]  # no 0-vs-0 radii
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for start in range(0, replicates, chunk):
+        B = min(chunk, replicates - start)
+        picks = [None] * n_sets
+        draws = {}
+        for log in logs:
+            k, order = sets[id(log)]
+            if picks[k] is None:   # test-set: the images stay
+                picks[k] = (rng.integers(0, len(order), size=(B, len(order))) if over == "images" else
+                            np.broadcast_to(np.arange(len(order)), (B, len(order))))
+            rows = order[picks[k]]                                   # (B, n): resampled rows of this log
+            radius, correct, pA_all = redraw_log(log, models[id(log)], B, rng)
+            draws[id(log)] = tuple(None if a is None else np.take_along_axis(a, rows, axis=1)
+                                   for a in (radius, correct, pA_all))
+        seeds = lambda groups: {s: rng.integers(0, len(g), size=(len(g), B)) for s, g in groups.items()}
+        va = side_values(ga, sigmas, draws, radii, with_acr, with_pA, seeds(ga))
+        vb = side_values(gb, sigmas, draws, radii, with_acr, with_pA, seeds(gb))
+        diffs.append(np.stack([vb[name] - va[name] for name in names], axis=1))
+    diffs = np.concatenate(diffs)                                    # (replicates, rows)
+    d = np.array([pb[name][0] - pa[name][0] for name in names])
+    se = diffs.std(axis=0, ddof=1)
+    live = se > 0
+    t = np.abs(diffs[:, live] - d[live]) / se[live]
+    c = float(np.quantile(t.max(axis=1), level)) if live.any() else 0.0
+    low, high = d - c * se, d + c * se
+    verdict = np.where(low > 0, "higher", np.where(high < 0, "lower", "within noise"))
+    rows = [(name, float(pa[name][0]), float(pb[name][0]), float(d[i]), float(low[i]), float(high[i]), verdict[i])
+            for i, name in enumerate(names)]
+    facts = {"c": c, "paired": n_sets == 1, "n_sets": n_sets, "with_acr": with_acr, "with_pA": with_pA,
+             "sigmas": sigmas, "seeds": ({s: len(g) for s, g in ga.items()}, {s: len(g) for s, g in gb.items()}),
+             "over": over, "fixed": [log["path"] for log in logs if over == "test-set" and models[id(log)] is None]}
+    return rows, facts
+
+
+def compare_report(side_a, side_b, labels, radii, level, replicates, seed, over, out):
+    """compare.tsv (metric a b diff low high verdict, shares as fractions) and compare.md (the same in %)."""
+    rows, facts = compare_sides(side_a, side_b, radii, level, replicates, seed, over)
+    number = lambda v: f"{v:.6g}"
+    write_text(out, "compare.tsv", tsv(["metric", "a", "b", "diff", "low", "high", "verdict"],
+                                       [[m, number(a), number(b), number(d), number(lo), number(hi), v]
+                                        for m, a, b, d, lo, hi, v in rows]))
+    show = lambda name, v: f"{v:.3f}" if name.endswith("ACR") else f"{100 * v:.1f}"
+    table = markdown(["metric", labels[0], labels[1], "diff", f"{100 * level:g} % interval", "verdict"],
+                     [[m, show(m, a), show(m, b), show(m, d), f"[{show(m, lo)}, {show(m, hi)}]", v]
+                      for m, a, b, d, lo, hi, v in rows])
+    md = f"# {labels[1]} against {labels[0]}\n\n" + compare_words(rows, facts, labels, level, replicates) + \
+         "\n\nShares and their differences in points (%), ACR in radius units; diff = " + \
+         f"{labels[1]} − {labels[0]}.\n\n" + table
+    write_text(out, "compare.md", md)
+    return md
+
+
+def compare_words(rows, facts, labels, level, replicates):
+    """compare.md's sentences: what differs beyond noise, the design, and what the interval accounts for."""
+    found = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v != "within noise"]
+    lines = [f"- Beyond noise: {'; '.join(found)}." if found else "- Every row is within noise."]
+    seeds = facts["seeds"]
+    one = [labels[i] for i in (0, 1) if max(seeds[i].values()) == 1]
+    k = "; ".join(f"{labels[i]}: {', '.join(f'{n} at σ={fmt_sigma(s)}' for s, n in seeds[i].items())}"
+                  for i in (0, 1))
+    lines.append(f"- Training seeds per sigma ({k})." + (
+        f" With one seed ({', '.join(one)}), the verdict is about these models, not their training methods."
+        if one else " The interval includes the spread between seeds (hierarchical bootstrap)."))
+    if facts["over"] == "images":
+        lines.append("- The truth estimated: the expectation over test images (--over images). " + (
+            "Paired bootstrap over the same images" if facts["paired"] else
+            f"The logs cover {facts['n_sets']} different image sets, each resampled on its own (unpaired)") +
+            "; each image's Monte Carlo noise of certification is part of the spread it resamples.")
+    else:
+        lines.append("- The truth estimated: the expectation on these images (--over test-set): the images "
+                     "stay, every image's votes are redrawn from Binomial(N, nA/N)" + (
+                         f", except in {', '.join(facts['fixed'])} (grid logs, or sigma unknown), held fixed."
+                         if facts["fixed"] else "."))
+    lines.append(f"- Multiplicity: one simultaneous {100 * level:g} % band over all {len(rows)} rows "
+                 f"(max-|t| over {replicates} bootstrap replicates, c = {facts['c']:.2f} standard errors), so "
+                 f"the family-wise error is about {100 * (1 - level):g} %." +
+                 ("" if facts["with_acr"] else " No ACR row: grid logs certify grid radii only."))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
 
 def main(argv=None):
     args = parse_args(argv)
@@ -1224,6 +1523,16 @@ def main(argv=None):
                                acr_paths=args.acr)
     elif c == "trainpa":
         text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA), args.pt, args.out)
+    elif c == "compare":
+        side_a, side_b = (args.logs, args.vs) if args.vs else (args.logs[:1], args.logs[1:])
+        common.check(args.vs or len(args.logs) == 2, f"compare takes two logs (A B), or A's logs then --vs and "
+                                                      f"B's logs; got {len(args.logs)} logs and no --vs")
+        logs = load_logs(side_a + side_b)
+        labels = args.labels or [label_from_path(side_a[0]), label_from_path(side_b[0])]
+        if labels[0] == labels[1]:
+            labels = [f"A ({labels[0]})", f"B ({labels[1]})"]
+        text = compare_report(logs[:len(side_a)], logs[len(side_a):], labels, args.radii, args.level,
+                              args.replicates, args.seed, args.over, args.out)
     elif c == "budget":
         logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log)
         text = budget_report(logs, args.N, args.alpha, args.radii, args.log_N, args.log_alpha, args.out)
