@@ -496,8 +496,10 @@ def test_full_range_ecdf_and_shares_equal_a_brute_force_count_of_the_votes(tmp_p
     assert cells == [analyze.fmt_percent(b) for b in brute]
     curve = np.loadtxt(tmp_path / "fig" / "ecdf_full_ours_0.5.tsv", skiprows=1)
     assert curve[0, 0] == 0.0 and curve[-1, 0] == 1.0
-    for p, y in curve[::50]:
+    eps = np.sqrt(np.log(2 / 0.05) / (2 * n))                            # DKW at 95 %, Massart's constant
+    for p, y, low, high in curve[::50]:
         assert y == pytest.approx(sum(q >= p for q in pA) / n)             # P(pA >= p) over every row
+        assert low == pytest.approx(max(0, y - eps)) and high == pytest.approx(min(1, y + eps))
     assert (tmp_path / "fig" / "ecdf_full.png").stat().st_size > 0
     # a rerun on the same log writes the same bytes (no date in the PDF), so committed figures do not churn
     assert run_main(["ecdf", path, "--out", str(tmp_path / "again")], capsys)[0] == 0
