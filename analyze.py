@@ -941,19 +941,40 @@ def full_range_report(logs, baseline, out, name):
     md = ("The whole range (§4.3, Fig. 3): pA = nY/N of the true label on every row, wrong and abstained "
           "ones too; shares in %:\n\n" + markdown(["σ", "method", "n"] + [h for h, _ in SHARES], rows))
     if sentences:
-        md += f"\n\n§4.3 (more mass than {baseline} near pA = 0 and near pA = 1?):\n\n" + "\n".join(sentences)
+        md += (f"\n\n§4.3 (more mass than {baseline} near pA = 0 and near pA = 1, beyond noise? Intervals "
+               f"simultaneous over the two shares at 95 %; `analyze.py compare` gives every metric):\n\n" +
+               "\n".join(sentences))
     return md + ("\n\n" + note if note else "")
 
 
 def mass_sentence(log, base):
-    """One sentence: does `log` have more mass than `base` near 0 (pA < 0.1) and near 1 (pA >= 0.99)?"""
-    low, high = (log["shares"][0], base["shares"][0]), (log["shares"][3], base["shares"][3])
-    near0, near1 = low[0] > low[1], high[0] > high[1]
-    verdict = ("more mass near 0 and near 1: §4.3's pattern" if near0 and near1 else
-               "more mass near 1 only" if near1 else "more mass near 0 only" if near0 else
-               "no more mass near 0 or near 1")
-    return (f"{log['label']} vs {base['label']}: {verdict} (P(pA<0.1) {fmt_percent(low[0])} vs "
-            f"{fmt_percent(low[1])} %, P(pA≥0.99) {fmt_percent(high[0])} vs {fmt_percent(high[1])} %)")
+    """One sentence: does `log` have more mass than `base` near 0 (pA < 0.1) and near 1 (pA >= 0.99), beyond
+    noise? Each difference gets an interval, simultaneous over the two at 95 % (Bonferroni, normal
+    approximation): paired over images when both logs certified the same ones, else unpaired."""
+    parts, more = [], []
+    for k, where in ((0, "near 0"), (3, "near 1")):
+        d, lo, hi = share_difference(log, base, SHARES[k][1])
+        word = "higher" if lo > 0 else "lower" if hi < 0 else "within noise"
+        if word == "higher":
+            more.append(where)
+        parts.append(f"{SHARES[k][0]} {fmt_percent(log['shares'][k])} vs {fmt_percent(base['shares'][k])} %, "
+                     f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points, {word}")
+    verdict = ("more mass near 0 and near 1: §4.3's pattern" if len(more) == 2 else
+               f"more mass {more[0]} only" if more else "no more mass near 0 or near 1 beyond noise")
+    return f"{log['label']} vs {base['label']}: {verdict} ({'; '.join(parts)})"
+
+
+def share_difference(log, base, test, z=norm.ppf(1 - 0.05 / 4)):
+    """The difference of the shares of rows where test(pA_all) holds, log minus base, and its interval
+    (+- z standard errors; the default z makes two such intervals hold together at 95 %)."""
+    a, b = test(log["pA_all"]).astype(float), test(base["pA_all"]).astype(float)
+    d = a.mean() - b.mean()
+    if np.array_equal(np.sort(log["idx"]), np.sort(base["idx"])):     # the same images: pair them by idx
+        diff = a[np.argsort(log["idx"])] - b[np.argsort(base["idx"])]
+        se = diff.std(ddof=1) / math.sqrt(len(diff))
+    else:
+        se = math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    return d, d - z * se, d + z * se
 
 
 def plot_ecdf(logs, out, name):

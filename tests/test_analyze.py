@@ -513,11 +513,18 @@ def test_section_4_3_sentence_says_whether_a_method_has_more_mass_near_0_and_1(t
     g = write_full_log(tmp_path / "gaussian_sigma0.5.tsv", 1, [1] * 10, [70] * 10, [70] * 10, N)
     o = write_full_log(tmp_path / "ours_sigma0.5.tsv", 1, [1] * 5 + [2] * 5, [100] * 10, [100] * 5 + [0] * 5, N)
     m = write_full_log(tmp_path / "macer_sigma0.5.tsv", 1, [1] * 10, [60] * 10, [60] * 10, N)
-    code, out, _ = run_main(["ecdf", g, o, m], capsys)
+    # one easy input more than gaussian of ten: +10 points, far inside the noise of ten paired images
+    one = write_full_log(tmp_path / "one_sigma0.5.tsv", 1, [1] * 10, [100] + [70] * 9, [100] + [70] * 9, N)
+    code, out, _ = run_main(["ecdf", g, o, m, one], capsys)
     assert code == 0
+    # paired: the per-image differences are 1 on five images and 0 on five (se 0.167), z = Phi^-1(1 - 0.05/4)
+    half = 2.2414 * np.sqrt(0.25 * 10 / 9 / 10)
     assert "ours vs gaussian: more mass near 0 and near 1: §4.3's pattern" in out
-    assert "P(pA<0.1) 50.0 vs 0.0 %, P(pA≥0.99) 50.0 vs 0.0 %" in out
-    assert "macer vs gaussian: no more mass near 0 or near 1" in out
+    assert (f"P(pA<0.1) 50.0 vs 0.0 %, +50.0 [{100 * (0.5 - half):+.1f}, {100 * (0.5 + half):+.1f}] points, "
+            f"higher") in out
+    assert "macer vs gaussian: no more mass near 0 or near 1 beyond noise" in out
+    assert "one vs gaussian: no more mass near 0 or near 1 beyond noise" in out
+    assert "P(pA≥0.99) 10.0 vs 0.0 %, +10.0" in out and out.count("within noise") >= 4
 
 
 def test_logs_without_true_label_votes_fall_back_to_the_upper_half_with_a_note(tmp_path, capsys):
