@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
 # Every verdict of the CPU-scale results as a difference with its interval (analyze.py compare; README,
-# "Verdicts"): writes compare.tsv and compare.md under results/<experiment>/compare/<b>_vs_<a>/. Needs only
-# the committed logs (a few seconds per comparison):
+# "Verdicts"): writes compare.tsv and compare.md under results/<experiment>/compare/<b>_vs_<a>/ (and prints
+# the latter). Needs only the committed logs (a few seconds per comparison):
 #   bash scripts/compare_cpu.sh
 # Training seeds 1 and 2 (scripts/seeds_cpu.sh) join a side once both of its seeds are certified.
 source "$(dirname "$0")/lib.sh"
 
-# seeds LOG: the log and its training seeds 1 and 2 of scripts/seeds_cpu.sh, when both are complete (500 rows).
+# seeds LOG: the log, and its training seeds 1 and 2 of scripts/seeds_cpu.sh once both are complete (500 rows).
 seeds() {
-    local log=$1 found=("$1") s other
+    local log=$1 others=() s other
     for s in 1 2; do
         other=${log/\/certify\//\/seed$s\/certify\/}
-        if [ "$DRY_RUN" = 1 ] || [ "$(wc -l < "$other" 2>/dev/null || echo 0)" -lt 501 ]; then echo "${found[@]}"; return; fi
-        found+=("$other")
+        if [ ! -f "$other" ] || [ "$(wc -l < "$other")" -lt 501 ]; then echo "$log"; return; fi
+        others+=("$other")
     done
-    echo "${found[@]}"
+    echo "$log ${others[*]}"
 }
 
 C=results/cifar10_cpu
 read -r -a A <<< "$(seeds $C/certify/gaussian_noise_0.5.tsv)"
 read -r -a B <<< "$(seeds $C/certify/ours_noise_0.5.tsv)"
-run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels gaussian ours --out $C/compare > /dev/null
+run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels gaussian ours --out $C/compare
 
 F=results/fig3_cpu
 for m in consistency smoothmix macer catrs smoothadv; do
     run "$PYTHON" analyze.py compare $C/certify/gaussian_noise_0.5.tsv $F/certify/${m}_noise_0.5.tsv \
-        --labels gaussian "$m" --out $F/compare/${m}_vs_gaussian > /dev/null
+        --labels gaussian "$m" --out $F/compare/${m}_vs_gaussian
 done
 
 T=results/table5_cpu
@@ -38,9 +38,9 @@ for pair in discard:gaussian weight:gaussian attack:gaussian discard_weight:gaus
     read -r -a A <<< "$(seeds $T/certify/$a/noise_0.25.tsv)"
     read -r -a B <<< "$(seeds $T/certify/$b/noise_0.25.tsv)"
     run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels "$a" "$b" --out $T/compare/${b}_vs_$a \
-        > /dev/null
+       
 done
 
 D=results/ddrs_cpu
 run "$PYTHON" analyze.py compare $D/fixed_noise_0.25.tsv $D/ds_noise_0.25.tsv --labels fixed DS \
-    --out $D/compare/ds_vs_fixed > /dev/null
+    --out $D/compare/ds_vs_fixed

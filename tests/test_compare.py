@@ -1,5 +1,10 @@
 """analyze.py compare: intervals that carry the test sample, Monte Carlo and seed noise, calibrated on
 synthetic logs whose truth is known, and on two real certifications of one digits model."""
+import os
+import shlex
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -223,3 +228,22 @@ def test_a_barely_trained_digits_model_has_lower_clean_accuracy_beyond_noise(dig
     rows, _ = analyze.compare_sides(logs[:1], logs[1:], analyze.DEFAULT_RADII[1:], 0.95, 1000, 0)
     clean = next(r for r in rows if r[0] == "clean accuracy")
     assert clean[-1] == "lower", clean
+
+
+def test_the_committed_compare_files_are_the_output_of_compare_cpu_sh(tmp_path):
+    """results/cifar10_cpu/compare: the command scripts/compare_cpu.sh prints for it gives the same bytes."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dry = subprocess.run(["bash", "scripts/compare_cpu.sh"], cwd=root, capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, DRY_RUN="1", PYTHON=sys.executable))
+    assert dry.returncode == 0, dry.stderr
+    lines = [shlex.split(line[2:]) for line in dry.stdout.splitlines() if line.startswith("+ ")]
+    assert len(lines) == 1 + 5 + 16 + 1       # Gaussian vs ours, Figure 3, Table 5, DDRS
+    argv = next(a for a in lines if a[a.index("--out") + 1] == "results/cifar10_cpu/compare")
+    argv[argv.index("--out") + 1] = str(tmp_path)
+    for i, a in enumerate(argv):
+        if a.startswith("results/"):
+            argv[i] = os.path.join(root, a)
+    assert run_main(analyze.main, argv[2:]) == 0
+    for name in ("compare.tsv", "compare.md"):
+        with open(os.path.join(root, "results", "cifar10_cpu", "compare", name)) as f:
+            assert (tmp_path / name).read_text() == f.read(), name

@@ -113,18 +113,27 @@ def report(paths):
 
 
 def test_verdict_says_the_claim_shows_when_acr_rises_and_clean_accuracy_falls(tmp_path):
-    # ours: certified at pA = 1 on 7 of 10, abstains on 3; Gaussian: pA = 0.8 on all 10 (higher clean accuracy)
-    gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [800] * 10, 0.5)
-    ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 7 + [100] * 3, 0.5)
+    # ours: certified at pA = 1 on 70 of 100, abstains on 30; Gaussian: pA = 0.8 on all (higher clean accuracy)
+    gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [800] * 100, 0.5)
+    ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 70 + [100] * 30, 0.5)
     text = report([gaussian, ours])
     assert "**The paper's claim shows at this scale.**" in text
-    assert "clean accuracy 70.0 % against 100.0 %" in text
+    assert "clean accuracy 70.0 % against 100.0 %, -30.0 [" in text and "points, lower" in text
+
+
+def test_verdict_says_within_noise_when_the_same_pattern_rests_on_ten_digits(tmp_path):
+    # the pattern above on 10 digits: ACR and clean accuracy move, but not beyond the noise of 10 images
+    gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [800] * 10, 0.5)
+    ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 8 + [100] * 2, 0.5)
+    text = report([gaussian, ours])
+    assert "**The paper's claim does not show beyond noise at this scale.**" in text
+    assert "points, within noise" in text
 
 
 def test_verdict_says_the_claim_does_not_show_when_acr_does_not_rise(tmp_path):
     gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [1000] * 10, 0.5)
     ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 7 + [100] * 3, 0.5)
-    assert "**The paper's claim does not show at this scale.**" in report([gaussian, ours])
+    assert "**The paper's claim does not show beyond noise at this scale.**" in report([gaussian, ours])
 
 
 def test_demo_refuses_a_folder_it_did_not_make(tmp_path):
