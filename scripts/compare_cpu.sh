@@ -37,8 +37,7 @@ for pair in discard:gaussian weight:gaussian attack:gaussian discard_weight:gaus
     b=${pair%%:*} a=${pair##*:}
     read -r -a A <<< "$(seeds $T/certify/$a/noise_0.25.tsv)"
     read -r -a B <<< "$(seeds $T/certify/$b/noise_0.25.tsv)"
-    run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels "$a" "$b" --out $T/compare/${b}_vs_$a \
-       
+    run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels "$a" "$b" --out $T/compare/${b}_vs_$a
 done
 
 D=results/ddrs_cpu
