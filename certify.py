@@ -687,7 +687,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
     counts = (outfile + ".counts", counts_columns(num_classes)) if args.save_counts else None
     settings = {"mode": "predict" if args.predict else "grid" if plan else "certify", "dataset": dataset_name,
                 "split": args.split,
-                "checkpoint": os.path.abspath(args.checkpoint), "checkpoint_sha256": file_sha256(args.checkpoint),
+                # relative to the working directory: no machine's path in a published log; the hash identifies it
+                "checkpoint": os.path.relpath(args.checkpoint), "checkpoint_sha256": file_sha256(args.checkpoint),
                 "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
                 "N0": None if args.predict else args.N0,  # PREDICT has no selection step
                 "seed": args.seed, "skip": args.skip, "batch": args.batch, "device_type": device.type,
