@@ -1381,8 +1381,9 @@ def side_groups(logs):
     return groups
 
 
-def compare_rows(side_a, side_b, radii):
-    """The metrics both sides have: {name: (sigma or 'envelope', base metric, radius)} in report order."""
+def compare_scope(side_a, side_b):
+    """What two sides can be compared on: each side's logs by sigma, the sigmas both have, and whether there
+    are ACR rows (no grid log) and pA rows (every log has nY)."""
     ga, gb = side_groups(side_a), side_groups(side_b)
     sigmas = [s for s in ga if s in gb]
     common.check(sigmas, f"the two sides share no sigma (A: {sorted(map(str, ga))}, B: {sorted(map(str, gb))}); "
@@ -1390,7 +1391,7 @@ def compare_rows(side_a, side_b, radii):
     logs = side_a + side_b
     with_acr = not any(log.get("grid") for log in logs)
     with_pA = all("nY" in log for log in logs) and with_acr
-    return sigmas, with_acr, with_pA
+    return ga, gb, sigmas, with_acr, with_pA
 
 
 def side_values(groups, sigmas, draws, radii, with_acr, with_pA, seed_draws):
@@ -1440,11 +1441,10 @@ def compare_sides(side_a, side_b, radii, level, replicates, seed, over="images",
     common.check(0 < level < 1, f"--level must lie in (0, 1) (got {level})")
     common.check(replicates >= 100, f"--replicates must be >= 100 (got {replicates})")
     common.check(over in COMPARE_OVER, f"--over must be one of {', '.join(COMPARE_OVER)} (got {over!r})")
-    sigmas, with_acr, with_pA = compare_rows(side_a, side_b, radii)
+    ga, gb, sigmas, with_acr, with_pA = compare_scope(side_a, side_b)
     logs = side_a + side_b
     sets, n_sets = image_sets(logs)
     models = {id(log): mc_model(log) if over == "test-set" else None for log in logs}
-    ga, gb = side_groups(side_a), side_groups(side_b)
     point = {id(log): redraw_log(log, None, 1, None) for log in logs}
     pa = side_values(ga, sigmas, point, radii, with_acr, with_pA, None)
     pb = side_values(gb, sigmas, point, radii, with_acr, with_pA, None)
