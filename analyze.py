@@ -34,8 +34,7 @@ from scipy.stats import binom, norm
 import common
 
 PAPER_N, PAPER_ALPHA = 100_000, 0.001               # the certification budget of every table in the paper
-COHEN_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")
-GRADNORM_COLUMNS = ("idx", "label", "pA", "grad_norm")
+COHEN_COLUMNS, GRADNORM_COLUMNS = common.COHEN_COLUMNS, common.GRADNORM_COLUMNS
 DEFAULT_RADII = [0.25 * i for i in range(11)]       # Table 3: 0.00, 0.25, ..., 2.50
 # The p grid of the published ECDF files, float noise included: a few points lie one ulp above p = k / 1000
 # (0.5640000000000001, ...), where P(pA >= p) leaves out the examples with pA exactly k / 1000.
@@ -148,116 +147,10 @@ def parse_args(argv=None):
 # Reading TSVs: one clear line for a missing file, a foreign header or a malformed line
 # ----------------------------------------------------------------------------------------------------------
 
-def read_columns(path, required, numeric):
-    """Read a tab-separated file with a header into {column: list of str, or np.array for `numeric` ones}.
-
-    `required` columns must be in the header. A line with the wrong number of fields or a non-numeric value
-    in a numeric column is a UserError naming the file and line. Blank lines are skipped; '_line' holds the
-    line number of every row (the header is line 1).
-    """
-    lines = read_lines(path)
-    common.check(lines and lines[0].strip(), f"{path}: empty file (expected a header {' '.join(required)})")
-    sep = "\t" if "\t" in lines[0] else None                  # Cohen's logs are tab-separated
-    header = [h.strip() for h in lines[0].split(sep)]
-    missing = [c for c in required if c not in header]
-    common.check(not missing, f"{path}: not the expected format: header lacks {' '.join(missing)} "
-                              f"(expected columns {' '.join(required)})")
-    cols, numbers = {h: [] for h in header}, []
-    for number, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        cells = line.split(sep)
-        common.check(len(cells) == len(header), f"{path} line {number}: {len(cells)} fields, the header has "
-                                                 f"{len(header)}")
-        for h, cell in zip(header, cells):
-            cols[h].append(cell.strip())
-        numbers.append(number)
-    for h in numeric:
-        if h in cols:
-            cols[h] = to_numbers(path, h, cols[h], numbers)
-    cols["_line"] = np.array(numbers, dtype=np.int64)
-    return cols
-
-
-def read_lines(path):
-    """The lines of a text file; a missing or unreadable one is a UserError."""
-    common.check(os.path.isfile(path), f"{path}: file not found")
-    try:
-        with open(path, errors="replace") as f:
-            return f.read().splitlines()
-    except OSError as e:
-        raise common.UserError(f"{path}: cannot read ({e.strerror})") from None
-
-
-def to_numbers(path, column, cells, line_numbers):
-    """Column cells as a float array; the first non-number is a UserError with its line number."""
-    try:
-        return np.array(cells, dtype=float)
-    except ValueError:
-        for number, cell in zip(line_numbers, cells):
-            try:
-                float(cell)
-            except ValueError:
-                raise common.UserError(f"{path} line {number}: {column} {cell!r} is not a number") from None
-        raise
-
-
-def read_log(path):
-    """A Cohen-format certification log: {'radius', 'correct'} arrays, plus 'nA', 'N' and 'nY' (the true
-    label's votes, certify.py since it records them) when present."""
-    cols = read_columns(path, COHEN_COLUMNS, ("idx", "label", "predict", "radius", "correct", "nA", "N", "nY",
-                                              "sigma"))
-    common.check(len(cols["radius"]) > 0, f"{path}: no examples (only a header)")
-    for name in ("idx", "label"):
-        check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])),
-                   f"{name} must be an integer >= 0")
-    seen = {}
-    for idx, line in zip(cols["idx"].astype(np.int64).tolist(), cols["_line"]):   # two writers, or logs pasted
-        common.check(idx not in seen, f"{path} line {line}: idx {idx} again (first on line {seen.get(idx)}); "
-                                      f"each example must appear once: remove the duplicate rows")
-        seen[idx] = line
-    check_rows(cols, path, cols["predict"] == np.round(cols["predict"]), "predict must be an integer")
-    check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
-    check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
-    log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool),
-           "idx": cols["idx"].astype(np.int64), "y": cols["label"].astype(np.int64),
-           "predict": cols["predict"].astype(np.int64),
-           "grid": "stop" in cols}   # certify.py --radii: the radius is a certified grid level
-    if "sigma" in cols:                  # ddrs.py certify: each row's own sigma_x
-        check_rows(cols, path, np.isfinite(cols["sigma"]) & (cols["sigma"] > 0), "sigma must be a number > 0")
-        log["sigma_x"] = cols["sigma"]
-    for name in ("nA", "N", "nY"):
-        if name in cols:
-            check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])),
-                       f"{name} must be a count (an integer >= 0)")
-            log[name] = cols[name].astype(np.int64)
-    if "nA" in log:
-        common.check("N" in log, f"{path}: has an nA column but no N column")
-        check_rows(cols, path, (log["nA"] <= log["N"]) & (log["N"] >= 1), "need 0 <= nA <= N and N >= 1")
-    if "nY" in log:
-        common.check("N" in log, f"{path}: has an nY column but no N column")
-        check_rows(cols, path, log["nY"] <= log["N"], "need 0 <= nY <= N")
-    return log
-
-
-def check_rows(cols, path, ok, what):
-    """UserError naming the line of the first row where `ok` (a boolean array over rows) is False."""
-    bad = np.flatnonzero(~ok)
-    common.check(len(bad) == 0, f"{path} line {cols['_line'][bad[0]] if len(bad) else 0}: {what}")
-
-
-def read_sidecar(path):
-    """The settings certify.py writes beside a log (`<log>.json`, or `<stem>.json`); {} when there is none."""
-    for candidate in (path + ".json", os.path.splitext(path)[0] + ".json"):
-        if os.path.isfile(candidate):
-            try:
-                with open(candidate) as f:
-                    settings = json.load(f)
-            except (OSError, ValueError) as e:
-                raise common.UserError(f"{candidate}: cannot read settings ({type(e).__name__})") from None
-            common.check(isinstance(settings, dict), f"{candidate}: expected a JSON object")
-            return settings
-    return {}
+# The readers of every format live in common.py (one reader per format); the names analyze.py uses:
+read_columns, read_lines, check_rows = common.read_table, common.read_lines, common.check_rows
+read_log, read_sidecar = common.read_certification_log, common.read_sidecar
+read_train_pA, read_gradnorm, read_ecdf_or_log = common.read_train_pA, common.read_gradient_norms, common.read_ecdf_or_log
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -586,12 +479,18 @@ def latex(header, groups, lead):
 
 
 def write_text(out, name, text):
-    """<out>/<name> (when --out was given), announced on stderr so stdout stays Markdown."""
+    """<out>/<name> (when --out was given) through the output guard, announced on stderr so stdout stays
+    Markdown. name may hold a label from a file: it is made safe for a file name first (safe_name)."""
     if out:
-        path = os.path.join(common.make_outdir(out), name)
-        with open(path, "w") as f:
-            f.write(text + "\n")
+        path = os.path.join(common.make_outdir(out), safe_name(name))
+        common.write_text_output(path, "analyze.py output", text + "\n")
         print(f"wrote {path}", file=sys.stderr)
+
+
+def safe_name(name):
+    """A file name from labels of logs: path separators, spaces and other odd characters become '_'."""
+    cleaned = re.sub(r"[^A-Za-z0-9._+=-]+", "_", name).strip("._") or "unnamed"
+    return cleaned[:200]
 
 
 def pyplot():
@@ -607,9 +506,10 @@ def save_figure(fig, out, name):
     a rerun on the same logs changes no committed file."""
     common.make_outdir(out)
     for ext in ("png", "pdf"):
-        path = os.path.join(out, f"{name}.{ext}")
+        path = os.path.join(out, f"{safe_name(name)}.{ext}")
         metadata = {"CreationDate": None} if ext == "pdf" else None
-        fig.savefig(path, dpi=150, bbox_inches="tight", metadata=metadata)
+        common.write_output(path, "analyze.py figure", lambda f: fig.savefig(f, format=ext, dpi=150,
+                                                                             bbox_inches="tight", metadata=metadata))
         print(f"wrote {path}", file=sys.stderr)
     pyplot().close(fig)
 
@@ -1015,19 +915,6 @@ def band(ax, ps, values, n, label):
                     alpha=0.15, linewidth=0)
 
 
-def read_ecdf_or_log(path):
-    """budget accepts certification logs and tabulated ECDFs (`x y`, p increasing in [0, 1])."""
-    lines = read_lines(path)
-    if not lines or lines[0].split()[:2] != ["x", "y"]:
-        return read_log(path)
-    cols = read_columns(path, ("x", "y"), ("x", "y"))
-    x, y = cols["x"], cols["y"]
-    common.check(len(x) > 0, f"{path}: no points (only a header)")
-    common.check(np.all(np.diff(x) > 0) and x[0] >= 0 and x[-1] <= 1 and np.all((y >= 0) & (y <= 1)),
-                 f"{path}: an ECDF needs x increasing in [0, 1] and y in [0, 1]")
-    return {"path": path, "grid_p": x, "grid_y": y}
-
-
 def budget_report(logs, N, alpha, radii, log_N, log_alpha, out, name="budget"):
     """App. B.1: certified accuracy each model is expected to reach when certified with (N, alpha), from its log
     (the logs' own budget: log_N, log_alpha where they do not say) or from a tabulated ECDF."""
@@ -1151,22 +1038,6 @@ def plot_theory(scan, toy, pA, N, alpha, sigma, out):
 # gradnorm (Table 2, Fig. 5)
 # ----------------------------------------------------------------------------------------------------------
 
-def read_train_pA(path):
-    """Training-set pA: train_ours.py's estimates (`idx label count n`: count / n) or a certification log of
-    the train split with the true label's votes (nY / N)."""
-    lines = read_lines(path)
-    if lines and lines[0].split("\t")[:4] == ["idx", "label", "count", "n"]:
-        cols = read_columns(path, ("idx", "label", "count", "n"), ("count", "n"))
-        common.check(len(cols["n"]) > 0, f"{path}: no examples (only a header)")
-        check_rows(cols, path, (cols["n"] >= 1) & (cols["count"] >= 0) & (cols["count"] <= cols["n"]),
-                   "need 0 <= count <= n and n >= 1")
-        return {"path": path, "pA_all": cols["count"] / cols["n"], "source": "count/n"}
-    log = read_log(path)
-    common.check("nY" in log, f"{path}: neither train_ours.py's pA estimates (idx label count n) nor a "
-                              f"certification log with an nY column (certify.py --split train writes one)")
-    return dict(log, pA_all=log["nY"] / log["N"], source="nY/N")
-
-
 def trainpa_report(logs, pt, out, name="trainpa"):
     """§5.1: how much of the training set is hard: shares with pA < 0.5 and pA < pt, and a histogram."""
     common.check(0 <= pt <= 1, f"--pt must lie in [0, 1] (got {pt})")
@@ -1186,15 +1057,6 @@ def trainpa_report(logs, pt, out, name="trainpa"):
         ax.legend(fontsize=7)
         save_figure(fig, out, name)
     return md
-
-
-def read_gradnorm(path):
-    """A gradient-norm TSV of the training scripts' --gradnorm mode: {'pA', 'grad_norm'} arrays."""
-    cols = read_columns(path, GRADNORM_COLUMNS, ("pA", "grad_norm"))
-    common.check(len(cols["pA"]) > 0, f"{path}: no examples (only a header)")
-    check_rows(cols, path, (cols["pA"] >= 0) & (cols["pA"] <= 1) & (cols["grad_norm"] >= 0),
-               "need 0 <= pA <= 1 and grad_norm >= 0 (finite)")
-    return {"path": path, "pA": cols["pA"], "grad_norm": cols["grad_norm"]}
 
 
 def easy_hard(pA, grad_norm):
@@ -1535,6 +1397,8 @@ def compare_words(rows, facts, labels, level, replicates):
 def main(argv=None):
     args = parse_args(argv)
     c = args.command
+    common.set_inputs([p for p in (getattr(args, "logs", None) or []) + (getattr(args, "vs", None) or []) +
+                       (getattr(args, "acr", None) or []) + [getattr(args, "root", None)] if p not in (None, "-")])
     if c == "theory":
         text = theory_report(args.N, args.alpha, args.sigma, args.pA, args.Nmax, args.out)
     elif c == "paper":

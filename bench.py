@@ -713,9 +713,9 @@ def bench_early_abstain(paths, device, data_dir, N, examples, trust=False):
 def machine_line(device):
     cpu = platform.processor() or platform.machine()
     try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
+        cpu = next(line.split(":", 1)[1].strip() for line in common.read_lines("/proc/cpuinfo")
+                   if line.startswith("model name"))
+    except (common.UserError, StopIteration):
         pass
     if device.type == "cuda":
         cpu += f"; GPU {torch.cuda.get_device_name(device)}"

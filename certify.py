@@ -34,8 +34,6 @@ import argparse
 import contextlib
 import datetime
 import glob
-import hashlib
-import json
 import os
 import re
 import sys
@@ -55,7 +53,7 @@ GRID_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N
 # Logs written before the nY column existed: still resumed in their own columns.
 LEGACY_COLUMNS = (CERTIFY_COLUMNS[:-1], PREDICT_COLUMNS[:-1])
 # Settings that change what a line means: a resumed file must have been written with the same ones.
-CHECKED_SETTINGS = ("mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N", "alpha", "seed",
+CHECKED_SETTINGS = ("script", "data", "mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N", "alpha", "seed",
                     "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look",
                     "ddrs")
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
@@ -328,50 +326,14 @@ def part_files(outfile):
     return sorted(parts, key=lambda p: int(p.rsplit(".rank", 1)[1]))
 
 
-def read_rows(path, columns):
-    """The complete data lines of a TSV we wrote, and the byte length of that valid prefix.
-
-    A last line without its newline or with the wrong field count is torn (cut off by a kill): it is left out.
-    A file without any complete line counts as empty. A wrong header or a malformed earlier line is a UserError.
-    """
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise common.UserError(f"cannot read {path!r} ({type(e).__name__}); "
-                               f"pass --overwrite to replace it") from None
-    # byte offsets below are those of the text: a file with CR LF line ends (edited on Windows) is refused
-    common.check(b"\r" not in data, f"{path!r} has Windows line endings (CR LF); convert it back (dos2unix) to "
-                                    f"resume, or pass --overwrite to start again")
-    lines = text.split("\n")[:-1]  # the piece after the last newline is torn (or empty)
-    if not lines:
-        return [], 0
-    check_header(path, lines[0], columns)
-    rows = lines[1:]
-    if rows and len(rows[-1].split("\t")) != len(columns):
-        rows = rows[:-1]
-    for k, row in enumerate(rows):
-        cells = row.split("\t")
-        common.check(len(cells) == len(columns) and cells[0].isdigit(),
-                     f"{path!r} line {k + 2} is malformed; repair it, pass --overwrite, "
-                     f"or choose another --outfile")
-    return rows, len("".join(line + "\n" for line in [lines[0]] + rows).encode("utf-8"))
-
-
-def check_header(path, header, columns):
-    common.check(header == "\t".join(columns),
-                 f"{path!r} has header {header[:60]!r}, not {' '.join(columns)!r} (another format or --predict "
-                 f"setting); pass --overwrite to replace it or choose another --outfile")
+read_rows = common.read_log_prefix   # the one reader of a log being resumed (common.py)
 
 
 def resume_columns(outfile, columns):
     """The columns to write: an existing log from before the nY column keeps its own (columns[:-1])."""
     for path in [outfile] + part_files(outfile):
         if os.path.isfile(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                header = f.readline().rstrip("\n")
-            return columns[:-1] if header == "\t".join(columns[:-1]) else columns
+            return columns[:-1] if common.read_header(path) == "\t".join(columns[:-1]) else columns
     return columns
 
 
@@ -388,12 +350,12 @@ def check_resumable(outfile, settings, columns, counts=None):
     sidecar = outfile + ".json"
     common.check(os.path.isfile(sidecar), f"{outfile!r} exists but its settings file {sidecar!r} does not; "
                                           f"pass --overwrite to replace it or choose another --outfile")
-    try:
-        with open(sidecar) as f:
-            old = json.load(f)
-    except (OSError, ValueError) as e:
-        raise common.UserError(f"cannot read settings file {sidecar!r} ({type(e).__name__}); "
-                               f"pass --overwrite to start again") from None
+    old = common.read_json_object(sidecar, "settings file of a log")
+    for k in ("script", "data"):   # identity: refused when it differs, noted when an older sidecar lacks it
+        if k not in old:
+            sys.stderr.write(f"note: {sidecar!r} does not record the run's {k} (an older version wrote it); "
+                             f"resuming on the other settings alone\n")
+            old[k] = settings[k]
     old = {k: old.get(k, SETTING_DEFAULTS.get(k)) for k in CHECKED_SETTINGS + NOTED_SETTINGS}
     diff = [f"{k} {old[k]!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if old[k] != settings[k]]
     common.check(not diff, f"{outfile!r} was written with other settings ({'; '.join(diff)}); rerun with the "
@@ -410,48 +372,59 @@ def check_resumable(outfile, settings, columns, counts=None):
                              f"but may differ from those an uninterrupted run would write (noise or rounding)\n")
 
 
-def prepare_outputs(outfile, settings, columns, overwrite, counts=None):
+def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=()):
     """Single writer (rank 0): start or resume the outfile; returns the set of idx already done in any file.
 
-    --overwrite removes the outfile, its parts and sidecar. Otherwise torn last lines are cut off. The
-    sidecar is written before the TSV, so a TSV without one was not written by us. counts: optional
-    (path, columns) of the --save-counts file, started or resumed alike (the TSV decides what is done).
+    --overwrite removes the outfile, its parts and sidecar (only files certify.py wrote as such, by the
+    output record: common.remove_output). Otherwise torn last lines are cut off. The sidecar is written
+    before the TSV, so a TSV without one was not written by us. counts: optional (path, columns) of the
+    --save-counts file, started or resumed alike (the TSV decides what is done). Every write goes through
+    the guard (common.write_output, common.open_append).
     """
-    files = [(outfile, columns)] + ([counts] if counts else [])
+    files = [(outfile, columns, "certification log")] + ([(*counts, "vote counts")] if counts else [])
+    claimed = sidecar_claims(outfile)
+    for main_path, cols, kind in files:   # check every file before changing any
+        for path in [main_path] + part_files(main_path):
+            problem = common.output_problem(path, kind, inputs, append=True, claimed=claimed)
+            common.check(problem is None, problem)
+    sidecar_problem = common.output_problem(outfile + ".json", "settings of a log", inputs, claimed=claimed)
+    common.check(sidecar_problem is None, sidecar_problem)
     done = set()
-    for main_path, cols in files:
-        paths = [main_path] + part_files(main_path)
-        for path in paths:
-            if overwrite and os.path.exists(path):
-                os.remove(path)
+    for main_path, cols, kind in files:
+        for path in [main_path] + part_files(main_path):
+            if overwrite:
+                common.remove_output(path, kind, claimed)
             elif os.path.exists(path):
                 rows, keep = read_rows(path, cols)
                 os.truncate(path, keep)
                 if main_path == outfile:
                     done.update(int(row.split("\t", 1)[0]) for row in rows)
-    if overwrite and os.path.exists(outfile + ".json"):
-        os.remove(outfile + ".json")
-    write_json_atomic(settings, outfile + ".json")
-    for path, cols in files:
-        open_tsv(path, cols).close()
+    common.write_json(settings, outfile + ".json", "settings of a log", inputs, claimed)
+    for path, cols, kind in files:
+        open_tsv(path, cols, kind, inputs, claimed).close()
+        for part in part_files(path):   # recorded now: every rank appends to its own part later
+            common.open_append(part, kind, "\t".join(cols), inputs, claimed).close()
     return done
 
 
-def write_json_atomic(obj, path):
-    tmp = f"{path}.tmp{os.getpid()}"
-    common.write_json(obj, tmp)
-    os.replace(tmp, path)
+def sidecar_claims(outfile):
+    """True when <outfile>.json is certify.py's own record of the log (it names certify.py or ddrs.py, or is a
+    sidecar of an older version, with the checkpoint's hash): the log may be resumed or replaced even where
+    the folder's record of outputs does not list it (a log copied from another machine)."""
+    try:
+        old = common.read_json_object(outfile + ".json", "settings file of a log")
+    except common.UserError:
+        return False
+    return old.get("script", "certify.py") in ("certify.py", "ddrs.py certify") and "checkpoint_sha256" in old
 
 
-def open_tsv(path, columns):
-    """Open a TSV for appending; a new or empty file gets the header first."""
-    f = open(path, "a", encoding="utf-8")
-    if f.tell() == 0:
-        print("\t".join(columns), file=f, flush=True)
-    return f
+def open_tsv(path, columns, kind="certification log", inputs=(), claimed=False):
+    """Open a TSV for appending through the guard; a new or empty file gets the header first. prepare_outputs
+    has checked (and, for a log copied here, recorded) every file before this is called."""
+    return common.open_append(path, kind, "\t".join(columns), inputs, claimed)
 
 
-def merge_parts(outfile, columns):
+def merge_parts(outfile, columns, kind="certification log"):
     """Merge `<outfile>.rank*` into the outfile, one line per idx in idx order, then remove the parts.
 
     The merged file replaces the outfile atomically, and parts are removed only afterwards: a crash at any
@@ -465,12 +438,10 @@ def merge_parts(outfile, columns):
         if os.path.exists(path):
             for row in read_rows(path, columns)[0]:
                 rows.setdefault(int(row.split("\t", 1)[0]), row)
-    tmp = f"{outfile}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in ["\t".join(columns)] + [rows[i] for i in sorted(rows)]))
-    os.replace(tmp, outfile)
+    text = "".join(line + "\n" for line in ["\t".join(columns)] + [rows[i] for i in sorted(rows)])
+    common.write_output(outfile, kind, lambda f: f.write(text.encode("utf-8")), append=True)
     for path in parts:
-        os.remove(path)
+        common.remove_output(path, kind)
     return len(rows)
 
 
@@ -511,12 +482,7 @@ def default_outfile(checkpoint, sigma, split, use_predict):
     return os.path.join("runs", "predict" if use_predict else "certify", f"{name}_sigma{sigma:g}{suffix}.tsv")
 
 
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+file_sha256 = common.file_sha256
 
 
 def is_convolutional(model):
@@ -625,20 +591,6 @@ class Progress:
 # main
 # ----------------------------------------------------------------------------------------------------------
 
-def check_outputs(outfile, counts, checkpoint, overwrite):
-    """No output may be an input, and --overwrite replaces only files certify.py writes (a TSV starting with
-    `idx`): a mistyped --outfile never deletes a checkpoint."""
-    ours = [outfile, outfile + ".json"] + ([counts[0]] if counts else [])
-    common.check(all(os.path.realpath(p) != os.path.realpath(checkpoint) for p in ours),
-                 f"--outfile {outfile!r} would write over the checkpoint; choose another --outfile")
-    common.check(not os.path.isdir(outfile), f"--outfile {outfile!r} is a folder; name a .tsv file")
-    if overwrite and os.path.isfile(outfile):
-        with open(outfile, "rb") as f:
-            start = f.read(4)
-        common.check(start in (b"", b"idx\t"), f"--overwrite: {outfile!r} is not a certification log; "
-                                               f"refusing to replace it (choose another --outfile)")
-
-
 def lock_outputs(locks, outfile):
     """One run per outfile (rank 0): lock <outfile>.lock, and refuse rank files that a live worker of an
     earlier run still holds (under torchrun each rank locks its own <outfile>.rank<r>.lock while it writes)."""
@@ -685,7 +637,9 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
         columns = resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
     num_classes = common.NUM_CLASSES[dataset_name]
     counts = (outfile + ".counts", counts_columns(num_classes)) if args.save_counts else None
-    settings = {"mode": "predict" if args.predict else "grid" if plan else "certify", "dataset": dataset_name,
+    settings = {"script": getattr(args, "script", "certify.py"),
+                "data": common.data_fingerprint(dataset_name, args.split, args.data_dir),
+                "mode": "predict" if args.predict else "grid" if plan else "certify", "dataset": dataset_name,
                 "split": args.split,
                 # relative to the working directory: no machine's path in a published log; the hash identifies it
                 "checkpoint": os.path.relpath(args.checkpoint), "checkpoint_sha256": file_sha256(args.checkpoint),
@@ -698,7 +652,12 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
                 "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
                 "final_look": args.final_look if plan else None, "columns": list(columns), "ddrs": None,
                 **(extra_settings or {})}
-    check_outputs(outfile, counts, args.checkpoint, args.overwrite)
+    inputs = [args.checkpoint]
+    for path in [outfile, outfile + ".json"] + ([counts[0]] if counts else []):   # before any work: the guard
+        problem = common.output_problem(path, "settings of a log" if path.endswith(".json") else
+                                        "vote counts" if counts and path == counts[0] else "certification log",
+                                        inputs, append=not path.endswith(".json"), claimed=sidecar_claims(outfile))
+        common.check(problem is None, problem)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
     except OSError as e:
@@ -715,7 +674,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
     if rank == 0:   # the single writer of the shared files; what stops it stops every rank (below)
         try:
             lock_outputs(locks, outfile)
-            done = prepare_outputs(outfile, settings, columns, args.overwrite, counts)
+            done = prepare_outputs(outfile, settings, columns, args.overwrite, counts, inputs)
             todo = [select_examples(len(dataset), args.skip, args.max, done)]
             print(f"{'predict' if args.predict else 'certify'}: {len(todo[0])} examples to go "
                   f"({len(done)} already in the files) -> {outfile}", flush=True)
@@ -725,16 +684,18 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
         torch.distributed.broadcast_object_list(todo, src=0)  # every rank works on the same list
     if isinstance(todo[0], str):
         raise common.UserError(todo[0] if rank == 0 else f"rank 0 stopped: {todo[0]}")
+    rank_lock = contextlib.ExitStack()   # released before the final barrier: rank 0 then merges the parts
     if world > 1:
-        locks.enter_context(common.exclusive_lock(f"{outfile}.rank{rank}.lock", f"--outfile {outfile!r}"))
+        rank_lock.enter_context(common.exclusive_lock(f"{outfile}.rank{rank}.lock", f"--outfile {outfile!r}"))
         # the final barrier may wait for hours (one rank resumed with more left to do): its own long timeout
         final_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
     mine = todo[0][rank::world]
 
     progress = Progress(len(mine), prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
     part = "" if world == 1 else f".rank{rank}"
-    with open_tsv(outfile + part, columns) as out, \
-            (open_tsv(counts[0] + part, counts[1]) if counts else open(os.devnull, "w")) as counts_out:
+    with open_tsv(outfile + part, columns, inputs=inputs) as out, \
+            (open_tsv(counts[0] + part, counts[1], "vote counts", inputs) if counts else
+             contextlib.nullcontext(None)) as counts_out:
         for k, idx in enumerate(mine):
             x, label = dataset[idx]
             votes = []
@@ -746,17 +707,19 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
             if sigma_of is not None:
                 line += f"\t{s:.6g}"
             # the counts row first: a kill between the two writes repeats a row there (readers keep the first)
-            print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
+            if counts_out is not None:
+                print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
             print(line, file=out, flush=True)
             if progress is not None:
                 progress.update(k + 1)
 
+    rank_lock.close()
     if world > 1:
         torch.distributed.barrier(group=final_group)
     if rank == 0:
         merge_parts(outfile, columns)
         if counts:
-            merge_parts(*counts)
+            merge_parts(*counts, "vote counts")
     if world > 1:
         torch.distributed.destroy_process_group()
 

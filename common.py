@@ -49,12 +49,28 @@ class ArgumentParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C (SIGINT) so that every `finally` and every temporary-file cleanup runs."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted()
+
+
 def run(main):
     """Call main(); a UserError becomes one line on stderr and exit code 2.
 
+    SIGINT (Ctrl-C) and SIGTERM stop the command with one line and exit code 130 or 143: files are written
+    through write_output (a temporary file, then os.replace) or appended a line at a time (a torn last line
+    is dropped on resume), so an interrupted command leaves every file valid and resumable.
     Under torchrun the process group is always torn down before the process exits (end_distributed): a
     gloo group left alive at exit aborts the process ("terminate called without an active exception").
     """
+    import signal
+    try:
+        signal.signal(signal.SIGTERM, _raise_interrupted)
+    except ValueError:   # not the main thread (a test runner's worker): keep the default
+        pass
     try:
         main()
     except UserError as e:
@@ -62,11 +78,16 @@ def run(main):
         sys.exit(2)
     except OSError as e:   # disk full, a read-only folder, ...: what the system said, on one line
         where = f" ({e.filename})" if e.filename else ""
-        sys.stderr.write(f"error: {e.strerror or e}{where}; nothing already written was lost\n")
+        sys.stderr.write(f"error: {e.strerror or e}{where}; {written_so_far()}\n")
         sys.exit(2)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Interrupted)
+        sys.stderr.write(f"interrupted ({'SIGTERM' if term else 'SIGINT'}): every file is complete or resumable; "
+                         f"rerun the same command to continue\n")
+        sys.exit(143 if term else 130)
+    except MemoryError:
+        sys.stderr.write(f"error: out of memory; lower --batch (or --N, --m); {written_so_far()}\n")
+        sys.exit(2)
     finally:
         end_distributed(wait=False)
 
@@ -105,9 +126,11 @@ def exclusive_lock(path, what):
         f.close()
         raise UserError(f"{what} is in use by another run (it holds {path}); wait for that run to end, or "
                         f"choose another output") from None
+    _HELD_LOCKS.add(os.path.realpath(path))
     try:
         yield
     finally:
+        _HELD_LOCKS.discard(os.path.realpath(path))
         f.close()
 
 
@@ -140,6 +163,492 @@ def fsync_dir(path):
         pass
     finally:
         os.close(fd)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Outputs: one guard for every file any script writes
+# ----------------------------------------------------------------------------------------------------------
+# Every file a script writes goes through write_output (whole files) or open_append (logs that grow a line at a
+# time). The guard refuses to write over an input of the same command, a link, a folder or a special file,
+# a file another run holds, and any existing file that this project did not write for the same purpose.
+# What was written, and for what, is kept in one record per output folder (RECORD): {file name: {"kind",
+# "by", "sha256"}} (no sha256 for appended logs). A whole file is written to a temporary file, fsynced and
+# renamed over the old one, so a failed or interrupted write leaves the previous file as it was.
+
+RECORD = ".rs-outputs.json"
+RECORD_LOCK = ".rs-outputs.lock"
+_WRITTEN = []        # the files this process has completed, for the message of a failed write
+_HELD_LOCKS = set()  # realpaths of the exclusive_locks this process holds (not "another run")
+
+
+_INPUTS = []         # the files the running command reads (set_inputs): never written over
+
+
+def set_inputs(paths):
+    """Declare the files the command now starting reads; the guard refuses to write over any of them.
+    A folder stands for every file under it."""
+    _INPUTS.clear()
+    _WRITTEN.clear()
+    for path in paths:
+        if path and os.path.isdir(path):
+            _INPUTS.extend(os.path.join(root, f) for root, _, files in os.walk(path) for f in files)
+        elif path:
+            _INPUTS.append(path)
+
+
+def written_so_far():
+    """For an error message: which files this command completed before it stopped."""
+    if not _WRITTEN:
+        return "this command completed no file; files written before it are unchanged"
+    names = ", ".join(_WRITTEN[-4:]) + (f" and {len(_WRITTEN) - 4} more" if len(_WRITTEN) > 4 else "")
+    return f"completed before it: {names}; every other file is as it was"
+
+
+def _read_record(folder):
+    path = os.path.join(folder, RECORD)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read this folder's record of outputs ({type(e).__name__}); remove it "
+                        f"(the files it listed then count as not written by this project)") from None
+    check(isinstance(record, dict) and all(isinstance(v, dict) for v in record.values()),
+          f"{path}: not a record of outputs (expected {{file name: {{kind, by, sha256}}}}); remove it")
+    return record
+
+
+@contextlib.contextmanager
+def _folder_record(folder):
+    """The output record of `folder`, read and (when the block ends without error) written back under a lock."""
+    make_outdir(folder)
+    with open(os.path.join(folder, RECORD_LOCK), "a") as lock:
+        try:
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)   # held for one file write at most
+        except ImportError:
+            pass
+        record = _read_record(folder)
+        yield record
+        path = os.path.join(folder, RECORD)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def output_problem(path, kind, inputs=(), record=None, append=False, claimed=False):
+    """Why `path` may not be written as `kind` by this command (a message), or None when it may.
+
+    inputs: the files this command reads (an output may not be one of them, links and hard links included).
+    record: the folder's record (read when None). append: the file grows (no checksum is kept for it).
+    claimed: the caller has read the file's own record (a certification log's sidecar naming certify.py),
+    so a file missing from the folder's record (copied from elsewhere) may still be resumed or replaced.
+    """
+    name = os.path.basename(path)
+    if name in ("", ".", "..", RECORD, RECORD_LOCK):
+        return f"{path!r} is not a file name this command may write"
+    if os.path.islink(path):
+        return f"{path!r} is a symbolic link (to {os.path.realpath(path)!r}); name a plain file"
+    for source in list(inputs) + _INPUTS:
+        if source and os.path.exists(source) and os.path.exists(path) and os.path.samefile(source, path):
+            return f"{path!r} is an input of this command ({source!r}); choose another output"
+    if os.path.exists(path):
+        import stat
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            return f"{path!r} is a folder; name a file inside it"
+        if not stat.S_ISREG(mode):
+            return f"{path!r} is not a regular file (a FIFO, device or socket); choose another output"
+    lock = path + ".lock"
+    if os.path.realpath(lock) not in _HELD_LOCKS and is_locked(lock):
+        return f"{path!r} is being written by another run (it holds {lock!r}); wait for it or choose another output"
+    if not os.path.exists(path):
+        return None
+    record = _read_record(os.path.dirname(os.path.abspath(path))) if record is None else record
+    entry = record.get(name)
+    if entry is None and claimed:
+        return None
+    if entry is None:
+        return (f"{path!r} exists and was not written by this project (no entry in "
+                f"{os.path.join(os.path.dirname(path), RECORD)!r}); move it away or choose another output")
+    if entry.get("kind") != kind:
+        return f"{path!r} was written as {entry.get('kind')!r}, not as {kind!r}; choose another output"
+    if not (append or claimed or entry.get("append")) and entry.get("sha256") != file_sha256(path):
+        return (f"{path!r} changed since {entry.get('by', 'this project')} wrote it; move it away or choose "
+                f"another output")
+    return None
+
+
+def _entry(kind, sha256=None):
+    entry = {"kind": kind, "by": os.path.basename(sys.argv[0] or "python")}
+    if sha256 is None:
+        entry["append"] = True
+    else:
+        entry["sha256"] = sha256
+    return entry
+
+
+def write_output(path, kind, write, inputs=(), append=False, claimed=False):
+    """Write the file `path` as `kind` ('table', 'checkpoint', ...) through the guard; returns path.
+
+    write(f): puts the whole content into the binary file object f. The content goes to a temporary file,
+    is fsynced and replaces `path` in one rename; a failed write (disk full, `ulimit -f`, Ctrl-C) removes the
+    temporary file, leaves `path` as it was and says so. append=True: a log that open_append extends later.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    with _folder_record(folder) as record:
+        problem = output_problem(path, kind, inputs, record, append, claimed)
+        check(problem is None, problem)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            digest = None if append else file_sha256(tmp)
+            os.replace(tmp, path)
+        except BaseException as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            if isinstance(e, OSError):
+                raise UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
+                                f"is intact; {written_so_far()}") from None
+            raise
+        record[os.path.basename(path)] = _entry(kind, digest)
+    fsync_dir(path)
+    _WRITTEN.append(path)
+    return path
+
+
+def write_text_output(path, kind, text, inputs=()):
+    """write_output of a text (UTF-8)."""
+    return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs)
+
+
+def write_json(obj, path, kind="settings", inputs=(), claimed=False):
+    """obj as pretty JSON (args.json, sidecars, summaries), through the guard."""
+    text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+    return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, claimed=claimed)
+
+
+def open_append(path, kind, header, inputs=(), claimed=False):
+    """Open the log `path` (kind `kind`) to append rows, through the guard; a new or empty file gets `header`
+    (a line) first. The caller flushes each row: a kill leaves at most a torn last line, which the readers
+    drop (read_log_prefix)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    with _folder_record(folder) as record:
+        problem = output_problem(path, kind, inputs, record, append=True, claimed=claimed)
+        check(problem is None, problem)
+        record[os.path.basename(path)] = _entry(kind)
+    f = open(path, "a", encoding="utf-8")
+    if f.tell() == 0:
+        f.write(header + "\n")
+        f.flush()
+    return f
+
+
+def remove_output(path, kind, claimed=False):
+    """Remove a file this project wrote as `kind` (certify.py --overwrite); anything else is refused."""
+    if not os.path.lexists(path):
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    with _folder_record(folder) as record:
+        problem = output_problem(path, kind, (), record, append=True, claimed=claimed)
+        if problem is not None:
+            raise UserError(problem.replace("choose another output", "refusing to remove it"))
+        os.remove(path)
+        record.pop(os.path.basename(path), None)
+
+
+def adopt_outputs(paths, kind):
+    """Enter existing files in their folders' records as written by this project as `kind` (for files made
+    before the record existed: results/ of earlier versions). Only for files you know this project wrote."""
+    for path in paths:
+        with _folder_record(os.path.dirname(os.path.abspath(path))) as record:
+            record[os.path.basename(path)] = _entry(kind, file_sha256(path))
+
+
+def file_sha256(path):
+    """The sha256 of a file's bytes (hex), read in 1 MiB blocks."""
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Readers: one per format, each checking its whole contract (a UserError names the file, the line, the field)
+# ----------------------------------------------------------------------------------------------------------
+
+COHEN_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")   # certification log (Cohen et al.)
+GRADNORM_COLUMNS = ("idx", "label", "pA", "grad_norm")                      # --gradnorm measurements
+PA_COLUMNS = ("idx", "label", "count", "n")                                 # train_ours.py's pA estimates
+TRAIN_LOG_COLUMNS = ("epoch", "time", "lr", "train_loss", "train_acc", "test_loss", "test_acc_noisy", "kept")
+
+
+def read_table(path, required, numeric):
+    """Read a tab-separated file with a header into {column: list of str, or np.array for `numeric` ones}.
+
+    `required` columns must be in the header. A line with the wrong number of fields or a non-numeric value
+    in a numeric column is a UserError naming the file and line. Blank lines are skipped; '_line' holds the
+    line number of every row (the header is line 1).
+    """
+    lines = read_lines(path)
+    check(lines and lines[0].strip(), f"{path}: empty file (expected a header {' '.join(required)})")
+    sep = "\t" if "\t" in lines[0] else None                  # Cohen's logs are tab-separated
+    header = [h.strip() for h in lines[0].split(sep)]
+    missing = [c for c in required if c not in header]
+    check(not missing, f"{path}: not the expected format: header lacks {' '.join(missing)} "
+                              f"(expected columns {' '.join(required)})")
+    cols, numbers = {h: [] for h in header}, []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        cells = line.split(sep)
+        check(len(cells) == len(header), f"{path} line {number}: {len(cells)} fields, the header has "
+                                                 f"{len(header)}")
+        for h, cell in zip(header, cells):
+            cols[h].append(cell.strip())
+        numbers.append(number)
+    for h in numeric:
+        if h in cols:
+            cols[h] = to_numbers(path, h, cols[h], numbers)
+    cols["_line"] = np.array(numbers, dtype=np.int64)
+    return cols
+
+
+def read_lines(path):
+    """The lines of a text file; a missing, special or unreadable one is a UserError."""
+    check(not os.path.isdir(path), f"{path}: is a folder; name a file")
+    check(os.path.exists(path), f"{path}: file not found")
+    check(os.path.isfile(path), f"{path}: not a regular file (a FIFO, device or socket)")
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def to_numbers(path, column, cells, line_numbers):
+    """Column cells as a float array; the first non-number is a UserError with its line number."""
+    try:
+        return np.array(cells, dtype=float)
+    except ValueError:
+        for number, cell in zip(line_numbers, cells):
+            try:
+                float(cell)
+            except ValueError:
+                raise UserError(f"{path} line {number}: {column} {cell!r} is not a number") from None
+        raise
+
+
+def read_certification_log(path):
+    """A Cohen-format certification log: {'radius', 'correct'} arrays, plus 'nA', 'N' and 'nY' (the true
+    label's votes, certify.py since it records them) when present.
+
+    Contract: a header with Cohen's columns idx label predict radius correct time (tab- or space-separated),
+    one line per example, idx unique; idx, label integers >= 0; predict an integer (-1: abstain); radius a
+    finite number; correct 0 or 1; optional nA, N, nY counts with 0 <= nA, nY <= N, N >= 1; optional sigma > 0
+    (ddrs.py); a `stop` column marks a grid log (certify.py --radii), whose radius is a grid level, not a
+    radius to average (it has no ACR)."""
+    header = (read_lines(path) or [""])[0].split()
+    check(not ("radius" not in header and {"idx", "predict", "correct"} <= set(header)),
+          f"{path}: a PREDICT log (no radius column); this needs a CERTIFY log (certify.py without --predict)")
+    cols = read_table(path, COHEN_COLUMNS, ("idx", "label", "predict", "radius", "correct", "nA", "N", "nY",
+                                              "sigma"))
+    check(len(cols["radius"]) > 0, f"{path}: no examples (only a header)")
+    for name in ("idx", "label"):
+        check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])) & (cols[name] < 2 ** 53),
+                   f"{name} must be an integer >= 0")
+    seen = {}
+    for idx, line in zip(cols["idx"].astype(np.int64).tolist(), cols["_line"]):   # two writers, or logs pasted
+        check(idx not in seen, f"{path} line {line}: idx {idx} again (first on line {seen.get(idx)}); "
+                                      f"each example must appear once: remove the duplicate rows")
+        seen[idx] = line
+    check_rows(cols, path, (cols["predict"] == np.round(cols["predict"])) & (cols["predict"] >= -1) &
+               (cols["predict"] < 2 ** 53), "predict must be a class (an integer >= 0) or -1 (abstain)")
+    check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
+    check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
+    log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool),
+           "idx": cols["idx"].astype(np.int64), "y": cols["label"].astype(np.int64),
+           "predict": cols["predict"].astype(np.int64),
+           "grid": "stop" in cols}   # certify.py --radii: the radius is a certified grid level
+    if "sigma" in cols:                  # ddrs.py certify: each row's own sigma_x
+        check_rows(cols, path, np.isfinite(cols["sigma"]) & (cols["sigma"] > 0), "sigma must be a number > 0")
+        log["sigma_x"] = cols["sigma"]
+    for name in ("nA", "N", "nY"):
+        if name in cols:
+            check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])) & (cols[name] < 2 ** 53),
+                       f"{name} must be a count (an integer >= 0)")
+            log[name] = cols[name].astype(np.int64)
+    if "nA" in log:
+        check("N" in log, f"{path}: has an nA column but no N column")
+        check_rows(cols, path, (log["nA"] <= log["N"]) & (log["N"] >= 1), "need 0 <= nA <= N and N >= 1")
+    if "nY" in log:
+        check("N" in log, f"{path}: has an nY column but no N column")
+        check_rows(cols, path, log["nY"] <= log["N"], "need 0 <= nY <= N")
+    return log
+
+
+def check_rows(cols, path, ok, what):
+    """UserError naming the line of the first row where `ok` (a boolean array over rows) is False."""
+    bad = np.flatnonzero(~ok)
+    check(len(bad) == 0, f"{path} line {cols['_line'][bad[0]] if len(bad) else 0}: {what}")
+
+
+# The sidecar's fields that readers use, with their contract (a field may be missing: older logs lack some).
+SIDECAR_FIELDS = {
+    "script": lambda v: isinstance(v, str),
+    "mode": lambda v: v in ("certify", "predict", "grid", "label"),
+    "dataset": lambda v: v in DATASETS, "split": lambda v: v in ("train", "test"),
+    "sigma": lambda v: _is_number(v) and 0 < v < math.inf,
+    "N": lambda v: _is_int(v) and v >= 1, "N0": lambda v: v is None or (_is_int(v) and v >= 1),
+    "alpha": lambda v: _is_number(v) and 0 < v < 1, "seed": lambda v: _is_int(v) or v == "random",
+    "sound": lambda v: isinstance(v, bool), "save_counts": lambda v: isinstance(v, bool),
+    "checkpoint": lambda v: isinstance(v, str), "checkpoint_sha256": lambda v: isinstance(v, str),
+    "radii": lambda v: v is None or (isinstance(v, list) and all(_is_number(r) and r >= 0 for r in v)),
+    "beta": lambda v: v is None or (_is_number(v) and 0 <= v < 1),
+    "columns": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
+    "data": lambda v: v is None or isinstance(v, str),
+}
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def read_json_object(path, what):
+    """A JSON file holding an object (dict); anything else is a UserError naming the file and `what` it is."""
+    check(not os.path.isdir(path), f"{path}: is a folder, not the {what}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the {what} ({type(e).__name__}); it must be JSON") from None
+    check(isinstance(obj, dict), f"{path}: the {what} must be a JSON object, not {type(obj).__name__}")
+    return obj
+
+
+def read_sidecar(path, required=()):
+    """The settings certify.py writes beside a log (`<log>.json`, or `<stem>.json`); {} when there is none.
+
+    Contract: a JSON object; each field of SIDECAR_FIELDS that is present has its type and range; the fields
+    in `required` are present. A violation is a UserError naming the file and the field."""
+    for candidate in (path + ".json", os.path.splitext(path)[0] + ".json"):
+        if os.path.isfile(candidate):
+            settings = read_json_object(candidate, "settings file of a log")
+            for key, ok in SIDECAR_FIELDS.items():
+                if key in settings and not ok(settings[key]):
+                    raise UserError(f"{candidate}: field {key!r} has an invalid value {settings[key]!r}")
+            missing = [k for k in required if k not in settings]
+            check(not missing, f"{candidate}: lacks the field(s) {', '.join(missing)}")
+            return settings
+    check(not required, f"{path}: its settings file {path}.json is missing (it names {', '.join(required)})")
+    return {}
+
+
+def read_log_prefix(path, columns):
+    """Our own log being resumed (certify.py): its complete data lines and the byte length of that valid prefix.
+
+    A last line without its newline or with the wrong field count is torn (cut off by a kill): it is left out.
+    A file without any complete line counts as empty. A wrong header or a malformed earlier line is a UserError.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path!r} ({type(e).__name__}); pass --overwrite to replace it") from None
+    # byte offsets below are those of the text: a file with CR LF line ends (edited on Windows) is refused
+    check(b"\r" not in data, f"{path!r} has Windows line endings (CR LF); convert it back (dos2unix) to "
+                             f"resume, or pass --overwrite to start again")
+    lines = text.split("\n")[:-1]  # the piece after the last newline is torn (or empty)
+    if not lines:
+        return [], 0
+    check(lines[0] == "\t".join(columns),
+          f"{path!r} has header {lines[0][:60]!r}, not {' '.join(columns)!r} (another format or setting); pass "
+          f"--overwrite to replace it or choose another output")
+    rows = lines[1:]
+    if rows and len(rows[-1].split("\t")) != len(columns):
+        rows = rows[:-1]
+    for k, row in enumerate(rows):
+        cells = row.split("\t")
+        check(len(cells) == len(columns) and cells[0].isdigit(),
+              f"{path!r} line {k + 2} is malformed; repair it, pass --overwrite, or choose another output")
+    return rows, len("".join(line + "\n" for line in [lines[0]] + rows).encode("utf-8"))
+
+
+def read_header(path):
+    """The first line of a text file without its newline ('' for an empty file)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.readline().rstrip("\n")
+
+
+def read_train_log(path):
+    """A training run's log.tsv (TRAIN_LOG_COLUMNS): its complete rows as dicts of strings, epochs in order.
+
+    A torn last line (a killed run) is dropped; any other malformed line is a UserError."""
+    rows, _ = read_log_prefix(path, TRAIN_LOG_COLUMNS)
+    return [dict(zip(TRAIN_LOG_COLUMNS, row.split("\t"))) for row in rows]
+
+
+def read_args_json(path):
+    """A run's args.json: a JSON object of its settings, with 'run' (run_identity) in runs since it exists."""
+    args = read_json_object(path, "settings of a run (args.json)")
+    check("run" not in args or isinstance(args["run"], dict), f"{path}: field 'run' must be an object")
+    return args
+
+
+def read_train_pA(path):
+    """Training-set pA: train_ours.py's estimates (`idx label count n`: count / n) or a certification log of
+    the train split with the true label's votes (nY / N)."""
+    lines = read_lines(path)
+    if lines and lines[0].split("\t")[:4] == ["idx", "label", "count", "n"]:
+        cols = read_table(path, ("idx", "label", "count", "n"), ("count", "n"))
+        check(len(cols["n"]) > 0, f"{path}: no examples (only a header)")
+        check_rows(cols, path, (cols["n"] >= 1) & (cols["count"] >= 0) & (cols["count"] <= cols["n"]),
+                   "need 0 <= count <= n and n >= 1")
+        return {"path": path, "pA_all": cols["count"] / cols["n"], "source": "count/n"}
+    log = read_certification_log(path)
+    check("nY" in log, f"{path}: neither train_ours.py's pA estimates (idx label count n) nor a "
+                              f"certification log with an nY column (certify.py --split train writes one)")
+    return dict(log, pA_all=log["nY"] / log["N"], source="nY/N")
+
+
+def read_gradient_norms(path):
+    """A gradient-norm TSV of the training scripts' --gradnorm mode: {'pA', 'grad_norm'} arrays."""
+    cols = read_table(path, GRADNORM_COLUMNS, ("pA", "grad_norm"))
+    check(len(cols["pA"]) > 0, f"{path}: no examples (only a header)")
+    check_rows(cols, path, (cols["pA"] >= 0) & (cols["pA"] <= 1) & (cols["grad_norm"] >= 0),
+               "need 0 <= pA <= 1 and grad_norm >= 0 (finite)")
+    return {"path": path, "pA": cols["pA"], "grad_norm": cols["grad_norm"]}
+
+
+def read_ecdf_or_log(path):
+    """budget accepts certification logs and tabulated ECDFs (`x y`, p increasing in [0, 1])."""
+    lines = read_lines(path)
+    if not lines or lines[0].split()[:2] != ["x", "y"]:
+        return read_certification_log(path)
+    cols = read_table(path, ("x", "y"), ("x", "y"))
+    x, y = cols["x"], cols["y"]
+    check(len(x) > 0, f"{path}: no points (only a header)")
+    check(np.all(np.diff(x) > 0) and x[0] >= 0 and x[-1] <= 1 and np.all((y >= 0) & (y <= 1)),
+                 f"{path}: an ECDF needs x increasing in [0, 1] and y in [0, 1]")
+    return {"path": path, "grid_p": x, "grid_y": y}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -306,25 +815,76 @@ def _digits(split):
     return TensorImages(images[part], labels[part])
 
 
-def _image_folder_in_memory(folder):
-    """Decode a small-image folder tree (`<class>/*.jpg`, classes sorted by name) into memory once."""
-    from PIL import Image
-    classes = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+def _image_folder_in_memory(folder, num_classes=None, shape=None):
+    """Decode a small-image folder tree (`<class>/<image>`, classes sorted by name) into memory once.
+
+    Contract: at least one class folder, each holding at least one image; num_classes (when given) class
+    folders exactly; every image readable and of the same size (shape (3, H, W) when given). Hidden files are
+    skipped. A violation is a UserError naming the folder or the image."""
+    from PIL import Image, UnidentifiedImageError
+    try:
+        classes = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d))
+                         and not d.startswith("."))
+    except OSError as e:
+        raise UserError(f"image folder {folder!r}: cannot list it ({e.strerror})") from None
+    check(classes, f"image folder {folder!r} has no class folders (expected <class>/<image> inside)")
+    check(num_classes is None or len(classes) == num_classes,
+          f"image folder {folder!r} has {len(classes)} class folders, the dataset has {num_classes}")
     images, labels = [], []
     for label, name in enumerate(classes):
-        for fname in sorted(os.listdir(os.path.join(folder, name))):
-            with Image.open(os.path.join(folder, name, fname)) as img:
-                images.append(np.asarray(img.convert("RGB"), dtype=np.uint8))
+        files = sorted(f for f in os.listdir(os.path.join(folder, name)) if not f.startswith("."))
+        check(files, f"image folder {folder!r}: class folder {name!r} holds no images")
+        for fname in files:
+            path = os.path.join(folder, name, fname)
+            try:
+                with Image.open(path) as img:
+                    images.append(np.asarray(img.convert("RGB"), dtype=np.uint8))
+            except (OSError, UnidentifiedImageError, ValueError) as e:
+                raise UserError(f"{path}: not a readable image ({type(e).__name__}); remove it") from None
+            want = images[0].shape if shape is None else (shape[1], shape[2], shape[0])
+            check(images[-1].shape == want, f"{path}: image of size {images[-1].shape[1]}x{images[-1].shape[0]}, "
+                                            f"expected {want[1]}x{want[0]}")
             labels.append(label)
     images = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div_(255)  # (N, 3, H, W)
     return images, torch.tensor(labels, dtype=torch.long)
+
+
+def data_fingerprint(name, split, data_dir=None):
+    """A short hash naming the data a run reads (its identity; a resume on other data is refused).
+
+    digits: the bundled arrays of the split. An image folder or torchvision's files: the sorted list of file
+    paths (relative to the split's folder) and sizes, without reading the images."""
+    import hashlib
+    digest = hashlib.sha256(f"{name}/{split}".encode())
+    if name == "digits":
+        ds = _digits(split)
+        digest.update(ds.images.numpy().tobytes())
+        digest.update(ds.labels.numpy().tobytes())
+        return digest.hexdigest()[:16]
+    data_dir = data_dir or default_data_dir()
+    sub = {"cifar10": "train" if split == "train" else "test", "imagenet": "train" if split == "train" else "val"}
+    folder = os.path.join(data_dir, sub[name])
+    if not os.path.isdir(folder):
+        folder = os.path.join(data_dir, "cifar-10-batches-py")   # torchvision's CIFAR-10 files
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for f in sorted(files):
+            path = os.path.join(root, f)
+            digest.update(f"{os.path.relpath(path, folder)}\t{os.path.getsize(path)}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def run_identity(script, dataset, data_dir=None):
+    """What a run is, beyond its settings: the script that runs it and the data it trains and tests on."""
+    return {"script": script, "data": {split: data_fingerprint(dataset, split, data_dir)
+                                       for split in ("train", "test")}}
 
 
 def _cifar10(split, data_dir, train_transform):
     folder = os.path.join(data_dir, "train" if split == "train" else "test")
     transform = random_crop_flip if train_transform and split == "train" else None
     if os.path.isdir(folder):  # image-folder layout, e.g. the JPEG copy on offline machines
-        images, labels = _image_folder_in_memory(folder)
+        images, labels = _image_folder_in_memory(folder, NUM_CLASSES["cifar10"], INPUT_SHAPE["cifar10"])
         return TensorImages(images, labels, transform)
     import torchvision
     try:
@@ -728,22 +1288,10 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def save_checkpoint(state, path):
-    """torch.save to a temporary file, fsync, then os.replace: a crash or power cut never leaves a torn
-    checkpoint, and a failed write (disk full) removes its temporary file and leaves the old one in place."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    fsync_dir(path)
+def save_checkpoint(state, path, kind="checkpoint"):
+    """torch.save through the guard (write_output): a temporary file, fsync, then os.replace, so a crash or
+    power cut never leaves a torn checkpoint and a failed write (disk full) leaves the old one in place."""
+    write_output(path, kind, lambda f: torch.save(state, f))
 
 
 def numpy_array_globals():
@@ -799,7 +1347,32 @@ def load_checkpoint(path, device="cpu", trust=False):
           f"checkpoint {path!r} holds no 'state_dict'; expected {{'arch': ..., 'state_dict': ...}}")
     check(isinstance(ckpt["state_dict"], dict) and all(torch.is_tensor(v) for v in ckpt["state_dict"].values()),
           f"checkpoint {path!r}: its 'state_dict' is not a dict of tensors")
+    for name, ok in CHECKPOINT_FIELDS.items():
+        if name in ckpt and not ok(ckpt[name]):
+            raise UserError(f"checkpoint {path!r}: field {name!r} has an invalid value ({type(ckpt[name]).__name__})")
     return ckpt
+
+
+def read_torch_dict(path, what, fields, trust=False):
+    """A torch file holding a dict (safe_load), whose `fields` ({name: check(value) -> bool}) are present and
+    pass their checks; anything else is a UserError naming the file and the first bad field."""
+    saved = safe_load(path, trust=trust, what=what)
+    check(isinstance(saved, dict), f"{what} {path!r} must hold a dict, not {type(saved).__name__}")
+    for name, ok in fields.items():
+        check(name in saved, f"{what} {path!r} lacks the field {name!r}")
+        if not ok(saved[name]):
+            raise UserError(f"{what} {path!r}: field {name!r} has an invalid value ({type(saved[name]).__name__})")
+    return saved
+
+
+# The fields of our checkpoints beyond Cohen's {'arch', 'state_dict'}: present in ours, checked when present.
+CHECKPOINT_FIELDS = {"arch": lambda v: isinstance(v, str), "dataset": lambda v: v is None or v in DATASETS,
+                     "sigma": lambda v: v is None or (_is_number(v) and 0 < v < math.inf),
+                     "epoch": lambda v: _is_int(v) and v >= 0, "args": lambda v: v is None or isinstance(v, dict),
+                     "extra": lambda v: v is None or isinstance(v, dict),
+                     "optimizer": lambda v: v is None or isinstance(v, dict),
+                     "scheduler": lambda v: v is None or isinstance(v, dict),
+                     "rng": lambda v: v is None or isinstance(v, dict)}
 
 
 def strip_module_prefix(state_dict):
@@ -868,12 +1441,6 @@ def format_eta(done, total, start):
     rate = done / elapsed if elapsed > 0 else 0.0
     eta = datetime.timedelta(seconds=int((total - done) / rate)) if rate > 0 else "?"
     return f"{rate:.2f}/s, ETA {eta}"
-
-
-def write_json(obj, path):
-    """Write obj as pretty JSON (e.g. args.json beside a run's log)."""
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -993,14 +1560,16 @@ def evaluate_noisy(model, loader, sigma, device, generator=None):
 
 
 class TSVLog:
-    """Append rows to a TSV file with a fixed header, each row flushed at once (a killed run keeps its rows)."""
+    """Append rows to a TSV file with a fixed header, each row flushed at once (a killed run keeps its rows).
 
-    def __init__(self, path, columns, append=False, sync=False):
+    A new log (append=False) replaces an earlier log of the same kind; every write goes through the guard."""
+
+    def __init__(self, path, columns, kind, append=False, sync=False, inputs=()):
         self.columns, self.sync = list(columns), sync   # sync: fsync every row (the epoch log)
-        exists = append and os.path.isfile(path) and os.path.getsize(path) > 0
-        self.file = open(path, "a" if exists else "w")
-        if not exists:
-            print("\t".join(self.columns), file=self.file, flush=True)
+        header = "\t".join(self.columns)
+        if not append:
+            write_output(path, kind, lambda f: f.write((header + "\n").encode()), inputs, append=True)
+        self.file = open_append(path, kind, header, inputs)
 
     def row(self, **values):
         cells = [values.get(c, "") for c in self.columns]
@@ -1030,7 +1599,6 @@ def make_outdir(outdir):
 # per-example gradient norms (Table 2, Fig. 5) and DistributedDataParallel under torchrun
 # ----------------------------------------------------------------------------------------------------------
 
-TRAIN_LOG_COLUMNS = ("epoch", "time", "lr", "train_loss", "train_acc", "test_loss", "test_acc_noisy", "kept")
 CHECKPOINT = "checkpoint.pth.tar"
 # Default schedule per dataset (App. C.1: CIFAR-10 150 epochs, lr x0.1 every 50; ImageNet 90, every 30).
 # digits is our CPU demo, not in the paper: a short schedule that trains the small CNN in seconds.
@@ -1342,10 +1910,19 @@ RESUME_MAY_CHANGE = {"epochs", "resume", "workers", "device", "outdir", "data_di
 
 def resume_mismatches(saved_args, args):
     """'key old -> new' for every setting of args that differs from the checkpoint's saved arguments
-    (only keys both know, and not RESUME_MAY_CHANGE)."""
-    return [f"{k} {saved_args[k]!r} -> {args[k]!r}" for k in sorted(set(saved_args) & set(args) - RESUME_MAY_CHANGE)
-            if saved_args[k] != args[k] and not (isinstance(args[k], (list, tuple)) and
-                                                 list(args[k]) == list(saved_args[k] or []))]
+    (only keys both know, and not RESUME_MAY_CHANGE). The run identity ('run': script and data) is compared
+    part by part, so the message names what differs."""
+    diff = []
+    for k in sorted(set(saved_args) & set(args) - RESUME_MAY_CHANGE):
+        old, new = saved_args[k], args[k]
+        if k == "run" and isinstance(old, dict) and isinstance(new, dict):
+            if old.get("script") != new.get("script"):
+                diff.append(f"script {old.get('script')!r} -> {new.get('script')!r}")
+            if old.get("data") != new.get("data"):
+                diff.append("data: other images than the run was trained on (--data-dir?)")
+        elif old != new and not (isinstance(new, (list, tuple)) and list(new) == list(old or [])):
+            diff.append(f"{k} {old!r} -> {new!r}")
+    return diff
 
 
 def remove_stale_temporaries(outdir):
@@ -1375,6 +1952,9 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
         return 0, {}
     check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
     ckpt = load_checkpoint(path, next(model.parameters()).device, trust)
+    missing = [k for k in ("epoch", "optimizer", "scheduler") if k not in ckpt]
+    check(not missing, f"--resume: {path!r} lacks {', '.join(missing)} (not a checkpoint of a training run "
+                       f"of ours); start a new run in another --outdir")
     for key, value in (expect or {}).items():
         check(ckpt.get(key) == value, f"--resume: the checkpoint in {outdir!r} has {key}={ckpt.get(key)!r}, "
                                       f"this run has {key}={value!r}; use the same settings or another --outdir")
@@ -1389,7 +1969,7 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
         raise UserError(f"--resume: {path!r} does not fit this model/optimizer ({type(e).__name__}); "
                         f"use the same settings or another --outdir") from None
     _set_rng_state(ckpt.get("rng"))
-    return int(ckpt["epoch"]), ckpt.get("extra", {})
+    return int(ckpt["epoch"]), ckpt.get("extra") or {}
 
 
 def open_train_log(outdir, start_epoch):
@@ -1402,14 +1982,11 @@ def open_train_log(outdir, start_epoch):
         return None
     path = os.path.join(outdir, "log.tsv")
     if start_epoch > 0 and os.path.isfile(path):
-        with open(path) as f:
-            lines = f.read().splitlines()
-        rows = [ln for ln in lines[1:] if ln.split("\t")[0].isdigit() and int(ln.split("\t")[0]) < start_epoch]
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write("\n".join(lines[:1] + rows) + "\n")
-        os.replace(tmp, path)
-    return TSVLog(path, TRAIN_LOG_COLUMNS, append=start_epoch > 0, sync=True)
+        rows = [r for r in read_train_log(path) if int(r["epoch"]) < start_epoch]
+        text = "".join("\t".join(str(r[c]) for c in TRAIN_LOG_COLUMNS) + "\n" for r in rows)
+        header = "\t".join(TRAIN_LOG_COLUMNS) + "\n"
+        write_output(path, "training log", lambda f: f.write((header + text).encode()), append=True)
+    return TSVLog(path, TRAIN_LOG_COLUMNS, "training log", append=start_epoch > 0, sync=True)
 
 
 def log_epoch(log, epoch, epochs, run_start, first_epoch, row):
@@ -1500,7 +2077,7 @@ def per_example_grad_norms(model, loss_fn, x, y, idx=None):
     return torch.tensor(norms, dtype=torch.float64)
 
 
-def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path):
+def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs=()):
     """The gradient-norm mode of the training scripts (Table 2, Fig. 5): TSV `idx label pA grad_norm`.
 
     Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the
@@ -1515,7 +2092,7 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
     norms = per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
     rows = {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
             "grad_norm": norms.tolist()}
-    log = TSVLog(path, ("idx", "label", "pA", "grad_norm"))
+    log = TSVLog(path, GRADNORM_COLUMNS, "gradient norms", inputs=inputs)
     for i in range(len(probe_idx)):
         log.row(**{k: v[i] for k, v in rows.items()})
     log.close()

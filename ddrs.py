@@ -28,7 +28,6 @@ classes never overlap), which is a property of the bookkeeping, not a robustness
 """
 import argparse
 import contextlib
-import json
 import math
 import os
 import sys
@@ -225,6 +224,7 @@ def certify_main(args):
         args = argparse.Namespace(**dict(vars(args), outfile=os.path.join(
             "runs", "ddrs", os.path.basename(certify.default_outfile(args.checkpoint, args.sigma or 0, args.split,
                                                                      args.predict)))))
+    args = argparse.Namespace(**dict(vars(args), script="ddrs.py certify"))   # the log's identity
     bounds = (args.sigma_min, args.sigma_max)
 
     def sigma_of(model, x, idx, sigma0):
@@ -241,23 +241,23 @@ def certify_main(args):
 def memory_main(args):
     """Algorithm 3 over a finished DDRS log, in index order: the memory's class, radius and case per example."""
     rows = read_ddrs_log(args.log)
-    try:
-        with open(args.log + ".json") as f:
-            sidecar = json.load(f)
-    except (OSError, ValueError) as e:
-        raise common.UserError(f"cannot read the settings {args.log}.json ({type(e).__name__})") from None
+    sidecar = common.read_sidecar(args.log, required=("dataset", "split"))
     dataset = common.get_dataset(sidecar["dataset"], sidecar["split"], args.data_dir, train_transform=False)
     outfile = args.outfile or os.path.splitext(args.log)[0] + "_memory.tsv"
-    memory, cases = [], {"none": 0, "inside": 0, "touching": 0}
+    memory, cases, lines = [], {"none": 0, "inside": 0, "touching": 0}, []
     columns = ("idx", "label", "predict", "radius", "correct", "raw_predict", "raw_radius", "sigma", "case")
-    with open(outfile, "w") as out:
-        print("\t".join(columns), file=out)
-        for row in sorted(rows, key=lambda r: r["idx"]):
-            x, label = dataset[row["idx"]]
-            c, r, case = memory_step(memory, x, row["predict"], row["radius"], args.case_rule)
-            cases[case] += 1
-            print("\t".join(map(str, [row["idx"], label, c, f"{r:.6}", int(c == label), row["predict"],
-                                      row["radius"], row["sigma"], case])), file=out, flush=True)
+    problem = common.output_problem(outfile, "DDRS memory", [args.log, args.log + ".json"])
+    common.check(problem is None, problem)   # before the work
+    for row in sorted(rows, key=lambda r: r["idx"]):
+        common.check(0 <= row["idx"] < len(dataset), f"{args.log}: idx {row['idx']} is not an example of the "
+                                                     f"{sidecar['dataset']} {sidecar['split']} split")
+        x, label = dataset[row["idx"]]
+        c, r, case = memory_step(memory, x, row["predict"], row["radius"], args.case_rule)
+        cases[case] += 1
+        lines.append("\t".join(map(str, [row["idx"], label, c, f"{r:.6}", int(c == label), row["predict"],
+                                         row["radius"], row["sigma"], case])))
+    common.write_text_output(outfile, "DDRS memory", "\n".join(("\t".join(columns), *lines)) + "\n",
+                             [args.log, args.log + ".json"])
     common.check(check_memory_invariant(memory), "internal error: the memory invariant does not hold")
     print(f"memory over {len(rows)} examples ({args.case_rule} rule): case (i) inside a foreign ball "
           f"{cases['inside']}, case (ii) touching one {cases['touching']}, unchanged {cases['none']} -> {outfile}")
@@ -312,6 +312,7 @@ def train_main(args):
                     outdir=args.outdir or f"runs/ddrs_{args.method}_{args.dataset}_sigma{args.sigma}")
     common.check_training_settings(settings)
     s = argparse.Namespace(**settings)
+    s.run = common.run_identity("ddrs.py train", s.dataset, s.data_dir)   # checked on --resume
     device = common.get_device(args.device)
     with common.run_folder_lock(s.outdir):
         ds_train(s, hp, device)
@@ -331,7 +332,7 @@ def ds_train(s, hp, device):
                                           {"arch": s.arch, "dataset": s.dataset, "sigma": s.sigma},
                                           args=vars(s))
     sigmas = state.get("sigmas", torch.full((len(train_set),), float(s.sigma))).cpu().float()
-    common.write_json(vars(s), os.path.join(s.outdir, "args.json"))
+    common.write_json(vars(s), os.path.join(s.outdir, "args.json"), "settings of a run")
     print(f"DS2 training {s.arch} with {s.method} on {s.dataset}, sigma_0 {s.sigma}, {s.warmup} fixed epochs, "
           f"then K_train {s.K_train}; writing {s.outdir}")
     log, run_start = common.open_train_log(s.outdir, first), time.time()
@@ -355,19 +356,12 @@ def ds_train(s, hp, device):
 
 
 def read_ddrs_log(path):
-    """The rows of a `ddrs.py certify` log: idx, predict (-1: abstain), radius, sigma."""
-    common.check(os.path.isfile(path), f"{path}: file not found")
-    with open(path) as f:
-        lines = f.read().splitlines()
-    common.check(lines and lines[0].split("\t")[-1] == "sigma", f"{path}: not a ddrs.py certify log (no sigma "
-                                                                 f"column)")
-    header = lines[0].split("\t")
-    rows = []
-    for line in lines[1:]:
-        cells = dict(zip(header, line.split("\t")))
-        rows.append({"idx": int(cells["idx"]), "predict": int(cells["predict"]), "radius": float(cells["radius"]),
-                     "sigma": float(cells["sigma"])})
-    return rows
+    """The rows of a `ddrs.py certify` log (common.read_certification_log, with its per-row sigma column):
+    idx, predict (-1: abstain), radius, sigma."""
+    log = common.read_certification_log(path)
+    common.check("sigma_x" in log, f"{path}: not a ddrs.py certify log (no sigma column)")
+    return [{"idx": int(i), "predict": int(p), "radius": float(r), "sigma": float(s)}
+            for i, p, r, s in zip(log["idx"], log["predict"], log["radius"], log["sigma_x"])]
 
 
 def main(argv=None):

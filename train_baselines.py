@@ -484,8 +484,8 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
     settings = {"N": N, "sigma": sigma, "seed": seed, "len": len(dataset), "tag": tag}
     counts, done = torch.zeros(len(dataset), num_classes, dtype=torch.long), 0
     if partial_path and os.path.isfile(partial_path):
-        saved = common.safe_load(partial_path, what="partial CAT-RS target")
-        if saved.get("settings") == settings:
+        saved = common.read_torch_dict(partial_path, "partial CAT-RS target", PARTIAL_TARGET_FIELDS)
+        if saved["settings"] == settings and tuple(saved["counts"].shape) == tuple(counts.shape):
             counts, done = saved["counts"], saved["done"]
             print(f"continuing from {done} images in {partial_path}")
     start, saved_at, block, resumed_at = time.time(), time.time(), 1024, done
@@ -499,7 +499,8 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
         print(f"catrs target: {done}/{len(dataset)} images, "
               f"{common.format_eta(done - resumed_at, len(dataset) - resumed_at, start)}", flush=True)
         if partial_path and (time.time() - saved_at > every or done == len(dataset)):
-            common.save_checkpoint({"settings": settings, "counts": counts, "done": done}, partial_path)
+            common.save_checkpoint({"settings": settings, "counts": counts, "done": done}, partial_path,
+                                   "partial CAT-RS target")
             saved_at = time.time()
     return counts
 
@@ -513,13 +514,17 @@ def check_catrs_target_path(path):
                                        f"--make-catrs-target --checkpoint GAUSSIAN_0.25.pth.tar --out {path}")
 
 
+# The contracts of the two files of --make-catrs-target (common.read_torch_dict checks them).
+TARGET_FIELDS = {"counts": torch.is_tensor, "N": lambda v: isinstance(v, int) and not isinstance(v, bool),
+                 "dataset": lambda v: v in common.DATASETS}
+PARTIAL_TARGET_FIELDS = {"settings": lambda v: isinstance(v, dict), "counts": torch.is_tensor,
+                         "done": lambda v: isinstance(v, int) and v >= 0}
+
+
 def load_catrs_target(path, dataset, train_size, num_classes, trust=False):
     """The soft labels pb (train_size, num_classes), float32 on CPU, from a --make-catrs-target file."""
     check_catrs_target_path(path)
-    saved = common.safe_load(path, trust=trust, what="--catrs-target")
-    ok = isinstance(saved, dict) and torch.is_tensor(saved.get("counts")) and isinstance(saved.get("N"), int)
-    common.check(ok, f"--catrs-target {path!r} is not a target file (a dict with a 'counts' tensor and an integer "
-                     f"'N'); make it with --make-catrs-target")
+    saved = common.read_torch_dict(path, "--catrs-target", TARGET_FIELDS, trust)
     counts, N = saved["counts"], saved["N"]
     common.check(N >= 1 and not counts.is_floating_point() and bool((counts >= 0).all()) and counts.dim() == 2
                  and bool((counts.sum(1) == N).all()), f"--catrs-target {path!r}: counts must be (examples x "
@@ -551,8 +556,8 @@ def make_target_mode(args):
     counts = compute_catrs_target(model, train_set, sigma, N, batch, args.seed, common.NUM_CLASSES[dataset],
                                   args.workers, partial, tag=os.path.abspath(args.checkpoint))
     common.save_checkpoint({"counts": counts, "N": N, "sigma": sigma, "dataset": dataset,
-                            "checkpoint": os.path.abspath(args.checkpoint)}, args.out)
-    os.remove(partial)
+                            "checkpoint": os.path.relpath(args.checkpoint)}, args.out, "CAT-RS target")
+    common.remove_output(partial, "partial CAT-RS target")
     print(f"wrote {args.out}")
 
 
@@ -693,7 +698,7 @@ def gradnorm_mode(args):
     loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)
     path = os.path.join(common.make_outdir(outdir), f"gradnorm_{args.method}.tsv")
     rows = common.measure_grad_norms(model, train_set, loss_fn, args.sigma, args.probe, args.N or 100, args.seed,
-                                     256, path)
+                                     256, path, [args.gradnorm, args.catrs_target])
     print(f"wrote {len(rows['idx'])} gradient norms ({args.method} loss, epoch {epoch}) to {path}")
 
 
@@ -714,7 +719,7 @@ def check_resume_method(outdir, method, trust=False):
     """--resume must continue a run of the same method (start_or_resume checks arch, dataset and sigma)."""
     path = os.path.join(outdir, common.CHECKPOINT)
     if os.path.isfile(path):
-        previous = common.load_checkpoint(path, trust=trust).get("args", {}).get("method")
+        previous = (common.load_checkpoint(path, trust=trust).get("args") or {}).get("method")
         common.check(previous in (None, method), f"--resume: {outdir!r} holds a {previous} run, not {method}; "
                                                  f"use the same --method or another --outdir")
 
@@ -742,7 +747,7 @@ def train(args, device):
                                       args.trust_checkpoint, vars(args))
     model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
-        common.write_json(vars(args), os.path.join(args.outdir, "args.json"))
+        common.write_json(vars(args), os.path.join(args.outdir, "args.json"), "settings of a run")
         if args.note:
             print(f"note: {args.note} hyper-parameters (override them with flags)")
         print(f"training {args.arch} with {args.method} on {args.dataset}, sigma {args.sigma}, m {args.m}, "
@@ -779,6 +784,7 @@ def main():
     args = settings(args)
     if args.method == "catrs":   # before the run folder is made
         check_catrs_target_path(args.catrs_target)
+    args.run = common.run_identity('train_baselines.py', args.dataset, args.data_dir)   # checked on --resume
     device = common.setup_distributed(args.device)
     with common.run_folder_lock(args.outdir):   # one run per folder
         train(args, device)

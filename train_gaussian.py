@@ -94,7 +94,8 @@ def gradnorm_mode(args):
     def loss_fn(f, x, y, idx):
         return common.gaussian_loss(f, x, y, sigma, args.m)
 
-    rows = common.measure_grad_norms(model, train_set, loss_fn, sigma, args.probe, args.N, args.seed, 256, path)
+    rows = common.measure_grad_norms(model, train_set, loss_fn, sigma, args.probe, args.N, args.seed, 256, path,
+                                     [args.gradnorm])
     print(f"wrote {len(rows['idx'])} gradient norms to {path}")
 
 
@@ -116,7 +117,7 @@ def train(args, device):
                                       args.resume, expect, args.trust_checkpoint, vars(args))
     model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
-        common.write_json(vars(args), os.path.join(args.outdir, "args.json"))
+        common.write_json(vars(args), os.path.join(args.outdir, "args.json"), "settings of a run")
         print(f"training {args.arch} on {args.dataset}, sigma {args.sigma}, m {args.m}; writing {args.outdir}")
     log, run_start = common.open_train_log(args.outdir, first), time.time()
 
@@ -147,6 +148,7 @@ def main():
     if args.gradnorm:
         return gradnorm_mode(args)
     args = settings(args)
+    args.run = common.run_identity('train_gaussian.py', args.dataset, args.data_dir)   # checked on --resume
     device = common.setup_distributed(args.device)
     with common.run_folder_lock(args.outdir):   # one run per folder
         train(args, device)

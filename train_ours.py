@@ -171,7 +171,7 @@ def estimate_counts(model, dataset, indices, sigma, n, batch, path):
     device = next(common.unwrap(model).parameters()).device
     counts = common.broadcast(counts.to(device)).cpu()  # under torchrun every rank keeps rank 0's estimate
     if common.is_main_process():
-        log = common.TSVLog(path, ("idx", "label", "count", "n"))
+        log = common.TSVLog(path, common.PA_COLUMNS, "pA estimates")
         for i, label, c in zip(torch.as_tensor(indices).tolist(), labels.tolist(), counts.tolist()):
             log.row(idx=i, label=label, count=c, n=n)
         log.close()
@@ -187,7 +187,7 @@ def discard_hard(model, dataset, sigma, N, pt, outdir, epoch):
     if common.is_main_process():
         ratio = len(kept) / len(dataset)
         common.write_json({"epoch": epoch, "pt": pt, "N": N, "kept": len(kept), "total": len(dataset),
-                           "ratio": ratio}, os.path.join(outdir, "discard.json"))
+                           "ratio": ratio}, os.path.join(outdir, "discard.json"), "discard summary")
         print(f"epoch {epoch}: discarded hard data, kept {len(kept)} of {len(dataset)} ({100 * ratio:.1f} %)")
     return kept
 
@@ -224,7 +224,7 @@ def gradnorm_mode(args):
         def loss_fn(f, x, y, idx):
             return ours_loss(f, x, y, s.sigma, s.m, T, s.eps, s.attack)
         path = os.path.join(outdir, f"gradnorm_ours_{name}.tsv")
-        common.measure_grad_norms(model, train_set, loss_fn, s.sigma, s.probe, s.N, s.seed, 256, path)
+        common.measure_grad_norms(model, train_set, loss_fn, s.sigma, s.probe, s.N, s.seed, 256, path, [args.gradnorm])
         print(f"wrote gradient norms (T = {T}) of {s.probe} probe examples to {path}")
 
 
@@ -250,7 +250,7 @@ def train(args, device):
     model = common.wrap_model(model, device, args.sync_bn)
     start = args.Et if args.discard else 0   # without discarding every part starts at epoch 0 (official code)
     if common.is_main_process():
-        common.write_json(vars(args), os.path.join(args.outdir, "args.json"))
+        common.write_json(vars(args), os.path.join(args.outdir, "args.json"), "settings of a run")
         print(f"training {args.arch} on {args.dataset}, sigma {args.sigma}, m {args.m}, discard {args.discard} "
               f"(Et {start}, pt {args.pt}), reweight {args.reweight}, attack T {args.T} eps {args.eps} "
               f"{args.attack}; writing {args.outdir}")
@@ -294,6 +294,7 @@ def main():
     if args.gradnorm:
         return gradnorm_mode(args)
     args = settings(args, args.sigma, args.dataset)
+    args.run = common.run_identity('train_ours.py', args.dataset, args.data_dir)   # checked on --resume
     device = common.setup_distributed(args.device)
     with common.run_folder_lock(args.outdir):   # one run per folder
         train(args, device)

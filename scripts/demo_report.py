@@ -162,8 +162,7 @@ def main(argv=None):
     analyze_logs(logs, args.out)
     text = report(logs, args.reference, args.claim, args.seconds)
     path = os.path.join(args.out, "report.md")
-    with open(path, "w") as f:
-        f.write(text)
+    common.write_text_output(path, "demo report", text, inputs=args.logs)
     print(text)
     print(f"The report is {path}")
 

@@ -108,7 +108,7 @@ def test_no_command_writes_over_its_own_input(ckpt, tmp_path, monkeypatch, capsy
     other = tmp_path / "notes.txt"                                # --overwrite replaces only our own logs
     other.write_text("my notes\n")
     code, err = run(certify, ["--checkpoint", ckpt, "--outfile", other, *CLI, "--overwrite"], monkeypatch, capsys)
-    assert code == 2 and "not a certification log" in err and other.read_text() == "my notes\n"
+    assert code == 2 and "not written by this project" in err and other.read_text() == "my notes\n"
     for out in (victim, other):
         code, err = run(train_baselines, ["--make-catrs-target", "--checkpoint", victim, "--out", out, "--N", 2],
                         monkeypatch, capsys)
