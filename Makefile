@@ -7,7 +7,7 @@ SIGMA ?= 0.5
 
 # Install the requirements only when one of them is missing (a no-op on a prepared machine).
 install:
-	@$(PYTHON) -c "import torch, torchvision, numpy, scipy, matplotlib, sklearn, pandas, pytest" 2>/dev/null \
+	@$(PYTHON) -c "import torch, torchvision, numpy, scipy, matplotlib, sklearn, pandas, pytest, hypothesis" 2>/dev/null \
 		|| $(PYTHON) -m pip install -r requirements.txt
 
 test: install

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import datetime
 import glob
+import math
 import os
 import re
 import sys
@@ -312,6 +313,8 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
               "nA": out["nA"], "N": out["N"], "nY": int(out["counts"][label]),
               "pA_lower": f"{out.get('pA_lower', 0):.6g}", "pA_upper": f"{out.get('pA_upper', 1):.6g}",
               "stop": out.get("stop")}
+    common.check(math.isfinite(float(values["radius"])), f"example {idx}: the radius is not finite "
+                                                         f"({values['radius']}); no certificate is written")
     columns = columns or (PREDICT_COLUMNS if use_predict else GRID_COLUMNS if plan else CERTIFY_COLUMNS)
     return "\t".join(str(values[c]) for c in columns)
 
@@ -451,8 +454,12 @@ def merge_parts(outfile, columns, kind="certification log"):
 
 def check_args(args):
     """Bad flag values: one line naming the problem and the fix (exit 2 through common.run)."""
-    common.check(args.sigma is None or args.sigma > 0, f"--sigma must be > 0 (got {args.sigma})")
+    common.check_finite(vars(args))
+    if args.sigma is not None:
+        common.check_sigma(args.sigma, precision=args.precision)
     common.check(args.N0 >= 1 and args.N >= 1, f"--N0 and --N must be >= 1 (got N0={args.N0}, N={args.N})")
+    common.check(args.N0 <= common.MAX_DRAWS and args.N <= common.MAX_DRAWS,
+                 f"--N0 and --N must be at most {common.MAX_DRAWS:.0e} (got N0={args.N0}, N={args.N})")
     common.check(args.predict or args.N0 <= args.N,
                  f"--N0 ({args.N0}) > --N ({args.N}): N0 only picks the class, N bounds pA; swap them?")
     common.check(0 < args.alpha < 1, f"--alpha must lie in (0, 1) (got {args.alpha}); the paper uses 0.001")
@@ -622,10 +629,11 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
     common.check(dataset_name is not None, f"checkpoint {args.checkpoint!r} names no dataset; pass --dataset")
     sigma = args.sigma if args.sigma is not None else ckpt.get("sigma")
     common.check(sigma is not None, f"checkpoint {args.checkpoint!r} stores no sigma; pass --sigma")
-    common.check(isinstance(sigma, (int, float)) and 0 < sigma < float("inf"),
-                 f"sigma must be a finite number > 0 (the checkpoint stores {sigma!r}); pass --sigma")
+    common.check_sigma(sigma, f"the sigma stored in {args.checkpoint!r}" if args.sigma is None else "--sigma",
+                       args.precision)
     sigma = float(sigma)
     dataset = common.get_dataset(dataset_name, args.split, args.data_dir, train_transform=False)
+    common.check_batch_bytes(min(args.batch, max(args.N, args.N0)), dataset[0][0].shape)
     outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict)
     columns = PREDICT_COLUMNS if args.predict else GRID_COLUMNS if args.radii is not None else CERTIFY_COLUMNS
     if sigma_of is not None:

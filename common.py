@@ -98,12 +98,40 @@ def check(condition, message):
         raise UserError(message)
 
 
+FLOAT32_MAX = 3.4028234663852886e38   # numbers reach the models, optimisers and noise in float32
+MAX_DRAWS = 10 ** 9                    # --N, --N0: beyond, one example takes hours on any machine
+MAX_BATCH_BYTES = 2 ** 33              # one pass of noisy inputs (float32) above 8 GiB is a typo, not a setting
+SIGMA_RANGE = (1e-4, 1e4)              # inputs lie in [0, 1]: below, float32 loses the noise; above, the input
+SIGMA_MAX_FP16 = 1e3                   # fp16 overflows at 65504: x + 7 sigma must stay below it
+
+
 def check_finite(settings):
-    """Every float among the settings (a dict of flag -> value) is finite: --sigma inf or --lr nan is a UserError."""
+    """Every number among the settings (a dict of flag -> value) is usable where it is used: a float is finite in
+    float32 (--lr 1e300 is inf there), an integer fits in 64 bits. A violation is a UserError naming the flag."""
     for key, value in settings.items():
-        values = value if isinstance(value, (list, tuple)) else [value]
-        check(all(not isinstance(v, float) or math.isfinite(v) for v in values),
-              f"--{key} must be a finite number, got {value}")
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, float):
+                check(math.isfinite(v) and abs(v) <= FLOAT32_MAX,
+                      f"--{key} must be a finite number in float32 (|x| < 3.4e38), got {value}")
+            elif isinstance(v, int) and not isinstance(v, bool):
+                check(abs(v) < 2 ** 63, f"--{key} must fit in 64 bits, got {value}")
+
+
+def check_sigma(sigma, flag="--sigma", precision="fp32"):
+    """sigma is a noise level the float32 (or fp16) arithmetic of sampling and the model can carry: in
+    SIGMA_RANGE, and at most SIGMA_MAX_FP16 under fp16. A certificate at a sigma the arithmetic cannot carry
+    (the noise rounded away, or overflowing to inf) would be wrong, so it is refused before anything runs."""
+    low, high = SIGMA_RANGE[0], SIGMA_MAX_FP16 if precision == "fp16" else SIGMA_RANGE[1]
+    check(isinstance(sigma, (int, float)) and not isinstance(sigma, bool) and low <= sigma <= high,
+          f"{flag} must lie in [{low:g}, {high:g}]{' under fp16' if precision == 'fp16' else ''} (inputs are in "
+          f"[0, 1]), got {sigma}")
+
+
+def check_batch_bytes(inputs, shape, what="--batch"):
+    """`inputs` noisy inputs of `shape` in float32 fit in MAX_BATCH_BYTES: checked before anything is allocated."""
+    size = inputs * 4 * math.prod(shape)
+    check(size <= MAX_BATCH_BYTES, f"{what} asks for {inputs} noisy inputs of shape {tuple(shape)} at once "
+                                   f"({size / 2 ** 30:.3g} GiB); lower it")
 
 
 @contextlib.contextmanager
@@ -1200,14 +1228,16 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, *, pre
     a = grid_levels(x, sound) if sound else None
     with torch.inference_mode():
         counts = torch.zeros(B, num_classes + 1, dtype=torch.long, device=x.device)   # + a column of failures
-        drawn = 0
+        finite, drawn = torch.ones((), dtype=torch.bool, device=x.device), 0
         for k in pass_sizes(n, max(1, batch // B)):
             if sound:
                 noisy, failed = sound_noisy_inputs(a, k, sigma, generator, levels=sound)  # (k, B, C, H, W)
             else:
                 noisy = x.unsqueeze(0) + gaussian_noise((k, *x.shape), sigma, x.device, generator)
             with autocast(x.device.type, precision):
-                pred = model(noisy.flatten(0, 1)).argmax(1)                            # (k*B,)
+                logits = model(noisy.flatten(0, 1))
+            finite = finite & torch.isfinite(logits).all()   # on the device: one sync at the end, not per pass
+            pred = logits.argmax(1)                                                    # (k*B,)
             if sound:
                 pred = torch.where(failed.flatten(), num_classes, pred)                # never a class
             slots = torch.arange(B, device=x.device).repeat(k) * (num_classes + 1) + pred  # copy j of input b -> b
@@ -1215,6 +1245,9 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, *, pre
             drawn += k
             if stop is not None and drawn < n and stop(counts[:, :num_classes], drawn):
                 break
+    # votes of a model that overflowed (inf or nan outputs) are not votes of the smoothed classifier
+    check(bool(finite), f"the model gave non-finite outputs on noisy inputs (sigma {sigma}, precision "
+                        f"{precision}); no certificate is written from them: lower --sigma or use fp32")
     return counts[:, :num_classes].clone()  # a normal tensor: callers may update it in place outside inference mode
 
 
@@ -1451,6 +1484,11 @@ def check_training_settings(settings):
     """What every training script refuses, before anything is written: non-finite numbers, lr <= 0, negative
     momentum, weight decay or seed. settings: the run's flags as a dict."""
     check_finite(settings)
+    if settings.get("sigma") is not None:
+        check_sigma(settings["sigma"], precision=settings.get("amp") or "fp32")
+    if settings.get("dataset") in INPUT_SHAPE and isinstance(settings.get("batch"), int):
+        m = settings.get("m") if isinstance(settings.get("m"), int) else 1
+        check_batch_bytes(settings["batch"] * max(m, 1), INPUT_SHAPE[settings["dataset"]], "--batch x --m")
     check(settings["lr"] > 0, f"--lr must be > 0, got {settings['lr']}")
     check(settings["momentum"] >= 0 and settings["weight_decay"] >= 0,
           f"--momentum and --weight_decay must be >= 0, got {settings['momentum']} and {settings['weight_decay']}")

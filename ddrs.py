@@ -220,6 +220,9 @@ def certify_main(args):
     common.check(args.sigma_min > 0 and (args.sigma_max is None or args.sigma_max > args.sigma_min),
                  "--sigma-min must be > 0 and below --sigma-max")
     common.check(args.radii is None, "ddrs.py certifies the full radius; --radii is certify.py's")
+    common.check_sigma(args.sigma_min, "--sigma-min", args.precision)
+    if args.sigma_max is not None:
+        common.check_sigma(args.sigma_max, "--sigma-max", args.precision)
     if args.outfile is None:
         args = argparse.Namespace(**dict(vars(args), outfile=os.path.join(
             "runs", "ddrs", os.path.basename(certify.default_outfile(args.checkpoint, args.sigma or 0, args.split,
