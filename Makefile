@@ -3,7 +3,7 @@
 PYTHON ?= python3
 SIGMA ?= 0.5
 
-.PHONY: install test demo table2 table3 table4 table5 ecdf budget gpu-check
+.PHONY: install test demo fuzz table2 table3 table4 table5 ecdf budget gpu-check
 
 # Install the requirements only when one of them is missing (a no-op on a prepared machine).
 install:
@@ -34,3 +34,8 @@ budget:
 # On a machine with a CUDA GPU: the CUDA tests, then certification and training speed in one summary (README, Speed).
 gpu-check: install
 	$(PYTHON) scripts/gpu_check.py
+
+# The long property-based campaign of tests/test_fuzz.py (FUZZ_EXAMPLES per target, default 1000; failing
+# examples are kept in .hypothesis/ and replayed first next time). Prints the outcomes tried per target.
+fuzz: install
+	HYPOTHESIS_PROFILE=fuzz $(PYTHON) -m pytest -q tests/test_fuzz.py --hypothesis-show-statistics -p no:cacheprovider

@@ -1,0 +1,128 @@
+"""The output guard and the readers are the only ways the scripts touch files (issue: one guard, one reader).
+
+A grep over every script outside common.py: no file is opened, saved, dumped, replaced or removed except
+through common.write_output / open_append / remove_output, and no format is parsed outside common.py's
+readers. Then the guard's own promises, each a regression test of a case found while building it."""
+import os
+import re
+import stat
+
+import pytest
+
+import common
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = [f for f in sorted(os.listdir(ROOT)) if f.endswith(".py") and f != "common.py"] + \
+          [os.path.join("scripts", f) for f in sorted(os.listdir(os.path.join(ROOT, "scripts"))) if f.endswith(".py")]
+BYPASSES = [r"(?<![\w.])open\(", r"torch\.save\(", r"torch\.load\(", r"json\.dump\(", r"json\.load\(",
+            r"np\.(save|load|savetxt|loadtxt)", r"os\.(replace|remove|unlink|rename)\(", r"shutil\.",
+            r"\.write_text\(", r"\.write_bytes\(", r"read_csv\(", r"to_csv\(", r"ImageFolder\("]
+
+
+def test_no_script_writes_or_parses_a_file_outside_common():
+    found = []
+    for name in SCRIPTS:
+        with open(os.path.join(ROOT, name)) as f:
+            lines = f.read().splitlines()
+        for number, line in enumerate(lines, 1):
+            code = line.split("#", 1)[0]
+            found += [f"{name}:{number}: {line.strip()}" for pattern in BYPASSES if re.search(pattern, code)]
+            # a figure is saved only inside common.write_output (the statement that starts on this line or above)
+            if "savefig(" in code and "write_output(" not in code + "".join(lines[max(0, number - 3):number - 1]):
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "files touched outside common.py's guard and readers:\n" + "\n".join(found)
+
+
+def test_the_grep_finds_a_bypass(tmp_path):
+    """Negative control: the patterns catch the ways a script could bypass the guard."""
+    for snippet in ('with open(p, "w") as f:', "torch.save(state, p)", "json.dump(obj, f)", "os.remove(p)",
+                    "np.save(p, a)", "Path(p).write_text(t)"):
+        assert any(re.search(pattern, snippet) for pattern in BYPASSES), snippet
+
+
+def test_guard_refuses_links_folders_fifos_inputs_and_foreign_files(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    link = tmp_path / "link.md"
+    os.symlink(notes, link)
+    fifo = tmp_path / "fifo.md"
+    os.mkfifo(fifo)
+    (tmp_path / "folder.md").mkdir()
+    data = tmp_path / "log.tsv"
+    data.write_text("idx\n")
+    hard = tmp_path / "hard.md"
+    os.link(data, hard)
+    common.set_inputs([str(data)])
+    try:
+        for path, why in ((notes, "not written by this project"), (link, "symbolic link"), (fifo, "not a regular"),
+                          (tmp_path / "folder.md", "is a folder"), (hard, "input of this command")):
+            with pytest.raises(common.UserError, match=why):
+                common.write_text_output(str(path), "analyze.py output", "x\n")
+    finally:
+        common.set_inputs([])
+    assert notes.read_text() == "mine\n" and data.read_text() == "idx\n" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_guard_rewrites_its_own_output_but_not_one_changed_since_or_of_another_kind(tmp_path):
+    path = str(tmp_path / "table.md")
+    common.write_text_output(path, "analyze.py output", "one\n")
+    common.write_text_output(path, "analyze.py output", "two\n")           # its own: rewritten
+    assert open(path).read() == "two\n"
+    with pytest.raises(common.UserError, match="written as 'analyze.py output', not as 'checkpoint'"):
+        common.write_text_output(path, "checkpoint", "three\n")
+    with open(path, "a") as f:
+        f.write("edited by hand\n")
+    with pytest.raises(common.UserError, match="changed since"):
+        common.write_text_output(path, "analyze.py output", "four\n")
+    assert open(path).read() == "two\nedited by hand\n"
+
+
+def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
+    path = str(tmp_path / "out.md")
+    common.write_text_output(path, "analyze.py output", "complete\n")
+
+    def fails(f):
+        f.write(b"half")
+        raise OSError(27, "File too large")
+    with pytest.raises(common.UserError, match="not written .File too large., its previous content is intact"):
+        common.write_output(path, "analyze.py output", fails)
+    assert open(path).read() == "complete\n"
+    assert sorted(os.listdir(tmp_path)) == [".rs-outputs.json", ".rs-outputs.lock", "out.md"]
+
+
+def test_a_write_over_ulimit_f_fails_in_one_line_and_keeps_the_old_file(tmp_path):
+    """`ulimit -f` (SIGXFSZ, ignored by Python): the write fails with EFBIG; the file before stays whole."""
+    import subprocess
+    import sys
+    path = tmp_path / "big.md"
+    code = ("import sys; sys.path.insert(0, %r); import common; "
+            "common.run(lambda: common.write_text_output(%r, 'analyze.py output', sys.argv[1] * 4096))")
+    first = subprocess.run([sys.executable, "-c", code % (ROOT, str(path)), "a"], capture_output=True, text=True)
+    assert first.returncode == 0
+    before = path.read_bytes()
+    run = subprocess.run(["bash", "-c", f'ulimit -f 1; "{sys.executable}" -c "$0" b', code % (ROOT, str(path))],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "not written" in run.stderr and path.read_bytes() == before
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+def test_sigterm_exits_143_in_one_line_and_leaves_the_files_valid(tmp_path):
+    """SIGTERM during a long command: exit 143, one line, and every file written so far complete."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    code = ("import sys, time; sys.path.insert(0, %r); import common\n"
+            "def main():\n"
+            "    common.write_text_output(%r, 'analyze.py output', 'done\\n')\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n"
+            "common.run(main)\n") % (ROOT, str(tmp_path / "a.md"))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and len(err.strip().splitlines()) == 1 and "SIGTERM" in err
+    assert (tmp_path / "a.md").read_text() == "done\n"
+    time.sleep(0)
