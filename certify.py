@@ -598,6 +598,15 @@ class Progress:
 # main
 # ----------------------------------------------------------------------------------------------------------
 
+def check_outputs(outfile, counts, inputs):
+    """The guard's verdict on every output before any work (rank 0): each may be written as what it is."""
+    for path in [outfile, outfile + ".json"] + ([counts[0]] if counts else []):
+        problem = common.output_problem(path, "settings of a log" if path.endswith(".json") else
+                                        "vote counts" if counts and path == counts[0] else "certification log",
+                                        inputs, append=not path.endswith(".json"), claimed=sidecar_claims(outfile))
+        common.check(problem is None, problem)
+
+
 def lock_outputs(locks, outfile):
     """One run per outfile (rank 0): lock <outfile>.lock, and refuse rank files that a live worker of an
     earlier run still holds (under torchrun each rank locks its own <outfile>.rank<r>.lock while it writes)."""
@@ -661,11 +670,6 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
                 "final_look": args.final_look if plan else None, "columns": list(columns), "ddrs": None,
                 **(extra_settings or {})}
     inputs = [args.checkpoint]
-    for path in [outfile, outfile + ".json"] + ([counts[0]] if counts else []):   # before any work: the guard
-        problem = common.output_problem(path, "settings of a log" if path.endswith(".json") else
-                                        "vote counts" if counts and path == counts[0] else "certification log",
-                                        inputs, append=not path.endswith(".json"), claimed=sidecar_claims(outfile))
-        common.check(problem is None, problem)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
     except OSError as e:
@@ -681,6 +685,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
     todo = [None]
     if rank == 0:   # the single writer of the shared files; what stops it stops every rank (below)
         try:
+            check_outputs(outfile, counts, inputs)
             lock_outputs(locks, outfile)
             done = prepare_outputs(outfile, settings, columns, args.overwrite, counts, inputs)
             todo = [select_examples(len(dataset), args.skip, args.max, done)]
