@@ -489,7 +489,7 @@ def write_text(out, name, text):
 
 def safe_name(name):
     """A file name from labels of logs: path separators, spaces and other odd characters become '_'."""
-    cleaned = re.sub(r"[^A-Za-z0-9._+=-]+", "_", name).strip("._") or "unnamed"
+    cleaned = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9._+=-]+|\.{2,}", "_", name)).strip("._") or "unnamed"
     return cleaned[:200]
 
 
@@ -512,6 +512,11 @@ def save_figure(fig, out, name):
                                                                              bbox_inches="tight", metadata=metadata))
         print(f"wrote {path}", file=sys.stderr)
     pyplot().close(fig)
+
+
+def fmt_acr(value, digits):
+    """An ACR with `digits` decimals; 'n/a' where there is none (a grid log: certify.py --radii)."""
+    return "n/a" if np.isnan(value) else f"{value:.{digits}f}"
 
 
 def fmt_percent(share):
@@ -544,7 +549,8 @@ def sigma_panels(plt, groups):
 def table_rows(logs, radii):
     """Every log gets its ACR ('acr') and certified accuracy at the radii ('acc', shares)."""
     for log in logs:
-        log["acr"] = acr(log["radius"], log["correct"])
+        # a grid log's radius is a certified grid level, not a radius: it has no ACR in any output (nan -> n/a)
+        log["acr"] = float("nan") if log.get("grid") else acr(log["radius"], log["correct"])
         log["acc"] = certified_accuracy(log["radius"], log["correct"], radii)
     return logs
 
@@ -564,7 +570,7 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
             numbers = ["n/a" if log.get("grid") else f"{log['acr']:.3f}"] + [fmt_percent(a) for a in log["acc"]]
             md_rows.append(lead[:2] + [str(len(log["radius"]))] + lead[2:] + numbers)
             tsv_rows.append([fmt_sigma(sigma), log["label"], len(log["radius"])] + lead[2:] +
-                            [f"{log['acr']:.6f}"] + [f"{100 * a:.2f}" for a in log["acc"]])
+                            [fmt_acr(log["acr"], 6)] + [f"{100 * a:.2f}" for a in log["acc"]])
             rows.append(lead + numbers)
             values.append([float("nan") if x == "n/a" else float(x) for x in numbers])   # rank what is printed
             if log["label"].lower() == baseline.lower():
@@ -632,12 +638,13 @@ def seed_table_report(logs, radii, fmt, out, name="table_seeds"):
             acr_m, acr_s = mean_std([[log["acr"]] for log in runs])
             acc_m, acc_s = mean_std([100 * log["acc"] for log in runs])
             sizes = sorted({len(log["radius"]) for log in runs})
-            pm = [plus_minus(acr_m[0], acr_s[0], 4)] + [plus_minus(m, d, 2) for m, d in zip(acc_m, acc_s)]
+            pm = [fmt_acr(acr_m[0], 4) if np.isnan(acr_m[0]) else plus_minus(acr_m[0], acr_s[0], 4)] + \
+                [plus_minus(m, d, 2) for m, d in zip(acc_m, acc_s)]
             lead = [fmt_sigma(sigma) if i == 0 else "", label, str(len(runs)), "/".join(map(str, sizes))]
             md_rows.append(lead + pm)
             tex_rows.append(lead[:2] + [c.replace("±", r"$\pm$") for c in pm])
-            tsv_rows.append([fmt_sigma(sigma), label, len(runs), "/".join(map(str, sizes)), f"{acr_m[0]:.6f}",
-                             f"{acr_s[0]:.6f}"] + [f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
+            tsv_rows.append([fmt_sigma(sigma), label, len(runs), "/".join(map(str, sizes)), fmt_acr(acr_m[0], 6),
+                             f"{acr_s[0]:.6f}" if not np.isnan(acr_m[0]) else "n/a"] + [f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
     radius_header = [f"{r:.2f}" for r in radii]
     md = markdown(["σ", "method", "seeds", "n", "ACR"] + radius_header, md_rows)
     tex = "\n".join([r"\begin{tabular}{ll" + "r" * (1 + len(radii)) + "}", r"\toprule",
@@ -1080,7 +1087,8 @@ def gradnorm_report(logs, out, name="gradnorm", acr_paths=None):
                str(s["n_hard"])]
         if acr_paths is not None:
             certified = None if acr_paths[i] == "-" else read_log(acr_paths[i])
-            row.insert(1, "" if certified is None else f"{acr(certified['radius'], certified['correct']):.3f}")
+            row.insert(1, "" if certified is None else "n/a" if certified["grid"] else
+                       f"{acr(certified['radius'], certified['correct']):.3f}")
         rows.append(row)
     header = ["method", "easy", "hard", "easy / hard", "n easy", "n hard"]
     if acr_paths is not None:

@@ -126,3 +126,65 @@ def test_sigterm_exits_143_in_one_line_and_leaves_the_files_valid(tmp_path):
     assert proc.returncode == 143 and len(err.strip().splitlines()) == 1 and "SIGTERM" in err
     assert (tmp_path / "a.md").read_text() == "done\n"
     time.sleep(0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Regression tests of cases found while building the readers (each a sibling of an issue's example)
+# ----------------------------------------------------------------------------------------------------------
+
+def run_analyze(argv, capsys):
+    import analyze
+    try:
+        common.run(lambda: analyze.main([str(a) for a in argv]))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def grid_log(path):
+    path.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN\tpA_lower\tpA_upper\tstop\n"
+                    "0\t1\t1\t0.5\t1\t0:00:01\t90\t100\t0.8\t0.95\tupper\n"
+                    "1\t2\t1\t0.25\t0\t0:00:01\t60\t100\t0.5\t0.7\tbudget\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("flags", [[], ["--format", "tsv"], ["--format", "latex"], ["--group-by-seed"],
+                                   ["--group-by-seed", "--format", "tsv"], ["--group-by-seed", "--format", "latex"]])
+def test_a_grid_log_has_no_acr_in_any_format_or_grouping(tmp_path, capsys, flags):
+    path = grid_log(tmp_path / "grid_noise_0.5.tsv")
+    code, out, _ = run_analyze(["table", path, *flags], capsys)
+    assert code == 0
+    row = next(line for line in out.splitlines() if "grid" in line and "0.5" in line and "certified at" not in line)
+    assert "n/a" in row and "0.3750" not in row and "0.375" not in row   # the mean grid level is not an ACR
+
+
+def test_labels_with_slashes_and_spaces_become_safe_file_names(tmp_path, capsys):
+    path = tmp_path / "m_noise_0.25.tsv"
+    path.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN\tnY\n0\t1\t1\t0.5\t1\t0:00:01\t90\t100\t90\n")
+    out = tmp_path / "out"
+    code, _, err = run_analyze(["ecdf", path, "--labels", "../a/b c", "--out", out], capsys)
+    assert code == 0, err
+    names = os.listdir(out)
+    assert any(n.startswith("ecdf_a_b_c_") for n in names) and not (tmp_path / "a").exists()
+
+
+def test_a_folder_given_as_a_log_is_named_a_folder(tmp_path, capsys):
+    code, _, err = run_analyze(["table", tmp_path], capsys)
+    assert code == 2 and "is a folder" in err and "not found" not in err
+
+
+def test_a_predict_log_where_a_certify_log_is_needed_says_so(tmp_path, capsys):
+    path = tmp_path / "p.tsv"
+    path.write_text("idx\tlabel\tpredict\tcorrect\ttime\tnA\tN\tnY\n0\t1\t1\t1\t0:00:01\t90\t100\t90\n")
+    code, _, err = run_analyze(["table", path], capsys)
+    assert code == 2 and "PREDICT log" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sidecar_of_the_wrong_shape_names_the_field(tmp_path, capsys):
+    path = tmp_path / "m_noise_0.25.tsv"
+    path.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\n0\t1\t1\t0.5\t1\t0:00:01\n")
+    (tmp_path / "m_noise_0.25.tsv.json").write_text('{"sigma": "0.25", "N": 1000}')
+    code, _, err = run_analyze(["table", path], capsys)
+    assert code == 2 and "field 'sigma'" in err
