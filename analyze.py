@@ -150,7 +150,8 @@ def parse_args(argv=None):
 # The readers of every format live in common.py (one reader per format); the names analyze.py uses:
 read_columns, read_lines, check_rows = common.read_table, common.read_lines, common.check_rows
 read_log, read_sidecar = common.read_certification_log, common.read_sidecar
-read_train_pA, read_gradnorm, read_ecdf_or_log = common.read_train_pA, common.read_gradient_norms, common.read_ecdf_or_log
+read_train_pA, read_gradnorm = common.read_train_pA, common.read_gradient_norms
+read_ecdf_or_log = common.read_ecdf_or_log
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -644,7 +645,8 @@ def seed_table_report(logs, radii, fmt, out, name="table_seeds"):
             md_rows.append(lead + pm)
             tex_rows.append(lead[:2] + [c.replace("±", r"$\pm$") for c in pm])
             tsv_rows.append([fmt_sigma(sigma), label, len(runs), "/".join(map(str, sizes)), fmt_acr(acr_m[0], 6),
-                             f"{acr_s[0]:.6f}" if not np.isnan(acr_m[0]) else "n/a"] + [f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
+                             f"{acr_s[0]:.6f}" if not np.isnan(acr_m[0]) else "n/a"] +
+                            [f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
     radius_header = [f"{r:.2f}" for r in radii]
     md = markdown(["σ", "method", "seeds", "n", "ACR"] + radius_header, md_rows)
     tex = "\n".join([r"\begin{tabular}{ll" + "r" * (1 + len(radii)) + "}", r"\toprule",

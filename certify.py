@@ -54,7 +54,8 @@ GRID_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N
 # Logs written before the nY column existed: still resumed in their own columns.
 LEGACY_COLUMNS = (CERTIFY_COLUMNS[:-1], PREDICT_COLUMNS[:-1])
 # Settings that change what a line means: a resumed file must have been written with the same ones.
-CHECKED_SETTINGS = ("script", "data", "mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N", "alpha", "seed",
+CHECKED_SETTINGS = ("script", "data", "mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N",
+                    "alpha", "seed",
                     "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look",
                     "ddrs")
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
@@ -478,15 +479,17 @@ def check_args(args):
                  "--beta goes with --radii and must lie in [0, 1)")
 
 
-def default_outfile(checkpoint, sigma, split, use_predict):
-    """runs/certify/<checkpoint stem>_sigma<S>.tsv; a generic file name (checkpoint.pth.tar) takes its folder's."""
+def default_outfile(checkpoint, sigma, split, use_predict, folder=None):
+    """runs/certify/<checkpoint stem>_sigma<S>.tsv (or <folder>/...); a generic file name (checkpoint.pth.tar)
+    takes its folder's. sigma: the one certified (from --sigma or the checkpoint), so the name says what ran."""
     name = os.path.basename(checkpoint)
     while os.path.splitext(name)[1] in (".tar", ".pth", ".pt", ".ckpt"):
         name = os.path.splitext(name)[0]
     if name in ("checkpoint", "model_best", "model", ""):
         name = os.path.basename(os.path.dirname(os.path.abspath(checkpoint))) or name
     suffix = "" if split == "test" else f"_{split}"
-    return os.path.join("runs", "predict" if use_predict else "certify", f"{name}_sigma{sigma:g}{suffix}.tsv")
+    folder = folder or os.path.join("runs", "predict" if use_predict else "certify")
+    return os.path.join(folder, f"{name}_sigma{sigma:g}{suffix}.tsv")
 
 
 file_sha256 = common.file_sha256
@@ -643,7 +646,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
     sigma = float(sigma)
     dataset = common.get_dataset(dataset_name, args.split, args.data_dir, train_transform=False)
     common.check_batch_bytes(min(args.batch, max(args.N, args.N0)), dataset[0][0].shape)
-    outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict)
+    outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict,
+                                              getattr(args, "default_folder", None))
     columns = PREDICT_COLUMNS if args.predict else GRID_COLUMNS if args.radii is not None else CERTIFY_COLUMNS
     if sigma_of is not None:
         columns = columns + ("sigma",)

@@ -1560,8 +1560,10 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
         if progress is not None:
             progress(i + 1, n_batches)
     train_loss = (loss_sum / max(steps, 1)).item()
-    check(math.isfinite(train_loss), f"the training loss became {train_loss} (diverged: lower --lr?); stopped "
-                                     f"before saving, so the checkpoint of the last good epoch is kept")
+    lr = optimizer.param_groups[0]["lr"]
+    check(math.isfinite(train_loss), f"the training loss became {train_loss} at learning rate {lr:g} (this "
+                                     f"epoch's, from --lr and the schedule): the run diverged; stopped before "
+                                     f"saving, so the checkpoint of the last good epoch is kept")
     return {"train_loss": train_loss, "train_acc": (correct / max(total, 1)).item()}
 
 

@@ -223,11 +223,9 @@ def certify_main(args):
     common.check_sigma(args.sigma_min, "--sigma-min", args.precision)
     if args.sigma_max is not None:
         common.check_sigma(args.sigma_max, "--sigma-max", args.precision)
-    if args.outfile is None:
-        args = argparse.Namespace(**dict(vars(args), outfile=os.path.join(
-            "runs", "ddrs", os.path.basename(certify.default_outfile(args.checkpoint, args.sigma or 0, args.split,
-                                                                     args.predict)))))
-    args = argparse.Namespace(**dict(vars(args), script="ddrs.py certify"))   # the log's identity
+    # the log's identity; without --outfile: runs/ddrs/<checkpoint>_sigma<sigma_0 certified>.tsv
+    args = argparse.Namespace(**dict(vars(args), script="ddrs.py certify",
+                                     default_folder=os.path.join("runs", "ddrs")))
     bounds = (args.sigma_min, args.sigma_max)
 
     def sigma_of(model, x, idx, sigma0):

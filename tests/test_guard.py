@@ -188,3 +188,70 @@ def test_a_sidecar_of_the_wrong_shape_names_the_field(tmp_path, capsys):
     (tmp_path / "m_noise_0.25.tsv.json").write_text('{"sigma": "0.25", "N": 1000}')
     code, _, err = run_analyze(["table", path], capsys)
     assert code == 2 and "field 'sigma'" in err
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Run identity: a resume on other data, by another script or of another checkpoint is refused, naming it
+# ----------------------------------------------------------------------------------------------------------
+
+def cifar_folder(root, shade):
+    """A CIFAR-10 image-folder copy in miniature: 10 classes, one 32x32 image each (train and test)."""
+    from PIL import Image
+    for split in ("train", "test"):
+        for c in range(10):
+            os.makedirs(root / split / f"c{c}")
+            Image.new("RGB", (32, 32), (shade, c * 20, 0)).save(root / split / f"c{c}" / "0.png")
+    return str(root)
+
+
+def run_script(module, argv, capsys):
+    import sys
+    saved = sys.argv
+    sys.argv = [module.__name__ + ".py"] + [str(a) for a in argv]
+    try:
+        common.run(module.main)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = saved
+    return code, capsys.readouterr().err
+
+
+def test_a_training_resume_on_other_data_or_by_another_script_is_refused(tmp_path, capsys):
+    import train_gaussian
+    import train_ours
+    a, b = cifar_folder(tmp_path / "a", 0), cifar_folder(tmp_path / "b", 9)
+    (tmp_path / "b" / "test" / "c0" / "1.png").write_bytes((tmp_path / "b" / "test" / "c0" / "0.png").read_bytes())
+    run = tmp_path / "run"
+    base = ["--dataset", "cifar10", "--arch", "lenet", "--sigma", "0.25", "--batch", "4", "--workers", "0",
+            "--device", "cpu", "--outdir", run]
+    code, err = run_script(train_gaussian, base + ["--data-dir", a, "--epochs", "1"], capsys)
+    assert code == 0, err
+    before = {f: (run / f).read_bytes() for f in os.listdir(run) if not f.startswith(".")}
+    code, err = run_script(train_gaussian, base + ["--data-dir", b, "--epochs", "2", "--resume"], capsys)
+    assert code == 2 and "data: other images" in err and len(err.strip().splitlines()) == 1
+    code, err = run_script(train_ours, base + ["--data-dir", a, "--epochs", "2", "--resume"], capsys)
+    assert code == 2 and "train_gaussian.py" in err
+    assert {f: (run / f).read_bytes() for f in os.listdir(run) if not f.startswith(".")} == before
+
+
+def test_a_certification_resume_on_other_data_or_another_checkpoint_is_refused(tmp_path, capsys):
+    import certify
+    from helpers import digits_checkpoint
+    a, b = cifar_folder(tmp_path / "a", 0), cifar_folder(tmp_path / "b", 9)
+    (tmp_path / "b" / "test" / "c0" / "1.png").write_bytes((tmp_path / "b" / "test" / "c0" / "0.png").read_bytes())
+    model = common.get_architecture("lenet", "cifar10")
+    ckpt = str(tmp_path / "m.pth.tar")
+    common.save_checkpoint({"arch": "lenet", "dataset": "cifar10", "sigma": 0.25, "state_dict": model.state_dict()},
+                           ckpt)
+    out = tmp_path / "log.tsv"
+    base = ["--checkpoint", ckpt, "--outfile", out, "--N0", "10", "--N", "20", "--batch", "20", "--device", "cpu"]
+    assert run_script(certify, base + ["--data-dir", a, "--max", "2"], capsys)[0] == 0
+    before = out.read_bytes()
+    code, err = run_script(certify, base + ["--data-dir", b, "--max", "4"], capsys)
+    assert code == 2 and "data" in err and out.read_bytes() == before
+    other = digits_checkpoint(tmp_path / "d.pth.tar", steps=1)
+    code, err = run_script(certify, ["--checkpoint", other] + base[2:] + ["--data-dir", a, "--max", "4",
+                                                                         "--dataset", "digits"], capsys)
+    assert code == 2 and out.read_bytes() == before
