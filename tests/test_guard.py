@@ -255,3 +255,30 @@ def test_a_certification_resume_on_other_data_or_another_checkpoint_is_refused(t
     code, err = run_script(certify, ["--checkpoint", other] + base[2:] + ["--data-dir", a, "--max", "4",
                                                                          "--dataset", "digits"], capsys)
     assert code == 2 and out.read_bytes() == before
+
+
+def test_certify_stopped_by_sigterm_exits_143_and_resumes_to_the_uninterrupted_log(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from helpers import digits_checkpoint
+    ckpt = digits_checkpoint(tmp_path / "c.pth.tar", steps=20)
+    argv = [sys.executable, os.path.join(ROOT, "certify.py"), "--checkpoint", ckpt, "--N0", "10", "--N", "2000",
+            "--batch", "500", "--device", "cpu", "--max", "40"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    whole = tmp_path / "whole.tsv"
+    assert subprocess.run(argv + ["--outfile", str(whole)], capture_output=True, env=env).returncode == 0
+    cut = tmp_path / "cut.tsv"
+    proc = subprocess.Popen(argv + ["--outfile", str(cut)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not cut.exists() or cut.read_text().count("\n") < 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if not ln.startswith(("certify:", "note:")) and "examples," not in ln]
+    assert proc.returncode == 143 and lines == [lines[-1]] and "SIGTERM" in lines[-1], err
+    assert subprocess.run(argv + ["--outfile", str(cut)], capture_output=True, env=env).returncode == 0
+    strip = lambda p: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in p.read_text().splitlines()]   # no time
+    assert strip(cut) == strip(whole)
