@@ -8,6 +8,7 @@ import re
 import stat
 
 import pytest
+import torch
 
 import common
 
@@ -282,3 +283,48 @@ def test_certify_stopped_by_sigterm_exits_143_and_resumes_to_the_uninterrupted_l
     assert subprocess.run(argv + ["--outfile", str(cut)], capture_output=True, env=env).returncode == 0
     strip = lambda p: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in p.read_text().splitlines()]   # no time
     assert strip(cut) == strip(whole)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Numbers checked in the precision and range where they are used (found by the fuzzer and by hand)
+# ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, why", [
+    (["--sigma", "1e39"], "finite number in float32"),        # was a certificate of radius 3.8e39 (noise = inf)
+    (["--sigma", "1e-50"], "--sigma must lie in"),            # was 0 in float32: no noise at all
+    (["--sigma", "5000", "--precision", "fp16"], "under fp16"),
+    (["--N", str(2 ** 40)], "at most 1e+09"),                 # was a loop of 10^9 passes
+    (["--N", str(2 ** 63)], "fit in 64 bits"),                # was a MemoryError
+    (["--alpha", "1e-320"], None),                            # tiny but valid: runs
+])
+def test_certify_numbers_are_checked_where_they_are_used(tmp_path, capsys, flags, why):
+    import certify
+    from helpers import digits_checkpoint
+    ckpt = digits_checkpoint(tmp_path / "c.pth.tar", steps=5)
+    out = tmp_path / "o.tsv"
+    code, err = run_script(certify, ["--checkpoint", ckpt, "--outfile", out, "--max", "1", "--N0", "10", "--N", "50",
+                                     "--batch", "50", "--device", "cpu", *flags], capsys)
+    if why is None:
+        assert code == 0, err
+        radius = float(out.read_text().splitlines()[1].split("\t")[3])
+        assert radius == radius and abs(radius) < 10
+    else:
+        assert code == 2 and why in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_model_with_non_finite_outputs_gives_no_votes():
+    class Overflow(torch.nn.Module):
+        def forward(self, x):
+            return torch.full((x.shape[0], 10), float("nan"))
+    with pytest.raises(common.UserError, match="non-finite outputs"):
+        common.sample_counts(Overflow(), torch.zeros(1, 1, 8, 8), 0.25, 10, 10, 10)
+
+
+def test_training_sizes_are_bounded_before_anything_is_allocated(tmp_path, capsys):
+    import train_gaussian
+    code, err = run_script(train_gaussian, ["--dataset", "digits", "--sigma", "0.25", "--m", str(10 ** 9),
+                                            "--outdir", tmp_path / "run", "--device", "cpu"], capsys)
+    assert code == 2 and "--batch x --m" in err and not (tmp_path / "run").exists()
+    code, err = run_script(train_gaussian, ["--dataset", "digits", "--sigma", "0.25", "--weight_decay", "1e300",
+                                            "--outdir", tmp_path / "run", "--device", "cpu"], capsys)
+    assert code == 2 and "float32" in err
