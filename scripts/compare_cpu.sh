@@ -21,6 +21,10 @@ C=results/cifar10_cpu
 read -r -a A <<< "$(seeds $C/certify/gaussian_noise_0.5.tsv)"
 read -r -a B <<< "$(seeds $C/certify/ours_noise_0.5.tsv)"
 run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels gaussian ours --out $C/compare
+if [ ${#A[@]} -gt 1 ] && [ ${#B[@]} -gt 1 ]; then   # Table 8's layout: mean ± std over the training seeds
+    run "$PYTHON" analyze.py table --group-by-seed "${A[@]}" "${B[@]}" --radii 0 0.25 0.5 0.75 1 1.25 1.5 \
+        --out $C/seeds
+fi
 
 F=results/fig3_cpu
 for m in consistency smoothmix macer catrs smoothadv; do
