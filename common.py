@@ -226,10 +226,11 @@ def set_inputs(paths):
 
 def written_so_far():
     """For an error message: which files this command completed before it stopped."""
+    rest = "logs it was appending keep every complete line (rerun to resume)"
     if not _WRITTEN:
-        return "this command completed no file; files written before it are unchanged"
+        return f"this command completed no file; every file written before is unchanged, and {rest}"
     names = ", ".join(_WRITTEN[-4:]) + (f" and {len(_WRITTEN) - 4} more" if len(_WRITTEN) > 4 else "")
-    return f"completed before it: {names}; every other file is as it was"
+    return f"completed before it: {names}; every other file is as it was, and {rest}"
 
 
 def _read_record(folder):
