@@ -180,19 +180,26 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ..., their
     thresholds tau_j = Phi(r_j / sigma), the check times (pass ends) and common.grid_tables.
 
-    alpha is split alpha_seq = alpha / 10 for the betting sequence and alpha_fin = 0.9 alpha for one
-    Clopper-Pearson look at N_max (final_look; else alpha_seq = alpha): a wrong certificate at any radius
-    needs the sequence to fail (probability <= alpha_seq, Ville) or the final look to (<= alpha_fin).
+    Exact alpha accounting. The betting sequence's thresholds are set at alpha_seq = alpha / 10 (Ville's
+    bound), but on this schedule of checks it spends far less: common.crossing_probability gives the exact
+    probability that it ever certifies level j when pA = tau_j (the worst case of a wrong certificate at
+    r_j: crossing rises with pA, and a higher level is only crossed after this one). The final
+    Clopper-Pearson look at N_max gets the rest, alpha_fin = alpha - max_j spent_j. Guarantee, per example and
+    whatever the stopping (early stops only end sampling): P(certified radius wrong) <= spent + alpha_fin =
+    alpha. Without final_look all of alpha goes to the sequence (alpha_seq = alpha, Ville).
     """
     radii = sorted({0.0, *map(float, radii)})
     taus = norm.cdf(np.array(radii) / sigma)
     checks = [int(c) for c in np.cumsum(common.pass_sizes(N_max, batch))]
-    alpha_seq, alpha_fin = (alpha / 10, 0.9 * alpha) if final_look else (alpha, 0.0)
-    tables = common.grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max)
+    alpha_seq = alpha / 10 if final_look else alpha
+    tables = common.grid_tables(taus, checks, alpha_seq, beta, 0.0, N_max)
+    spent = [common.crossing_probability(tables["lower"][j], checks, tau) for j, tau in enumerate(taus)]
+    alpha_fin = max(alpha - max(spent), 0.0) if final_look else 0.0
+    tables["final"] = common.final_thresholds(taus, N_max, alpha_fin)
     slack = tables["lower"] - np.array(checks)                      # votes needed beyond all-cA draws
     reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]  # suffix minima: can level j still come?
     return dict(tables, radii=radii, checks=checks, position={t: i for i, t in enumerate(checks)}, reach=reach,
-                alpha_seq=alpha_seq, alpha_fin=alpha_fin, beta=beta, N_max=N_max)
+                alpha_seq=alpha_seq, alpha_fin=alpha_fin, beta=beta, N_max=N_max, spent=max(spent))
 
 
 def grid_levels(plan, A, i, final=False):

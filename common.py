@@ -1059,14 +1059,47 @@ def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max):
             lower[j, i] = first(above, t, lambda A: kt_log_wealth(A, t, tau) >= level_seq)
             below = math.ceil(t * tau) - 1                       # the largest A with A / t < tau
             upper[j, i] = below - first(0, below, lambda d: kt_log_wealth(below - d, t, tau) >= level_beta)
-    final = np.full(k, N_max + 1, np.int64)                      # no final look: never reachable
-    if alpha_fin > 0:
-        for j, tau in enumerate(taus):
-            if j == 0:   # r = 0 certifies only when the bound exceeds 1/2, as CERTIFY's prediction
-                final[j] = first(0, N_max, lambda A: clopper_pearson_lower(A, N_max, alpha_fin) > tau)
+    return {"lower": lower, "upper": upper, "final": final_thresholds(taus, N_max, alpha_fin)}
+
+
+def final_thresholds(taus, N_max, alpha_fin):
+    """final[j] of grid_tables: the smallest A whose Clopper-Pearson bound at alpha_fin over N_max draws exceeds
+    tau_j (>= for j > 0; > 1/2 for tau_0 = 1/2), N_max + 1 if none or if alpha_fin = 0 (no final look)."""
+    final = np.full(len(taus), N_max + 1, np.int64)
+    if alpha_fin <= 0:
+        return final
+    for j, tau in enumerate(taus):
+        lo, hi = 0, N_max
+        while lo <= hi:   # binary search: the bound rises with A
+            mid = (lo + hi) // 2
+            bound = clopper_pearson_lower(mid, N_max, alpha_fin)
+            if bound > tau or (j > 0 and bound >= tau):   # r = 0: > 1/2, as CERTIFY's prediction
+                hi = mid - 1
             else:
-                final[j] = first(0, N_max, lambda A: clopper_pearson_lower(A, N_max, alpha_fin) >= tau)
-    return {"lower": lower, "upper": upper, "final": final}
+                lo = mid + 1
+        final[j] = lo
+    return final
+
+
+def crossing_probability(lower, checks, p):
+    """P(A_t >= lower[i] at some check t = checks[i]) when every draw votes cA with probability p: the exact error
+    a sequential test with these integer thresholds spends (ADAPTIVE.md §2, validity), by dynamic programming.
+
+    The distribution of A over the paths that have not crossed yet is carried from check to check: convolved
+    with Binomial(t_i - t_(i-1), p) (FFT), the mass at or above the threshold is added to the crossing
+    probability and removed. The FFT's rounding (about 1e-16 of the mass per value) is covered by adding 1e-12
+    per check, so the result is an upper bound of the exact value (to far below any alpha in use)."""
+    from scipy.signal import fftconvolve
+    from scipy.stats import binom
+    dist, previous, crossed = np.ones(1), 0, 0.0
+    for t, threshold in zip(checks, lower):
+        step = binom.pmf(np.arange(t - previous + 1), t - previous, p)
+        dist = np.clip(fftconvolve(dist, step), 0.0, None) if len(dist) > 64 else np.convolve(dist, step)
+        if threshold < len(dist):
+            crossed += float(dist[threshold:].sum()) + 1e-12
+            dist = dist[:threshold]
+        previous = t
+    return min(crossed, 1.0)
 
 
 def kt_interval(A, t, alpha_low, beta_up):

@@ -276,3 +276,30 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     assert run_cli([*base[:-4], "--skip", 3, "--max", 8, "--N", 2_000, "--outfile", other]) == 0
     with pytest.raises(common.UserError, match="not the examples"):
         bench.grid_from_logs([str(full), str(other)])
+
+
+def test_crossing_probability_matches_closed_forms_and_a_simulation():
+    from scipy.stats import binom
+    # one check: the binomial tail
+    assert abs(common.crossing_probability([7], [10], 0.4) - binom.sf(6, 10, 0.4)) < 1e-11
+    # two checks by enumeration: cross at 10 (A_10 >= 7), or not and then A_30 >= 15
+    exact = binom.sf(6, 10, 0.4) + sum(binom.pmf(a, 10, 0.4) * binom.sf(15 - a - 1, 20, 0.4) for a in range(7))
+    assert abs(common.crossing_probability([7, 15], [10, 30], 0.4) - exact) < 1e-11
+    # a long schedule (FFT path) against 200,000 simulated paths with known p
+    checks, p = list(range(100, 3001, 100)), 0.6
+    lower = [int(t * p + 2.5 * (t * p * (1 - p)) ** 0.5) + 1 for t in checks]
+    rng = np.random.default_rng(0)
+    paths = np.cumsum(rng.binomial(100, p, size=(200_000, len(checks))), axis=1)
+    rate = np.mean((paths >= np.array(lower)).any(axis=1))
+    dp = common.crossing_probability(lower, checks, p)
+    assert abs(rate - dp) < 4 * (dp * (1 - dp) / 200_000) ** 0.5 + 1e-9
+
+
+def test_exact_accounting_gives_the_final_look_the_rest_and_spends_at_most_alpha():
+    """At the paper's setting (N = 100,000, alpha = 0.001, batch 1000) the sequence spends about 1.5 % of its
+    Ville share alpha / 10; the final look gets the rest, and the total is alpha, not more."""
+    plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 1000, 0.001, 0.001, True)
+    assert 0 < plan["spent"] < 0.05 * plan["alpha_seq"]
+    assert plan["spent"] + plan["alpha_fin"] <= 0.001 + 1e-15 and plan["alpha_fin"] > 0.99 * 0.001
+    for j, tau in enumerate(norm.cdf(np.array(plan["radii"]) / 0.5)):   # every level within its share
+        assert common.crossing_probability(plan["lower"][j], plan["checks"], tau) <= plan["spent"] + 1e-15
