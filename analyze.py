@@ -585,8 +585,12 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
                    f"here under its sigma_0): sigma_x median {np.median(sx):.3f}, 5-95 % {np.percentile(sx, 5):.3f}-"
                    f"{np.percentile(sx, 95):.3f}. Each is a certificate of the classifier smoothed at that input's "
                    f"sigma_x only, not of the data-dependent classifier (ddrs.py's docstring; README, DDRS).")
+        if log.get("label_mode"):
+            md += (f"\n\n(label mode): {log['label']} was certified with certify.py --label-mode: the candidate "
+                   f"class was the true label (no selection draws), so its rows give certified accuracy, not the "
+                   f"smoothed classifier's predictions (its `predict` column is the label where certified).")
         if log.get("grid"):
-            N0 = log["sidecar"].get("N0") or 100
+            N0 = 0 if log.get("label_mode") else log["sidecar"].get("N0") or 100
             md += (f"\n\n(grid): {log['label']} was certified at a grid of radii (certify.py --radii "
                    f"{' '.join(f'{r:g}' for r in log['sidecar'].get('radii') or [])}): its radius is the largest "
                    f"grid radius certified, so certified accuracy is exact at the grid radii and a lower bound "

@@ -13,6 +13,10 @@ Output (tab-separated, one flushed line per example; `predict` is -1 on abstenti
              at a grid of radii, ADAPTIVE.md: radius = the largest grid radius certified, N = draws made)
 nY / N estimates pA of every example, wrong and abstained ones too: the whole distribution of pA (§4.3,
 Fig. 3). --save-counts also keeps every class's votes, one row per example, in <outfile>.counts.
+--label-mode adds a last column `candidate` (= label): cA was the true label, no selection draws were made;
+such a log gives certified accuracy, not predictions. --seed random draws the seed from the OS's entropy
+when the run starts (recorded as seed_value in the sidecar): a certificate with a published seed holds only
+for a model that does not depend on that noise; the default fixed seed is for reproducible experiments.
 The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line; a log
 written before nY existed resumes in its own columns.
 Speed (README, Speed; measured by bench.py): channels-last and folded BatchNorm by default, --precision bf16,
@@ -88,7 +92,13 @@ def build_parser(description=__doc__):
     p.add_argument("--batch", type=int, default=1000, help="noisy inputs per forward pass")
     p.add_argument("--skip", type=int, default=1, help="certify every skip-th example (idx %% skip == 0)")
     p.add_argument("--max", type=int, default=None, help="certify at most this many examples")
-    p.add_argument("--seed", type=int, default=0, help="noise of example idx is drawn from seed (seed, idx)")
+    p.add_argument("--seed", type=seed_arg, default=0,
+                   help="noise of example idx is drawn from (seed, idx): a fixed seed (default 0) is reproducible; "
+                        "'random' takes one from the operating system's entropy when the run starts and records "
+                        "it in the sidecar (use it when the model may have seen the published seed's noise)")
+    p.add_argument("--label-mode", action="store_true",
+                   help="evaluation only: the candidate class cA is the true label (no selection draws, N0 "
+                        "unused); valid for certified accuracy, not for predictions (the log says so)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--predict", action="store_true", help="run PREDICT (no radius) instead of CERTIFY")
     p.add_argument("--overwrite", action="store_true", help="start again instead of resuming an existing outfile")
@@ -132,7 +142,7 @@ def parse_args(argv=None, parser=None):
 # ----------------------------------------------------------------------------------------------------------
 
 def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision="fp32", early_abstain=None,
-            sound=None):
+            sound=None, candidate=None):
     """CERTIFY of Cohen et al.: pick cA on N0 noisy copies, lower-bound pA on N fresh ones.
 
     x: one input (C, H, W) in [0, 1] on the model's device; generator: a torch.Generator on that device (the
@@ -147,10 +157,13 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
     (common.sound_noisy_inputs). The radius then holds, in exact arithmetic, for the smoothed classifier of
     f composed with the grid mapping; failed draws (about 1e-16 per coordinate) count as votes against cA
     within the full N, which keeps the bound valid.
+    candidate: None (select cA on N0 draws), or a class to certify without selection draws (--label-mode: the
+    true label). The bound on pA(candidate) holds as before; the answer is then about that class only, so
+    it measures certified accuracy, not what the smoothed classifier predicts.
     """
-    counts0 = common.sample_counts(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator,
-                                   precision=precision, sound=sound)[0]
-    cA = int(counts0.argmax())  # first class on ties, as numpy's argmax in Cohen's code
+    cA = candidate if candidate is not None else int(common.sample_counts(
+        model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator, precision=precision,
+        sound=sound)[0].argmax())   # first class on ties, as numpy's argmax in Cohen's code
     stopped_at = []   # the draws made when early abstention stopped (none: the full N)
     rule = None if early_abstain is None else abstain_rule(cA, N, batch, early_abstain)
 
@@ -210,7 +223,8 @@ def grid_levels(plan, A, i, final=False):
     return (int(certified.max()) if len(certified) else -1), int(np.sum(A > plan["upper"][:, i])) - 1
 
 
-def grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision="fp32", sound=None):
+def grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision="fp32", sound=None,
+                 candidate=None):
     """GRID-CS on one input: cA from N0 draws, then estimation draws until the certified level is decided.
 
     After every pass (a check time t, A votes for cA) the integer tables give the highest certified level jL
@@ -219,11 +233,11 @@ def grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, preci
     cannot change), or at N_max (budget), where the final Clopper-Pearson look applies too. Guarantee: per
     example, the certified radius is wrong with probability at most alpha, whatever the stopping. Returns a
     dict: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (estimation draws made), the
-    anytime-valid interval pA_lower, pA_upper (not the biased nA / N) and stop.
+    anytime-valid interval pA_lower, pA_upper (not the biased nA / N) and stop. candidate: as in certify().
     """
-    counts0 = common.sample_counts(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator,
-                                   precision=precision, sound=sound)[0]
-    cA = int(counts0.argmax())
+    cA = candidate if candidate is not None else int(common.sample_counts(
+        model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator, precision=precision,
+        sound=sound)[0].argmax())
     state = {"jL": -1, "jU": len(plan["radii"]) - 1, "stop": "budget", "T": plan["N_max"]}
 
     def stop(counts, drawn):   # a table look-up per pass: a handful of integer comparisons
@@ -298,29 +312,32 @@ def predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision=
 
 
 def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, seed, use_predict,
-                 precision="fp32", early_abstain=None, columns=None, counts_out=None, sound=None, plan=None):
+                 precision="fp32", early_abstain=None, columns=None, counts_out=None, sound=None, plan=None,
+                 label_mode=False):
     """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline).
 
     plan: a grid_plan for anytime-valid certification at its radii (--radii) instead of CERTIFY.
     columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; LEGACY_COLUMNS for an old log).
     counts_out: optional list; every class's votes among the estimation draws are appended to it.
+    label_mode: certify the true label (no selection draws); the line's `candidate` column says so.
     """
+    candidate = label if label_mode else None
     generator = common.example_generator(seed, idx, x.device)
     start = time.time()
     if use_predict:
         out = predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision, sound)
     elif plan is not None:
-        out = grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision, sound)
+        out = grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision, sound, candidate)
     else:
         out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision, early_abstain,
-                      sound)
+                      sound, candidate)
     if counts_out is not None:
         counts_out.append(out["counts"])
     values = {"idx": idx, "label": label, "predict": out["predict"], "radius": f"{out.get('radius', 0.0):.6}",
               "correct": int(out["predict"] == label), "time": str(datetime.timedelta(seconds=time.time() - start)),
               "nA": out["nA"], "N": out["N"], "nY": int(out["counts"][label]),
               "pA_lower": f"{out.get('pA_lower', 0):.6g}", "pA_upper": f"{out.get('pA_upper', 1):.6g}",
-              "stop": out.get("stop")}
+              "stop": out.get("stop"), "candidate": "label"}
     common.check(math.isfinite(float(values["radius"])), f"example {idx}: the radius is not finite "
                                                          f"({values['radius']}); no certificate is written")
     columns = columns or (PREDICT_COLUMNS if use_predict else GRID_COLUMNS if plan else CERTIFY_COLUMNS)
@@ -460,6 +477,30 @@ def merge_parts(outfile, columns, kind="certification log"):
 # Set-up: arguments, model, data, settings
 # ----------------------------------------------------------------------------------------------------------
 
+def seed_arg(text):
+    """--seed: an integer >= 0, or 'random' (drawn from the OS's entropy when the run starts)."""
+    if text == "random":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'random', got {text!r}") from None
+
+
+def resolve_seed(seed, sidecar):
+    """The integer seed of a run: the given one, or for 'random' the one a log being resumed recorded, else a
+    fresh 62-bit seed from the operating system's entropy (secrets). Drawn only now, after the model and the
+    data are fixed, so no model can depend on it."""
+    if seed != "random":
+        return seed
+    if os.path.isfile(sidecar):
+        old = common.read_json_object(sidecar, "settings file of a log")
+        if old.get("seed") == "random" and isinstance(old.get("seed_value"), int):
+            return old["seed_value"]
+    import secrets
+    return secrets.randbits(62)
+
+
 def check_args(args):
     """Bad flag values: one line naming the problem and the fix (exit 2 through common.run)."""
     common.check_finite(vars(args))
@@ -474,7 +515,9 @@ def check_args(args):
     common.check(args.skip >= 1, f"--skip must be >= 1 (got {args.skip}); 1 certifies every example")
     common.check(args.max is None or args.max >= 1, f"--max must be >= 1 (got {args.max}); omit it for all")
     common.check(args.batch >= 1, f"--batch must be >= 1 (got {args.batch})")
-    common.check(args.seed >= 0, f"--seed must be >= 0 (got {args.seed})")
+    common.check(args.seed == "random" or args.seed >= 0, f"--seed must be >= 0 or 'random' (got {args.seed})")
+    common.check(not (args.label_mode and args.predict), "--label-mode certifies the true label; PREDICT has no "
+                                                         "candidate to fix (drop one of them)")
     common.check_finite(vars(args))
     common.check(not (args.early_abstain and args.predict), "--early-abstain applies to CERTIFY, not --predict")
     if args.radii is not None:
@@ -656,6 +699,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
     outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict,
                                               getattr(args, "default_folder", None))
     columns = PREDICT_COLUMNS if args.predict else GRID_COLUMNS if args.radii is not None else CERTIFY_COLUMNS
+    if args.label_mode:   # the log itself says that cA was the true label
+        columns = columns + ("candidate",)
     if sigma_of is not None:
         columns = columns + ("sigma",)
     beta = args.alpha if args.beta is None else args.beta
@@ -673,7 +718,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
                 "checkpoint": os.path.relpath(args.checkpoint), "checkpoint_sha256": file_sha256(args.checkpoint),
                 "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
                 "N0": None if args.predict else args.N0,  # PREDICT has no selection step
-                "seed": args.seed, "skip": args.skip, "batch": args.batch, "device_type": device.type,
+                "seed": args.seed, "seed_value": None, "skip": args.skip,
+                "candidate": "label" if args.label_mode else "selected", "batch": args.batch, "device_type": device.type,
                 "precision": args.precision, "early_abstain": EARLY_ABSTAIN_ALPHA if args.early_abstain else False,
                 "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
@@ -693,14 +739,16 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
     shapes = pass_shapes(tuple(dataset[0][0].shape), args.N0, args.N, args.batch, args.predict)
     model = fast_model(model, settings["channels_last"], args.compile, shapes, args.precision, args.fold_bn)
 
-    todo = [None]
+    todo, seed = [None], None
     if rank == 0:   # the single writer of the shared files; what stops it stops every rank (below)
         try:
             check_outputs(outfile, counts, inputs)
             lock_outputs(locks, outfile)
+            seed = resolve_seed(args.seed, "" if args.overwrite else outfile + ".json")
+            settings["seed_value"] = seed if args.seed == "random" else None   # recorded once the run starts
             done = prepare_outputs(outfile, settings, columns, args.overwrite, counts, inputs)
-            todo = [select_examples(len(dataset), args.skip, args.max, done)]
-            print(f"{'predict' if args.predict else 'certify'}: {len(todo[0])} examples to go "
+            todo = [(select_examples(len(dataset), args.skip, args.max, done), seed)]
+            print(f"{'predict' if args.predict else 'certify'}: {len(todo[0][0])} examples to go "
                   f"({len(done)} already in the files) -> {outfile}", flush=True)
         except common.UserError as e:
             todo = [str(e)]
@@ -713,7 +761,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
         rank_lock.enter_context(common.exclusive_lock(f"{outfile}.rank{rank}.lock", f"--outfile {outfile!r}"))
         # the final barrier may wait for hours (one rank resumed with more left to do): its own long timeout
         final_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
-    mine = todo[0][rank::world]
+    todo, seed = todo[0]   # rank 0's list and seed, on every rank
+    mine = todo[rank::world]
 
     progress = Progress(len(mine), prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
     part = "" if world == 1 else f".rank{rank}"
@@ -725,9 +774,10 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
             votes = []
             s = sigma if sigma_of is None else sigma_of(model, x.to(device), idx, sigma)
             line = example_line(model, x.to(device), int(label), idx, s, args.N0, args.N, args.alpha,
-                                args.batch, num_classes, args.seed, args.predict, args.precision,
+                                args.batch, num_classes, seed, args.predict, args.precision,
                                 EARLY_ABSTAIN_ALPHA if args.early_abstain else None,
-                                columns if sigma_of is None else columns[:-1], votes, levels, plan)
+                                columns if sigma_of is None else columns[:-1], votes, levels, plan,
+                                args.label_mode)
             if sigma_of is not None:
                 line += f"\t{s:.6g}"
             # the counts row first: a kill between the two writes repeats a row there (readers keep the first)

@@ -511,7 +511,8 @@ def read_certification_log(path):
     log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool),
            "idx": cols["idx"].astype(np.int64), "y": cols["label"].astype(np.int64),
            "predict": cols["predict"].astype(np.int64),
-           "grid": "stop" in cols}   # certify.py --radii: the radius is a certified grid level
+           "grid": "stop" in cols,   # certify.py --radii: the radius is a certified grid level
+           "label_mode": "candidate" in cols}   # certify.py --label-mode: cA was the true label, not a prediction
     if "sigma" in cols:                  # ddrs.py certify: each row's own sigma_x
         check_rows(cols, path, np.isfinite(cols["sigma"]) & (cols["sigma"] > 0), "sigma must be a number > 0")
         log["sigma_x"] = cols["sigma"]
@@ -549,6 +550,7 @@ SIDECAR_FIELDS = {
     "beta": lambda v: v is None or (_is_number(v) and 0 <= v < 1),
     "columns": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
     "data": lambda v: v is None or isinstance(v, str),
+    "candidate": lambda v: v in ("label", "selected"), "seed_value": lambda v: v is None or _is_int(v),
 }
 
 

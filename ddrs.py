@@ -220,6 +220,8 @@ def certify_main(args):
     common.check(args.sigma_min > 0 and (args.sigma_max is None or args.sigma_max > args.sigma_min),
                  "--sigma-min must be > 0 and below --sigma-max")
     common.check(args.radii is None, "ddrs.py certifies the full radius; --radii is certify.py's")
+    common.check(args.seed != "random" and not args.label_mode, "--seed random and --label-mode are certify.py's "
+                                                                "(ddrs.py's sigma search uses the seed too)")
     common.check_sigma(args.sigma_min, "--sigma-min", args.precision)
     if args.sigma_max is not None:
         common.check_sigma(args.sigma_max, "--sigma-max", args.precision)
@@ -361,6 +363,7 @@ def read_ddrs_log(path):
     idx, predict (-1: abstain), radius, sigma."""
     log = common.read_certification_log(path)
     common.check("sigma_x" in log, f"{path}: not a ddrs.py certify log (no sigma column)")
+    common.check(not log["label_mode"], f"{path}: a --label-mode log holds no predictions for the memory")
     return [{"idx": int(i), "predict": int(p), "radius": float(r), "sigma": float(s)}
             for i, p, r, s in zip(log["idx"], log["predict"], log["radius"], log["sigma_x"])]
 

@@ -303,3 +303,67 @@ def test_exact_accounting_gives_the_final_look_the_rest_and_spends_at_most_alpha
     assert plan["spent"] + plan["alpha_fin"] <= 0.001 + 1e-15 and plan["alpha_fin"] > 0.99 * 0.001
     for j, tau in enumerate(norm.cdf(np.array(plan["radii"]) / 0.5)):   # every level within its share
         assert common.crossing_probability(plan["lower"][j], plan["checks"], tau) <= plan["spent"] + 1e-15
+
+
+def test_label_mode_false_certificate_rate_stays_within_alpha_and_spends_no_selection_draws():
+    """--label-mode (candidate = the true label, class 1 here): at the worst case (the point exactly at r, and
+    just inside it) a radius >= r is certified at most alpha of the time, for CERTIFY and for the grid."""
+    torch.manual_seed(0)
+    w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
+    calls = []
+
+    class Counting(Halfspace):
+        def forward(self, x):
+            calls.append(len(x))
+            return super().forward(x)
+    model = Counting(w, b)
+    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, 1000, alpha, alpha, True)
+    runs = 300
+    for r in (0.25, 0.5):
+        for d in (r, r - 0.02 * sigma):
+            x = point_at(w, b, d)
+            grid = [certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(9, k), plan,
+                                         candidate=1) for k in range(runs)]
+            cert = [certify.certify(model, x, sigma, 100, 2000, alpha, 1000, 2, common.example_generator(9, k),
+                                    candidate=1) for k in range(runs)]
+            for outs in (grid, cert):
+                wrong = sum(o["radius"] >= r and o["predict"] == 1 for o in outs)
+                assert wrong / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), (r, d)
+    calls.clear()
+    out = certify.certify(model, point_at(w, b, 0.3), sigma, 100, 2000, alpha, 1000, 2,
+                          common.example_generator(1, 1), candidate=1)
+    assert sum(calls) == 2000 == out["N"]       # no N0 selection draws
+
+
+def test_label_mode_and_random_seed_on_the_command_line(digits_model, tmp_path, capsys):
+    import json
+    import analyze
+    base = ["--checkpoint", digits_model, "--max", "6", "--N0", "50", "--N", "400", "--batch", "200",
+            "--device", "cpu"]
+    label = tmp_path / "label.tsv"
+    assert run_cli(base + ["--outfile", label, "--label-mode"]) == 0
+    lines = label.read_text().splitlines()
+    assert lines[0].endswith("\tcandidate") and all(ln.endswith("\tlabel") for ln in lines[1:])
+    side = json.loads((tmp_path / "label.tsv.json").read_text())
+    assert side["candidate"] == "label"
+    assert run_cli(base + ["--outfile", label]) == 2          # resuming it as a CERTIFY log is refused
+    capsys.readouterr()
+    assert run_main(analyze.main, ["table", str(label)]) == 0 and "label mode" in capsys.readouterr().out
+    # --seed random: a seed drawn at the start and recorded; the same lines as that seed given by hand
+    first, second = tmp_path / "r1.tsv", tmp_path / "r2.tsv"
+    for path in (first, second):
+        assert run_cli(base + ["--outfile", path, "--seed", "random"]) == 0
+    seeds = [json.loads((tmp_path / f"{p.name}.json").read_text())["seed_value"] for p in (first, second)]
+    assert all(isinstance(s, int) for s in seeds) and seeds[0] != seeds[1]
+    fixed = tmp_path / "fixed.tsv"
+    assert run_cli(base + ["--outfile", fixed, "--seed", seeds[0]]) == 0
+    cells = lambda p: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in p.read_text().splitlines()]
+    assert cells(fixed) == cells(first)
+    # a resume of a random-seed log continues with its recorded seed
+    grown = tmp_path / "grown.tsv"
+    assert run_cli(base[:2] + ["--max", "3"] + base[4:] + ["--outfile", grown, "--seed", "random"]) == 0
+    assert run_cli(base + ["--outfile", grown, "--seed", "random"]) == 0
+    value = json.loads((tmp_path / "grown.tsv.json").read_text())["seed_value"]
+    again = tmp_path / "again.tsv"
+    assert run_cli(base + ["--outfile", again, "--seed", value]) == 0
+    assert cells(grown) == cells(again)
