@@ -3,6 +3,7 @@ coverage against an invalid repeated test, the false-certificate rate on a class
 integer tables against brute force, threshold logic, the limiting case equal to CERTIFY, monotonicity,
 curtailment, accounting and resume. Seeded; rates are checked against alpha + 3 standard errors."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from scipy.stats import norm
 import certify
 import common
 from helpers import digits_checkpoint, run_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -367,3 +370,30 @@ def test_label_mode_and_random_seed_on_the_command_line(digits_model, tmp_path, 
     again = tmp_path / "again.tsv"
     assert run_cli(base + ["--outfile", again, "--seed", value]) == 0
     assert cells(grown) == cells(again)
+
+
+def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws():
+    """scripts/beta_curve.py's simulation against certify.grid_certify on a halfspace with known pA: the mean
+    draws and the certified level agree within noise; with common paths, a larger beta never draws more."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    beta_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(beta_curve)
+    torch.manual_seed(0)
+    w, b, sigma = torch.randn(4), torch.tensor(0.3), 0.5
+    model = Halfspace(w, b)
+    d = 0.5 + 0.2 * sigma
+    plan = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 1000, 0.01, 0.2, True)
+    real = [certify.grid_certify(model, point_at(w, b, d), sigma, 100, 1000, 2, common.example_generator(3, k),
+                                 plan, candidate=1) for k in range(200)]
+    draws, acc = beta_curve.simulate(plan, np.array([norm.cdf(d / sigma)]), np.array([True]), 4000, 0)
+    real_draws = np.array([o["N"] for o in real], dtype=float)
+    assert abs(real_draws.mean() - draws) < 4 * real_draws.std() / math.sqrt(200) + 1
+    real_at_05 = np.mean([o["radius"] >= 0.5 for o in real])
+    assert abs(real_at_05 - acc[2]) < 4 * math.sqrt(acc[2] * (1 - acc[2]) / 200) + 0.01
+    p = np.array([0.3, 0.55, 0.7, 0.85, 0.95, 0.99])
+    ok = np.ones(len(p), bool)
+    costs = [beta_curve.simulate(certify.grid_plan([0.25, 0.5], sigma, 20_000, 1000, 0.01, beta, True), p, ok,
+                                 50, 1) for beta in (0.0, 0.01, 0.2, 0.5)]
+    assert all(a[0] >= b_[0] for a, b_ in zip(costs, costs[1:]))          # draws never rise with beta
+    assert all(a <= b_ + 1e-12 for c in costs[1:] for a, b_ in zip(c[1], costs[0][1]))   # nor certificates

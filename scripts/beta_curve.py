@@ -1,0 +1,117 @@
+"""The level beta of certify.py --radii, chosen by measurement (ADAPTIVE.md §2; issue: beta by measurement).
+
+beta sets the upper confidence bound that rules radii out and stops sampling early. It never enters the
+guarantee (ruling out only removes certificates), so it is a pure cost trade-off: a larger beta stops
+earlier (fewer model evaluations) but now and then rules out a radius the example would have certified.
+This script measures that trade-off by simulation with known truth: the true pA of each example is taken
+from a CERTIFY log at N = 100,000 (nA / N for its class cA), the votes of the grid run are drawn as
+Binomial increments between the plan's checks, and certify.grid_plan's integer tables decide every look
+exactly as certify.grid_certify does (certified level, ruled out, curtailed, budget with the final look).
+For each beta: mean model evaluations per example (N0 + draws) and certified accuracy at each grid radius,
+against beta = 0 (never rule out: every certificate the budget allows).
+
+  python scripts/beta_curve.py results/grid_cpu/sigma0.25/certify_N100000.tsv --radii 0.25 0.5 0.75 \
+      --out results/grid_cpu/sigma0.25
+Writes beta_curve.tsv, beta_curve.md and beta_curve.png in --out (when given) and prints the table.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+import certify  # noqa: E402
+import common  # noqa: E402
+
+BETAS = (0.0, 0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+
+
+def simulate(plan, p, correct, reps, seed):
+    """Mean draws and certified accuracy per grid radius of the grid rule on examples with true pA = p."""
+    rng = np.random.default_rng(seed)
+    checks = np.array(plan["checks"])
+    steps = np.diff(np.concatenate([[0], checks]))
+    K, n = len(plan["radii"]), len(p) * reps
+    pp, ok = np.repeat(p, reps), np.repeat(correct, reps)
+    A = np.cumsum(rng.binomial(steps[None, :], pp[:, None]), axis=1)          # votes for cA at every check
+    jL, jU = np.full(n, -1), np.full(n, K - 1)
+    T, live = np.full(n, checks[-1]), np.ones(n, bool)
+    for i, t in enumerate(checks):
+        a = A[:, i]
+        cert = (a[:, None] >= plan["lower"][:, i][None, :])
+        if i == len(checks) - 1:
+            cert |= a[:, None] >= plan["final"][None, :]
+        level = np.where(cert.any(1), K - 1 - np.argmax(cert[:, ::-1], axis=1), -1)
+        jL = np.where(live, np.maximum(jL, level), jL)
+        jU = np.where(live, np.minimum(jU, (a[:, None] > plan["upper"][:, i][None, :]).sum(1) - 1), jU)
+        if i == len(checks) - 1:
+            break
+        nxt = np.minimum(jL + 1, K - 1)
+        decided = (jL >= jU) | (jL + 1 == K)
+        curtailed = (a - t < plan["reach"][nxt, i]) & (a + checks[-1] - t < plan["final"][nxt])
+        stop = live & (decided | curtailed)
+        T = np.where(stop, t, T)
+        live &= ~stop
+    accuracy = [float(np.mean(ok & (jL >= j))) for j in range(K)]
+    return float(np.mean(T)), accuracy
+
+
+def main(argv=None):
+    p = common.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("log", help="a CERTIFY log at a large N (its nA / N is taken as the true pA of cA)")
+    p.add_argument("--radii", type=float, nargs="+", required=True, help="the grid, as certify.py --radii")
+    p.add_argument("--N", type=int, default=100_000, help="the grid's budget N_max (default 100,000)")
+    p.add_argument("--N0", type=int, default=100, help="selection draws counted per example (default 100)")
+    p.add_argument("--batch", type=int, default=1000, help="draws between checks, as certify.py --batch")
+    p.add_argument("--alpha", type=float, default=0.001)
+    p.add_argument("--reps", type=int, default=20, help="simulated runs per example (default 20)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="folder for beta_curve.tsv, .md and .png")
+    args = p.parse_args(argv)
+    common.check(args.N >= 1 and args.batch >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
+                 "--N, --batch and --reps must be >= 1 and --alpha in (0, 1)")
+    common.set_inputs([args.log, args.log + ".json"])
+    log = common.read_certification_log(args.log)
+    common.check("nA" in log and not log["grid"], f"{args.log}: needs a CERTIFY log with nA and N columns")
+    sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
+    pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
+    rows, base = [], None
+    for beta in BETAS:
+        plan = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, beta, True)
+        draws, acc = simulate(plan, pA, correct, args.reps, args.seed)
+        base = base or (draws, acc)
+        lost = max(100 * (b - a) for a, b in zip(acc, base[1]))
+        rows.append([beta, args.N0 + draws, (args.N0 + args.N) / (args.N0 + draws), lost] + [100 * a for a in acc])
+    radii = plan["radii"]
+    header = ["beta", "evaluations", "x_fewer_than_certify", "max_points_lost"] + [f"acc_r{r:g}" for r in radii]
+    tsv = "\n".join(["\t".join(header)] + ["\t".join(f"{v:.6g}" for v in row) for row in rows]) + "\n"
+    md = (f"beta of certify.py --radii {' '.join(f'{r:g}' for r in args.radii)} (sigma {sigma:g}, N_max {args.N:,}, "
+          f"alpha {args.alpha:g}), simulated on the true pA of the {len(pA)} examples of {args.log} "
+          f"({args.reps} runs each): mean model evaluations per example (N0 = {args.N0} included), how many "
+          f"times fewer than CERTIFY at N = {args.N:,}, and the largest loss of certified accuracy (points, at "
+          f"any grid radius) against beta = 0.\n\n| beta | evaluations | x fewer | max points lost | " +
+          " | ".join(f"r = {r:g}" for r in radii) + " |\n|" + "---|" * (4 + len(radii)) + "\n" +
+          "".join(f"| {r[0]:g} | {r[1]:,.0f} | {r[2]:.2f} | {r[3]:.3f} | " + " | ".join(f"{a:.1f}" for a in r[4:])
+                  + " |\n" for r in rows))
+    print(md)
+    if args.out:
+        common.write_text_output(os.path.join(args.out, "beta_curve.tsv"), "beta curve", tsv)
+        common.write_text_output(os.path.join(args.out, "beta_curve.md"), "beta curve", md)
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 3.4), layout="constrained")
+        ax.plot([r[3] for r in rows], [r[2] for r in rows], marker="o")
+        for r in rows:
+            ax.annotate(f"{r[0]:g}", (r[3], r[2]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set(xlabel="certified accuracy lost (points, worst radius)", ylabel="x fewer evaluations than CERTIFY",
+               title=f"beta of --radii (sigma {sigma:g})")
+        ax.grid(alpha=0.3)
+        common.write_output(os.path.join(args.out, "beta_curve.png"), "beta curve",
+                            lambda f: fig.savefig(f, format="png", dpi=150))
+        print(f"wrote {args.out}/beta_curve.tsv, .md, .png")
+
+
+if __name__ == "__main__":
+    common.run(main)
