@@ -38,7 +38,9 @@ machine, its load, torch version, threads and settings:
 machine shared with other jobs, --threads 1 avoids measuring the scheduler (threads waiting for each other).
 """
 import argparse
+import contextlib
 import copy
+import io
 import json
 import os
 import platform
@@ -64,6 +66,7 @@ BATCH = 1000     # noisy inputs per forward pass (certify.py's default)
 def parse_args(argv=None):
     p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes, no torch.compile: a smoke run")
+    p.add_argument("--report", help="also write everything printed to this file at the end (through the guard)")
     p.add_argument("--reps", type=int, help="repetitions of every comparison (default 5, training 3; --quick 2)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, usually one per core)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -724,8 +727,35 @@ def machine_line(device):
             f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, device {device}")
 
 
+class Tee(io.StringIO):
+    """stdout that is also kept, for --report."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
+
+    def write(self, text):
+        self.stream.write(text)
+        return super().write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
 def main():
     args = parse_args()
+    if args.report:   # checked before the work: a report may not replace a file this project did not write
+        problem = common.output_problem(args.report, "benchmark report", args.grid_logs or [])
+        common.check(problem is None, problem)
+        tee = Tee(sys.stdout)
+        with contextlib.redirect_stdout(tee):
+            run_sections(args)
+        common.write_text_output(args.report, "benchmark report", tee.getvalue(), args.grid_logs or [])
+        return
+    run_sections(args)
+
+
+def run_sections(args):
     common.check(all(v is None or v >= 1 for v in (args.threads, args.reps, args.abstain_N, args.abstain_examples)),
                  "--threads, --reps, --abstain-N and --abstain-examples must be >= 1")
     common.check(args.sections and set(args.sections) <= set("abcdefgh"), f"--sections takes letters of "

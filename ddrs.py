@@ -194,6 +194,7 @@ def parse_args(argv=None):
                        help="case (i): min(r, r_i - d_i) (paper) or r_i - d_i (official code)")
         p.add_argument("--data-dir", default=None, help="dataset folder of the log's dataset")
         p.add_argument("--outfile", help="default: <log stem>_memory.tsv beside the log")
+        p.add_argument("--summary", help="also write the printed summary line to this file (through the guard)")
         return "memory", p.parse_args(argv[1:])
     p = certify.build_parser(__doc__)
     p.prog = "ddrs.py certify"
@@ -262,8 +263,11 @@ def memory_main(args):
     common.write_text_output(outfile, "DDRS memory", "\n".join(("\t".join(columns), *lines)) + "\n",
                              [args.log, args.log + ".json"])
     common.check(check_memory_invariant(memory), "internal error: the memory invariant does not hold")
-    print(f"memory over {len(rows)} examples ({args.case_rule} rule): case (i) inside a foreign ball "
-          f"{cases['inside']}, case (ii) touching one {cases['touching']}, unchanged {cases['none']} -> {outfile}")
+    summary = (f"memory over {len(rows)} examples ({args.case_rule} rule): case (i) inside a foreign ball "
+               f"{cases['inside']}, case (ii) touching one {cases['touching']}, unchanged {cases['none']} -> {outfile}")
+    print(summary)
+    if args.summary:
+        common.write_text_output(args.summary, "DDRS memory summary", summary + "\n", [args.log, outfile])
 
 
 # DS2 schedules (DDRS.md §5): CIFAR-10 200 epochs from scratch, the first 50 at the fixed sigma; digits: our

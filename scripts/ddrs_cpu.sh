@@ -26,6 +26,6 @@ CERTIFY=(--checkpoint "$CKPT" --dataset cifar10 --data-dir "$DATA_DIR" --N 10000
          --precision bf16)
 $PYTHON certify.py "${CERTIFY[@]}" --outfile "$OUT/fixed_noise_0.25.tsv"
 $PYTHON ddrs.py certify "${CERTIFY[@]}" --K 100 --outfile "$OUT/ds_noise_0.25.tsv"
-$PYTHON ddrs.py memory "$OUT/ds_noise_0.25.tsv" --data-dir "$DATA_DIR" | tee "$OUT/memory.txt"
+$PYTHON ddrs.py memory "$OUT/ds_noise_0.25.tsv" --data-dir "$DATA_DIR" --summary "$OUT/memory.txt"
 $PYTHON analyze.py table "$OUT/fixed_noise_0.25.tsv" "$OUT/ds_noise_0.25.tsv" --labels fixed ds \
     --radii 0 0.25 0.5 0.75 1.0 --out "$OUT"

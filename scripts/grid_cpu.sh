@@ -35,6 +35,6 @@ for sigma in "${SIGMA_LIST[@]}"; do
     if [ "$DRY_RUN" = 1 ]; then
         run "$PYTHON" bench.py --sections g --grid-logs "${logs[@]}"
     else
-        run "$PYTHON" bench.py --sections g --grid-logs "${logs[@]}" | tee "$dir/bench.txt"
+        run "$PYTHON" bench.py --sections g --grid-logs "${logs[@]}" --report "$dir/bench.txt"
     fi
 done
