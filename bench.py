@@ -530,28 +530,34 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False):
         model, ckpt, sigma, dataset_name = t["model"], t["ckpt"], t["sigma"], t["dataset_name"]
         dataset, picked, classes = t["dataset"], t["picked"], t["classes"]
         radii = [r for r in GRID_RADII if r <= 4 * sigma]
-        plans = {"grid": certify.grid_plan(radii, sigma, N, BATCH, alpha, alpha, True),
-                 "grid, no final look": certify.grid_plan(radii, sigma, N, BATCH, alpha, alpha, False),
-                 "single radius 0.5": certify.grid_plan([0.5], sigma, N, BATCH, alpha, alpha, True)}
+        beta = certify.DEFAULT_BETA
+        plans = {"grid": certify.grid_plan(radii, sigma, N, BATCH, alpha, beta, True),
+                 "grid, no final look": certify.grid_plan(radii, sigma, N, BATCH, alpha, beta, False),
+                 "single radius 0.5": certify.grid_plan([0.5], sigma, N, BATCH, alpha, beta, True)}
         arms = {f"CERTIFY N = {N:,}": None, f"CERTIFY N = {N // 10:,}": None, **plans}
         results = {name: {"radius": [], "correct": [], "evals": [], "time": 0.0} for name in arms}
-        for idx in picked:
-            x, label = dataset[int(idx)]
-            x = x.to(device)
+        group = 64   # certify.py --group's default: the grid arms pack the draws of a group into shared passes
+        for first in range(0, len(picked), group):   # arms interleaved group by group (a noisy machine)
+            block = [int(i) for i in picked[first:first + group]]
+            xs = [dataset[i][0].to(device) for i in block]
+            labels = [int(dataset[i][1]) for i in block]
             for name, plan in arms.items():
-                g = common.example_generator(0, int(idx), device)
                 start = time.perf_counter()
                 if plan is None:
                     n = N if name.endswith(f"{N:,}") else N // 10
-                    out = certify.certify(model, x, sigma, N0, n, alpha, BATCH, classes, g)
+                    outs = [certify.certify(model, x, sigma, N0, n, alpha, BATCH, classes,
+                                            common.example_generator(0, i, device)) for x, i in zip(xs, block)]
                 else:
-                    out = certify.grid_certify(model, x, sigma, N0, BATCH, classes, g, plan)
+                    outs = certify.grid_certify_many(model, [(x, common.example_generator(0, i, device), None)
+                                                             for x, i in zip(xs, block)], sigma, N0, BATCH,
+                                                     classes, plan)
                 sync(device)
                 row = results[name]
                 row["time"] += time.perf_counter() - start
-                row["radius"].append(out["radius"] if out["predict"] >= 0 else -1.0)
-                row["correct"].append(out["predict"] == int(label))
-                row["evals"].append(N0 + out["N"])
+                for out, label in zip(outs, labels):
+                    row["radius"].append(out["radius"] if out["predict"] >= 0 else -1.0)
+                    row["correct"].append(out["predict"] == label)
+                    row["evals"].append(N0 + out["N"])
         print(f"  {os.path.basename(os.path.dirname(os.path.abspath(path)))} ({ckpt.get('arch')}, {dataset_name}, "
               f"sigma {sigma}), {len(picked)} test examples, alpha {alpha}, N0 {N0}, batch {BATCH}:")
         print_grid_table(results, f"CERTIFY N = {N:,}", set(plans), N, N0, [0.0] + radii)

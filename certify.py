@@ -127,6 +127,9 @@ def build_parser(description=__doc__):
                    "--N is then the budget N_max. 0 is always added")
     p.add_argument("--beta", type=float, help="--radii: level of the upper bound that rules radii out and stops "
                    "early (default 0.2, chosen by measurement: scripts/beta_curve.py; it only ever removes certificates)")
+    p.add_argument("--group", type=int, default=64, help="--radii: examples whose draws are packed into shared "
+                   "forward passes (default 64); an example's noise does not depend on it (nor its line, unless batched "
+                   "kernels round a vote differently)")
     p.add_argument("--no-final-look", dest="final_look", action="store_false", help="--radii: spend all of alpha "
                    "on the confidence sequence, no Clopper-Pearson look at N_max (default: alpha / 10 and 0.9 alpha)")
     p.add_argument("--early-abstain", action="store_true",
@@ -193,9 +196,24 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
 # Anytime-valid certification at a grid of radii (GRID-CS, ADAPTIVE.md §2; Voráček 2024, Horváth et al. 2022)
 # ----------------------------------------------------------------------------------------------------------
 
+LOOK_FIRST, LOOK_GROWTH = 32, 1.25   # --radii looks at 32 draws, then every 25 % more (about 36 looks to 10^5)
+
+
+def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH):
+    """The draw counts at which --radii looks at an example: `first`, then growing geometrically, and N_max.
+
+    Counted in draws, not in passes: an easy example stops after tens of draws whatever --batch is, since
+    the model still evaluates full batches of draws packed from several examples (grid_certify_many)."""
+    looks, t = [], first
+    while t < N_max:
+        looks.append(int(t))
+        t = max(t + 1, math.ceil(t * growth))
+    return looks + [int(N_max)]
+
+
 def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ..., their
-    thresholds tau_j = Phi(r_j / sigma), the check times (pass ends) and common.grid_tables.
+    thresholds tau_j = Phi(r_j / sigma), the check times (look_schedule) and common.grid_tables.
 
     Exact alpha accounting. The betting sequence's thresholds are set at alpha_seq = alpha / 10 (Ville's
     bound), but on this schedule of checks it spends far less: common.crossing_probability gives the exact
@@ -207,7 +225,7 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look):
     """
     radii = sorted({0.0, *map(float, radii)})
     taus = norm.cdf(np.array(radii) / sigma)
-    checks = [int(c) for c in np.cumsum(common.pass_sizes(N_max, batch))]
+    checks = look_schedule(N_max)
     alpha_seq = alpha / 10 if final_look else alpha
     tables = common.grid_tables(taus, checks, alpha_seq, beta, 0.0, N_max)
     spent = [common.crossing_probability(tables["lower"][j], checks, tau) for j, tau in enumerate(taus)]
@@ -229,46 +247,120 @@ def grid_levels(plan, A, i, final=False):
 
 def grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision="fp32", sound=None,
                  candidate=None):
-    """GRID-CS on one input: cA from N0 draws, then estimation draws until the certified level is decided.
+    """GRID-CS on one input (grid_certify_many with one example): see there."""
+    return grid_certify_many(model, [(x, generator, candidate)], sigma, N0, batch, num_classes, plan, precision,
+                             sound)[0]
 
-    After every pass (a check time t, A votes for cA) the integer tables give the highest certified level jL
-    (it never falls) and the highest level not ruled out jU; the run stops when jL >= jU (decided), when
-    level jL + 1 can no longer be reached even if every remaining draw votes cA (curtailed: the answer
-    cannot change), or at N_max (budget), where the final Clopper-Pearson look applies too. Guarantee: per
-    example, the certified radius is wrong with probability at most alpha, whatever the stopping. Returns a
-    dict: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (estimation draws made), the
-    anytime-valid interval pA_lower, pA_upper (not the biased nA / N) and stop. candidate: as in certify().
+
+class GridJob:
+    """One example of grid_certify_many: its noise generator, its draws cut into chunks, votes and levels.
+
+    The chunks depend on the example alone: N0 selection draws, then the draws between consecutive looks,
+    each cut into pieces of at most `batch` (common.pass_sizes). So an example's noise, and with it its
+    line, does not depend on which other examples share its forward passes."""
+
+    def __init__(self, x, generator, candidate, N0, batch, num_classes, plan, sound):
+        self.x, self.generator, self.cA, self.plan = x, generator, candidate, plan
+        self.a = common.grid_levels(x.unsqueeze(0), sound) if sound else None
+        select = [] if candidate is not None else [("select", k) for k in common.pass_sizes(N0, batch)]
+        ends = np.diff(np.concatenate([[0], plan["checks"]])).astype(int)
+        self.chunks = select + [(i, k) for i, gap in enumerate(ends) for k in common.pass_sizes(int(gap), batch)]
+        self.next, self.drawn = 0, 0
+        self.counts = np.zeros(num_classes + 1, np.int64)    # + a column of failed sound draws
+        self.jL, self.jU, self.stop, self.done = -1, len(plan["radii"]) - 1, "budget", False
+
+    def draw(self, sigma, sound):
+        """The noisy inputs of the next chunk, from this example's generator."""
+        k = self.chunks[self.next][1]
+        if self.a is not None:
+            noisy, failed = common.sound_noisy_inputs(self.a, k, sigma, self.generator, levels=sound)
+            return noisy.flatten(0, 1), failed.flatten()
+        return self.x.unsqueeze(0) + common.gaussian_noise((k, *self.x.shape), sigma, self.x.device,
+                                                          self.generator), None
+
+    def add(self, votes):
+        """Count one chunk's votes (class indices; num_classes for a failed draw), then look if it ends a gap."""
+        phase, k = self.chunks[self.next]
+        self.counts += np.bincount(votes, minlength=len(self.counts))
+        self.next += 1
+        if phase == "select":
+            if self.next == len(self.chunks) or self.chunks[self.next][0] != "select":
+                self.cA = int(self.counts[:-1].argmax())          # first class on ties, as CERTIFY
+                self.counts[:] = 0
+            return
+        self.drawn += k
+        if self.drawn == self.plan["checks"][phase]:
+            self.look(phase)
+
+    def look(self, i):
+        """The rule of GRID-CS after look i with A votes for cA (grid_certify_many)."""
+        plan, A, t = self.plan, int(self.counts[self.cA]), self.drawn
+        last = i == len(plan["checks"]) - 1
+        jL, jU = grid_levels(plan, A, i, final=last)
+        self.jL, self.jU = max(self.jL, jL), min(self.jU, jU)
+        nxt = self.jL + 1
+        if last:
+            self.done = True
+        elif self.jL >= self.jU or nxt == len(plan["radii"]):
+            self.stop, self.done = "decided", True
+        elif A - t < plan["reach"][nxt, i] and A + plan["N_max"] - t < plan["final"][nxt]:
+            self.stop, self.done = "curtailed", True
+
+    def result(self):
+        plan, A, T = self.plan, int(self.counts[self.cA]), self.drawn
+        L, U = common.kt_interval(A, T, plan["alpha_seq"], plan["beta"])
+        if T == plan["N_max"] and plan["alpha_fin"] > 0:
+            L = max(L, float(common.clopper_pearson_lower(A, T, plan["alpha_fin"])))
+        jL = self.jL
+        return {"predict": self.cA if jL >= 0 else -1, "radius": plan["radii"][jL] if jL >= 0 else 0.0, "nA": A,
+                "N": T, "pA_lower": L, "pA_upper": U, "stop": self.stop, "counts": self.counts[:-1].tolist()}
+
+
+def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, precision="fp32", sound=None):
+    """GRID-CS on several inputs at once: cA from N0 draws (or a given candidate), then estimation draws until
+    each example's certified level is decided, with the draws of all examples packed into full batches.
+
+    items: (x (C, H, W) on the model's device, its generator, candidate class or None) per example. Every
+    forward pass takes the next chunk of as many examples as fit in `batch` draws, so the model evaluates
+    full batches while each example looks at its own schedule (look_schedule: after 32 draws, then every 25 %
+    more). After each look (A votes for cA after t draws) the integer tables give the highest certified level
+    jL (it never falls) and the highest level not ruled out jU; an example stops when jL >= jU (decided),
+    when level jL + 1 can no longer be reached even if every remaining draw votes cA (curtailed), or at
+    N_max (budget), where the final Clopper-Pearson look applies too. Guarantee, per example and whatever the
+    stopping or packing: the certified radius is wrong with probability at most alpha (grid_plan). Returns
+    one dict per item: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (estimation draws
+    made), the anytime-valid interval pA_lower, pA_upper (not the biased nA / N), stop and counts.
     """
-    cA = candidate if candidate is not None else int(common.sample_counts(
-        model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator, precision=precision,
-        sound=sound)[0].argmax())
-    state = {"jL": -1, "jU": len(plan["radii"]) - 1, "stop": "budget", "T": plan["N_max"]}
-
-    def stop(counts, drawn):   # a table look-up per pass: a handful of integer comparisons
-        i, A = plan["position"][drawn], int(counts[0, cA])
-        jL, jU = grid_levels(plan, A, i)
-        state["jL"], state["jU"] = max(state["jL"], jL), min(state["jU"], jU)
-        nxt = state["jL"] + 1
-        if state["jL"] >= state["jU"] or nxt == len(plan["radii"]):
-            state["stop"] = "decided"
-        elif A - drawn < plan["reach"][nxt, i] and A + plan["N_max"] - drawn < plan["final"][nxt]:
-            state["stop"] = "curtailed"
-        else:
-            return False
-        state["T"] = drawn
-        return True
-    counts = common.sample_counts(model, x.unsqueeze(0), sigma, plan["N_max"], batch, num_classes, generator,
-                                  precision=precision, stop=stop, sound=sound)[0].cpu()
-    A, T = int(counts[cA]), state["T"]
-    if state["stop"] == "budget":   # the last pass: no stop() call after it
-        jL, _ = grid_levels(plan, A, len(plan["checks"]) - 1, final=True)
-        state["jL"] = max(state["jL"], jL)
-    L, U = common.kt_interval(A, T, plan["alpha_seq"], plan["beta"])
-    if T == plan["N_max"] and plan["alpha_fin"] > 0:
-        L = max(L, float(common.clopper_pearson_lower(A, T, plan["alpha_fin"])))
-    jL = state["jL"]
-    return {"predict": cA if jL >= 0 else -1, "radius": plan["radii"][jL] if jL >= 0 else 0.0, "nA": A, "N": T,
-            "pA_lower": L, "pA_upper": U, "stop": state["stop"], "counts": counts.tolist()}
+    jobs = [GridJob(x, g, c, N0, batch, num_classes, plan, sound) for x, g, c in items]
+    active = list(jobs)
+    with torch.inference_mode():
+        while active:
+            room, taken, inputs, failures = batch, [], [], []
+            for job in active:   # one chunk per example per pass: its next look may depend on this one
+                k = job.chunks[job.next][1]
+                if k <= room:
+                    noisy, failed = job.draw(sigma, sound)
+                    taken.append((job, k))
+                    inputs.append(noisy)
+                    failures.append(failed)
+                    room -= k
+                if room == 0:
+                    break
+            with common.autocast(inputs[0].device.type, precision):
+                logits = model(torch.cat(inputs))
+            pred = torch.where(torch.isfinite(logits).all(1), logits.argmax(1), -1)
+            if sound:
+                pred = torch.where(torch.cat(failures), num_classes, pred)
+            pred = pred.cpu().numpy()   # one transfer per pass
+            common.check(bool((pred >= 0).all()), f"the model gave non-finite outputs on noisy inputs (sigma "
+                                                   f"{sigma}, precision {precision}); no certificate is written "
+                                                   f"from them: lower --sigma or use fp32")
+            start = 0
+            for job, k in taken:
+                job.add(pred[start:start + k])
+                start += k
+            active = [job for job in active if not job.done]
+    return [job.result() for job in jobs]
 
 
 def abstain_checks(N, batch):
@@ -337,14 +429,19 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
                       sound, candidate)
     if counts_out is not None:
         counts_out.append(out["counts"])
+    columns = columns or (PREDICT_COLUMNS if use_predict else GRID_COLUMNS if plan else CERTIFY_COLUMNS)
+    return format_line(out, idx, label, time.time() - start, columns)
+
+
+def format_line(out, idx, label, seconds, columns):
+    """The TSV line (no newline) of one example's result `out` (certify, predict or grid_certify_many)."""
     values = {"idx": idx, "label": label, "predict": out["predict"], "radius": f"{out.get('radius', 0.0):.6}",
-              "correct": int(out["predict"] == label), "time": str(datetime.timedelta(seconds=time.time() - start)),
+              "correct": int(out["predict"] == label), "time": str(datetime.timedelta(seconds=seconds)),
               "nA": out["nA"], "N": out["N"], "nY": int(out["counts"][label]),
               "pA_lower": f"{out.get('pA_lower', 0):.6g}", "pA_upper": f"{out.get('pA_upper', 1):.6g}",
               "stop": out.get("stop"), "candidate": "label"}
     common.check(math.isfinite(float(values["radius"])), f"example {idx}: the radius is not finite "
                                                          f"({values['radius']}); no certificate is written")
-    columns = columns or (PREDICT_COLUMNS if use_predict else GRID_COLUMNS if plan else CERTIFY_COLUMNS)
     return "\t".join(str(values[c]) for c in columns)
 
 
@@ -519,6 +616,7 @@ def check_args(args):
     common.check(args.skip >= 1, f"--skip must be >= 1 (got {args.skip}); 1 certifies every example")
     common.check(args.max is None or args.max >= 1, f"--max must be >= 1 (got {args.max}); omit it for all")
     common.check(args.batch >= 1, f"--batch must be >= 1 (got {args.batch})")
+    common.check(1 <= args.group <= 10 ** 5, f"--group must lie in [1, 100000] (got {args.group})")
     common.check(args.seed == "random" or args.seed >= 0, f"--seed must be >= 0 or 'random' (got {args.seed})")
     common.check(not (args.label_mode and args.predict), "--label-mode certifies the true label; PREDICT has no "
                                                          "candidate to fix (drop one of them)")
@@ -751,8 +849,9 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
             seed = resolve_seed(args.seed, "" if args.overwrite else outfile + ".json")
             settings["seed_value"] = seed if args.seed == "random" else None   # recorded once the run starts
             done = prepare_outputs(outfile, settings, columns, args.overwrite, counts, inputs)
-            todo = [(select_examples(len(dataset), args.skip, args.max, done), seed)]
-            print(f"{'predict' if args.predict else 'certify'}: {len(todo[0][0])} examples to go "
+            todo = [(select_examples(len(dataset), args.skip, args.max, set()), done, seed)]
+            print(f"{'predict' if args.predict else 'certify'}: {len(todo[0][0]) - len(done & set(todo[0][0]))} "
+                  f"examples to go "
                   f"({len(done)} already in the files) -> {outfile}", flush=True)
         except common.UserError as e:
             todo = [str(e)]
@@ -765,15 +864,40 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
         rank_lock.enter_context(common.exclusive_lock(f"{outfile}.rank{rank}.lock", f"--outfile {outfile!r}"))
         # the final barrier may wait for hours (one rank resumed with more left to do): its own long timeout
         final_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
-    todo, seed = todo[0]   # rank 0's list and seed, on every rank
-    mine = todo[rank::world]
+    selected, done, seed = todo[0]   # rank 0's selection, what is done and the seed, on every rank
+    if plan is not None:   # --radii: groups of examples share forward passes; a group is the unit of a rank's work
+        groups = [selected[g:g + args.group] for g in range(0, len(selected), args.group)]
+        mine = [grp for k, grp in enumerate(groups) if k % world == rank and not set(grp) <= done]
+    else:
+        mine = [[i] for i in selected if i not in done][rank::world]
 
-    progress = Progress(len(mine), prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
+    total = sum(len([i for i in grp if i not in done]) for grp in mine)
+    progress = Progress(total, prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
     part = "" if world == 1 else f".rank{rank}"
+    finished = 0
     with open_tsv(outfile + part, columns, inputs=inputs) as out, \
             (open_tsv(counts[0] + part, counts[1], "vote counts", inputs) if counts else
              contextlib.nullcontext(None)) as counts_out:
-        for k, idx in enumerate(mine):
+        for grp in mine if plan is not None else []:
+            # the whole group runs again on a resume (its noise and packing are then those of the first run);
+            # only the lines not yet written are written, in idx order. time: the group's, shared evenly
+            start = time.time()
+            examples = [dataset[i] for i in grp]
+            items = [(x.to(device), common.example_generator(seed, i, device), int(y) if args.label_mode else None)
+                     for i, (x, y) in zip(grp, examples)]
+            outs = grid_certify_many(model, items, sigma, args.N0, args.batch, num_classes, plan, args.precision,
+                                     levels)
+            seconds = (time.time() - start) / len(grp)
+            for i, (_, y), res in zip(grp, examples, outs):
+                if i in done:
+                    continue
+                if counts_out is not None:
+                    print("\t".join(map(str, [i] + res["counts"])), file=counts_out, flush=True)
+                print(format_line(res, i, int(y), seconds, columns), file=out, flush=True)
+                finished += 1
+                if progress is not None:
+                    progress.update(finished)
+        for k, idx in enumerate([grp[0] for grp in mine] if plan is None else []):
             x, label = dataset[idx]
             votes = []
             s = sigma if sigma_of is None else sigma_of(model, x.to(device), idx, sigma)

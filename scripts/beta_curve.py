@@ -57,6 +57,32 @@ def simulate(plan, p, correct, reps, seed):
     return float(np.mean(T)), accuracy
 
 
+def previous_plan(radii, sigma, N, batch, alpha):
+    """The rule before looks were counted in draws (session 7): a look at every pass end, beta = alpha, and
+    alpha split alpha / 10 (sequence) and 0.9 alpha (final look) without exact accounting."""
+    from scipy.stats import norm
+    levels = sorted({0.0, *map(float, radii)})
+    checks = [int(c) for c in np.cumsum(common.pass_sizes(N, batch))]
+    tables = common.grid_tables(norm.cdf(np.array(levels) / sigma), checks, alpha / 10, alpha, 0.9 * alpha, N)
+    slack = tables["lower"] - np.array(checks)
+    return dict(tables, radii=levels, checks=checks, reach=np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1],
+                N_max=N)
+
+
+def draws_at(pAs, radii, sigma, N, batch, alpha, reps, seed):
+    """Mean estimation draws per example at each true pA: the previous rule against today's."""
+    now = certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True)
+    before = previous_plan(radii, sigma, N, batch, alpha)
+    rows = [(p, simulate(before, np.array([p]), np.array([True]), reps, seed)[0],
+             simulate(now, np.array([p]), np.array([True]), reps, seed)[0]) for p in pAs]
+    return (f"Estimation draws per example (N0 not included) of --radii {' '.join(f'{r:g}' for r in radii)} at "
+            f"sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, {reps} simulated runs per pA: the rule before "
+            f"(a look per pass of {batch}, beta = alpha, 0.9 alpha on the final look) against today's (looks "
+            f"from 32 draws growing by 25 %, beta = {certify.DEFAULT_BETA:g}, exact accounting).\n\n"
+            "| pA | before | now | x fewer |\n|---|---|---|---|\n" +
+            "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {a / b:.2f} |\n" for p, a, b in rows))
+
+
 def main(argv=None):
     p = common.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("log", help="a CERTIFY log at a large N (its nA / N is taken as the true pA of cA)")
@@ -68,7 +94,17 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20, help="simulated runs per example (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="folder for beta_curve.tsv, .md and .png")
+    p.add_argument("--at-pA", type=float, nargs="+", metavar="P", help="instead: mean draws at these true pA, the "
+                   "previous rule against today's (the log is then unused but for its sigma; --out: draws_at_pA.md)")
     args = p.parse_args(argv)
+    if args.at_pA:
+        common.check(all(0 <= q <= 1 for q in args.at_pA), "--at-pA values must lie in [0, 1]")
+        sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
+        md = draws_at(args.at_pA, args.radii, sigma, args.N, args.batch, args.alpha, args.reps, args.seed)
+        print(md)
+        if args.out:
+            common.write_text_output(os.path.join(args.out, "draws_at_pA.md"), "beta curve", md)
+        return
     common.check(args.N >= 1 and args.batch >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
                  "--N, --batch and --reps must be >= 1 and --alpha in (0, 1)")
     common.set_inputs([args.log, args.log + ".json"])
