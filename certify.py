@@ -237,7 +237,7 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look):
                 alpha_seq=alpha_seq, alpha_fin=alpha_fin, beta=beta, N_max=N_max, spent=max(spent))
 
 
-def grid_levels(plan, A, i, final=False):
+def decided_levels(plan, A, i, final=False):
     """(highest certified level, highest level not ruled out) after check i with A votes (-1: none)."""
     certified = np.flatnonzero(A >= plan["lower"][:, i])
     if final:
@@ -296,7 +296,7 @@ class GridJob:
         """The rule of GRID-CS after look i with A votes for cA (grid_certify_many)."""
         plan, A, t = self.plan, int(self.counts[self.cA]), self.drawn
         last = i == len(plan["checks"]) - 1
-        jL, jU = grid_levels(plan, A, i, final=last)
+        jL, jU = decided_levels(plan, A, i, final=last)
         self.jL, self.jU = max(self.jL, jL), min(self.jU, jU)
         nxt = self.jL + 1
         if last:

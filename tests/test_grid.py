@@ -178,7 +178,7 @@ def test_curtailment_never_changes_the_answer_and_draws_never_exceed_the_budget(
 def test_levels_never_fall_and_more_votes_never_certify_less():
     plan = certify.grid_plan([0.25, 0.5, 1.0], 0.5, 10_000, 1000, 0.001, 0.001, True)
     for i in range(len(plan["checks"])):
-        levels = [certify.grid_levels(plan, A, i)[0] for A in range(0, plan["checks"][i] + 1, 7)]
+        levels = [certify.decided_levels(plan, A, i)[0] for A in range(0, plan["checks"][i] + 1, 7)]
         assert levels == sorted(levels)
 
 
