@@ -10,7 +10,8 @@ Output (tab-separated, one flushed line per example; `predict` is -1 on abstenti
                                                              draws; nY: votes for the true label among them)
   --predict: idx label predict correct time nA N nY         (nA: votes for the top class; no radius)
   --radii:   idx label predict radius correct time nA N pA_lower pA_upper stop   (anytime-valid certification
-             at a grid of radii, ADAPTIVE.md: radius = the largest grid radius certified, N = draws made)
+             at a grid of radii, ADAPTIVE.md: radius = the largest grid radius certified, N = draws made; the
+             examples of a --group share forward passes, so time is the group's, shared evenly)
 nY / N estimates pA of every example, wrong and abstained ones too: the whole distribution of pA (§4.3,
 Fig. 3). --save-counts also keeps every class's votes, one row per example, in <outfile>.counts.
 --label-mode adds a last column `candidate` (= label): cA was the true label, no selection draws were made;
