@@ -384,6 +384,13 @@ def open_append(path, kind, header, inputs=(), claimed=False):
     return f
 
 
+def copy_training_log(source, path):
+    """Copy a run's log.tsv (read_train_log checks it) to `path` through the guard (scripts/lib.sh keep_log)."""
+    rows = read_train_log(source)
+    text = "".join("\t".join(str(r[c]) for c in TRAIN_LOG_COLUMNS) + "\n" for r in rows)
+    return write_text_output(path, "training log copy", "\t".join(TRAIN_LOG_COLUMNS) + "\n" + text, [source])
+
+
 def remove_output(path, kind, claimed=False):
     """Remove a file this project wrote as `kind` (certify.py --overwrite); anything else is refused."""
     if not os.path.lexists(path):
