@@ -328,3 +328,19 @@ def test_training_sizes_are_bounded_before_anything_is_allocated(tmp_path, capsy
     code, err = run_script(train_gaussian, ["--dataset", "digits", "--sigma", "0.25", "--weight_decay", "1e300",
                                             "--outdir", tmp_path / "run", "--device", "cpu"], capsys)
     assert code == 2 and "float32" in err
+
+
+def test_no_shell_script_writes_a_file_itself():
+    """scripts/*.sh leave every write to the Python commands (and so to the guard): no cp, mv, tee or `> file`."""
+    found = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "scripts"))):
+        if not name.endswith(".sh"):
+            continue
+        with open(os.path.join(ROOT, "scripts", name)) as f:
+            for number, line in enumerate(f, 1):
+                code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
+                code = re.sub(r'"[^"]*"|\'[^\']*\'', '""', code)              # text in quotes is not a redirection
+                code = re.sub(r"\d*>\s*/dev/null|2>&1|>&2", "", code)
+                if re.search(r"(^|[\s;|&])(cp|mv|tee)\s", code) or re.search(r"(?<![-=<>])>\s*[^\s&=]", code):
+                    found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "shell-level writes:\n" + "\n".join(found)
