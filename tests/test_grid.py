@@ -447,3 +447,18 @@ def test_a_resumed_grid_run_redoes_its_unfinished_group_and_writes_the_same_log(
     assert run_cli([*base, "--max", 12, "--outfile", part]) == 0
     cells = lambda p: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in p.read_text().splitlines()]
     assert cells(part) == cells(whole) and len(cells(whole)) == 13
+
+
+@pytest.mark.skipif(__import__("shutil").which("torchrun") is None, reason="torchrun not installed")
+def test_torchrun_grid_run_splits_groups_and_merges_like_one_process(digits_model, tmp_path):
+    from torchrun_util import failure_report, run_torchrun
+    base = ["--checkpoint", digits_model, "--N", 4000, "--batch", 200, "--radii", 0.25, 0.5, "--group", 3,
+            "--max", 11, "--device", "cpu"]
+    whole, dist = tmp_path / "whole.tsv", tmp_path / "dist.tsv"
+    assert run_cli([*base, "--outfile", whole]) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    res = run_torchrun([os.path.join(ROOT, "certify.py"), "--", *base, "--outfile", dist], tmp_path / "logs",
+                       env=env, timeout=180)
+    assert res.returncode == 0, failure_report(res, tmp_path / "logs")
+    cells = lambda p: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in p.read_text().splitlines()]
+    assert cells(dist) == cells(whole) and certify.part_files(str(dist)) == []
