@@ -545,7 +545,16 @@ def sidecar_claims(outfile):
         old = common.read_json_object(outfile + ".json", "settings file of a log")
     except common.UserError:
         return False
-    return old.get("script", "certify.py") in ("certify.py", "ddrs.py certify") and "checkpoint_sha256" in old
+    if old.get("script", "certify.py") not in ("certify.py", "ddrs.py certify") or "checkpoint_sha256" not in old:
+        return False
+    # the record names the log's columns: a file beside it with another first line is not that log
+    columns = old.get("columns")
+    for path in [outfile] + part_files(outfile):
+        if os.path.isfile(path) and os.path.getsize(path) > 0 and isinstance(columns, list):
+            header = common.read_header(path)
+            if header not in ("\t".join(columns), "\t".join(columns[:-1])):   # [:-1]: logs from before nY
+                return False
+    return True
 
 
 def open_tsv(path, columns, kind="certification log", inputs=(), claimed=False):

@@ -344,3 +344,18 @@ def test_no_shell_script_writes_a_file_itself():
                 if re.search(r"(^|[\s;|&])(cp|mv|tee)\s", code) or re.search(r"(?<![-=<>])>\s*[^\s&=]", code):
                     found.append(f"{name}:{number}: {line.strip()}")
     assert not found, "shell-level writes:\n" + "\n".join(found)
+
+
+def test_a_sidecar_copied_beside_a_user_file_does_not_let_overwrite_remove_it(tmp_path, capsys):
+    """The log's own record (its sidecar) names its columns: a user's file beside a copied sidecar is not it."""
+    import certify
+    from helpers import digits_checkpoint
+    ckpt = digits_checkpoint(tmp_path / "c.pth.tar", steps=5)
+    log = tmp_path / "log.tsv"
+    argv = ["--checkpoint", ckpt, "--max", "2", "--N0", "10", "--N", "50", "--batch", "50", "--device", "cpu"]
+    assert run_script(certify, argv + ["--outfile", log], capsys)[0] == 0
+    notes = tmp_path / "notes.tsv"
+    notes.write_text("my\tnotes\n")
+    (tmp_path / "notes.tsv.json").write_bytes((tmp_path / "log.tsv.json").read_bytes())
+    code, err = run_script(certify, argv + ["--outfile", notes, "--overwrite"], capsys)
+    assert code == 2 and "not written by this project" in err and notes.read_text() == "my\tnotes\n"
