@@ -1364,10 +1364,11 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def save_checkpoint(state, path, kind="checkpoint"):
+def save_checkpoint(state, path, kind="checkpoint", inputs=()):
     """torch.save through the guard (write_output): a temporary file, fsync, then os.replace, so a crash or
-    power cut never leaves a torn checkpoint and a failed write (disk full) leaves the old one in place."""
-    write_output(path, kind, lambda f: torch.save(state, f))
+    power cut never leaves a torn checkpoint and a failed write (disk full) leaves the old one in place.
+    inputs: files the command reads, never written over (hard links included)."""
+    write_output(path, kind, lambda f: torch.save(state, f), inputs)
 
 
 def numpy_array_globals():

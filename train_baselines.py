@@ -472,7 +472,7 @@ def make_loss_fn(method, hp, sigma, epoch, target=None):
 
 @torch.no_grad()
 def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, workers=0, partial_path=None,
-                         tag=None, every=600.0):
+                         tag=None, every=600.0, inputs=()):
     """counts[i, c] = votes for class c among N noisy copies of training image i (one train transform each).
 
     Uses common.sample_counts. The global generators are reseeded per block of 1024 images from (seed, block),
@@ -500,7 +500,7 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
               f"{common.format_eta(done - resumed_at, len(dataset) - resumed_at, start)}", flush=True)
         if partial_path and (time.time() - saved_at > every or done == len(dataset)):
             common.save_checkpoint({"settings": settings, "counts": counts, "done": done}, partial_path,
-                                   "partial CAT-RS target")
+                                   "partial CAT-RS target", inputs)
             saved_at = time.time()
     return counts
 
@@ -554,9 +554,11 @@ def make_target_mode(args):
     print(f"CAT-RS target: {N} votes at sigma {sigma} for each of {len(train_set)} {dataset} training images")
     partial = args.out + ".partial"
     counts = compute_catrs_target(model, train_set, sigma, N, batch, args.seed, common.NUM_CLASSES[dataset],
-                                  args.workers, partial, tag=os.path.abspath(args.checkpoint))
+                                  args.workers, partial, tag=os.path.abspath(args.checkpoint),
+                                  inputs=[args.checkpoint])
     common.save_checkpoint({"counts": counts, "N": N, "sigma": sigma, "dataset": dataset,
-                            "checkpoint": os.path.relpath(args.checkpoint)}, args.out, "CAT-RS target")
+                            "checkpoint": os.path.relpath(args.checkpoint)}, args.out, "CAT-RS target",
+                           [args.checkpoint])
     common.remove_output(partial, "partial CAT-RS target")
     print(f"wrote {args.out}")
 
