@@ -839,6 +839,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
                 "final_look": args.final_look if plan else None, "columns": list(columns), "ddrs": None,
                 **(extra_settings or {})}
     inputs = [args.checkpoint]
+    common.set_inputs(inputs)   # files this run reads: never written over (the guard checks every output)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
     except OSError as e:

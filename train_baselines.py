@@ -779,6 +779,7 @@ def train(args, device):
 
 def main():
     args = parse_args()
+    common.set_inputs([args.gradnorm, args.catrs_target, args.checkpoint])   # files this run reads: never written over
     if args.make_catrs_target:
         return make_target_mode(args)
     if args.gradnorm:

@@ -145,6 +145,7 @@ def train(args, device):
 
 def main():
     args = parse_args()
+    common.set_inputs([args.gradnorm])   # files this run reads: never written over
     if args.gradnorm:
         return gradnorm_mode(args)
     args = settings(args)

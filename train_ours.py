@@ -291,6 +291,7 @@ def train(args, device):
 
 def main():
     args = parse_args()
+    common.set_inputs([args.gradnorm, args.pA_checkpoint])   # files this run reads: never written over
     if args.gradnorm:
         return gradnorm_mode(args)
     args = settings(args, args.sigma, args.dataset)
