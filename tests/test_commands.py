@@ -270,3 +270,18 @@ def test_every_cpu_experiment_command_parses_and_uses_one_schedule(script, monke
         assert len(table.acr) == len(table.logs) == 8 and table.acr[-2:] == ["-", "-"]
         assert all(os.path.basename(log).startswith(os.path.basename(g).replace("gradnorm_", "").split(".")[0])
                    for log, g in zip(table.acr[:6], table.logs[:6]))
+
+
+def test_every_results_folder_says_what_its_files_are_and_which_command_made_them():
+    results = os.path.join(ROOT, "results")
+    for name in sorted(os.listdir(results)):
+        folder = os.path.join(results, name)
+        if not os.path.isdir(folder):
+            continue
+        readme = os.path.join(folder, "README.md")
+        assert os.path.isfile(readme), f"results/{name} has no README.md"
+        with open(readme) as f:
+            text = f.read()
+        for script in re.findall(r"scripts/[\w.]+\.(?:sh|py)", text):
+            assert os.path.isfile(os.path.join(ROOT, script)), f"results/{name}/README.md names {script}"
+        assert re.search(r"make \w+|scripts/|python ", text), f"results/{name}/README.md gives no command"
