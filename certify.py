@@ -70,8 +70,8 @@ SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last"
                     "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
                     "final_look": None, "ddrs": None}
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
-# removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, README): at 0.2 no
-# certificate was lost in 10,000 simulated runs per setting, with 10-11 % fewer evaluations than at beta = alpha.
+# removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, README): at 0.2,
+# 12 % fewer evaluations than at beta = alpha for 0.02-0.04 points of certified accuracy (2-4 of 10,000 runs).
 DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
@@ -150,7 +150,7 @@ def parse_args(argv=None, parser=None):
 # ----------------------------------------------------------------------------------------------------------
 
 def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision="fp32", early_abstain=None,
-            sound=None, candidate=None):
+            sound=None, candidate=None, radius_fn=None):
     """CERTIFY of Cohen et al.: pick cA on N0 noisy copies, lower-bound pA on N fresh ones.
 
     x: one input (C, H, W) in [0, 1] on the model's device; generator: a torch.Generator on that device (the
@@ -168,6 +168,8 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
     candidate: None (select cA on N0 draws), or a class to certify without selection draws (--label-mode: the
     true label). The bound on pA(candidate) holds as before; the answer is then about that class only, so
     it measures certified accuracy, not what the smoothed classifier predicts.
+    radius_fn: None (Cohen's sigma Phi^-1(pA_lower)), or callable(pA_lower, sigma) -> radius, for a certificate
+    of another form from the same bound (ddrs.py --semi-elastic).
     """
     cA = candidate if candidate is not None else int(common.sample_counts(
         model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator, precision=precision,
@@ -189,26 +191,30 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
     pA_lower = common.clopper_pearson_lower(nA, N, alpha)
     if pA_lower < 0.5:
         return {"predict": -1, "radius": 0.0, "nA": nA, "N": N, "counts": counts.tolist()}
-    return {"predict": cA, "radius": float(common.certified_radius(pA_lower, sigma)), "nA": nA, "N": N,
-            "counts": counts.tolist()}
+    radius = common.certified_radius(pA_lower, sigma) if radius_fn is None else radius_fn(pA_lower, sigma)
+    return {"predict": cA, "radius": float(radius), "nA": nA, "N": N, "counts": counts.tolist()}
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Anytime-valid certification at a grid of radii (GRID-CS, ADAPTIVE.md §2; Voráček 2024, Horváth et al. 2022)
 # ----------------------------------------------------------------------------------------------------------
 
-LOOK_FIRST, LOOK_GROWTH = 32, 1.25   # --radii looks at 32 draws, then every 25 % more (about 36 looks to 10^5)
+# --radii looks at 32 draws, then every 25 % more, at most 500 draws apart (216 looks up to 10^5). Chosen by
+# simulation (scripts/beta_curve.py's rule on results/grid_cpu's pA): against purely geometric looks (37) the
+# cap saves 6-9 % of the evaluations; the extra looks cost nothing in alpha beyond what grid_plan accounts.
+LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 32, 1.25, 500
 
 
-def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH):
-    """The draw counts at which --radii looks at an example: `first`, then growing geometrically, and N_max.
+def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_GAP):
+    """The draw counts at which --radii looks at an example: `first`, then growing geometrically (at most
+    `max_gap` apart), and N_max.
 
     Counted in draws, not in passes: an easy example stops after tens of draws whatever --batch is, since
     the model still evaluates full batches of draws packed from several examples (grid_certify_many)."""
     looks, t = [], first
     while t < N_max:
         looks.append(int(t))
-        t = max(t + 1, math.ceil(t * growth))
+        t = min(max(t + 1, math.ceil(t * growth)), t + max_gap)
     return looks + [int(N_max)]
 
 
@@ -410,13 +416,14 @@ def predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision=
 
 def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, seed, use_predict,
                  precision="fp32", early_abstain=None, columns=None, counts_out=None, sound=None, plan=None,
-                 label_mode=False):
+                 label_mode=False, radius_fn=None):
     """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline).
 
     plan: a grid_plan for anytime-valid certification at its radii (--radii) instead of CERTIFY.
     columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; LEGACY_COLUMNS for an old log).
     counts_out: optional list; every class's votes among the estimation draws are appended to it.
     label_mode: certify the true label (no selection draws); the line's `candidate` column says so.
+    radius_fn: CERTIFY's radius from its bound (see certify); None: Cohen's.
     """
     candidate = label if label_mode else None
     generator = common.example_generator(seed, idx, x.device)
@@ -427,7 +434,7 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
         out = grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision, sound, candidate)
     else:
         out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision, early_abstain,
-                      sound, candidate)
+                      sound, candidate, radius_fn)
     if counts_out is not None:
         counts_out.append(out["counts"])
     columns = columns or (PREDICT_COLUMNS if use_predict else GRID_COLUMNS if plan else CERTIFY_COLUMNS)
@@ -788,11 +795,13 @@ def main(argv=None):
         certify_all(args, locks)
 
 
-def certify_all(args, locks, sigma_of=None, extra_settings=None):
+def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None, prepare=None):
     """CERTIFY (or PREDICT) of every selected example into the outfile: set-up, checks, then the loop.
 
     sigma_of: optional callable(model, x, idx, sigma) -> the noise level of example idx (ddrs.py's per-input
-    sigma); its value is written in an extra last column `sigma`. extra_settings: more checked settings."""
+    sigma); its value is written in an extra last column `sigma`. extra_settings: more checked settings.
+    radius_fn: CERTIFY's radius from its bound (see certify). prepare: optional callable(settings, dataset
+    name) run before the resume check, which may add settings (ddrs.py --semi-elastic's sigma function)."""
     rank, world, device_name = distributed_setup(args.device)
     device = common.get_device(device_name)
     common.check_precision(args.precision, device)
@@ -838,6 +847,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
                 "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
                 "final_look": args.final_look if plan else None, "columns": list(columns), "ddrs": None,
                 **(extra_settings or {})}
+    if prepare is not None:
+        prepare(settings, dataset_name)
     inputs = [args.checkpoint]
     common.set_inputs(inputs)   # files this run reads: never written over (the guard checks every output)
     try:
@@ -916,7 +927,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None):
                                 args.batch, num_classes, seed, args.predict, args.precision,
                                 EARLY_ABSTAIN_ALPHA if args.early_abstain else None,
                                 columns if sigma_of is None else columns[:-1], votes, levels, plan,
-                                args.label_mode)
+                                args.label_mode, radius_fn)
             if sigma_of is not None:
                 line += f"\t{s:.6g}"
             # the counts row first: a kill between the two writes repeats a row there (readers keep the first)
