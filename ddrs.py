@@ -1,13 +1,16 @@
 """Data-Dependent Randomized Smoothing (Alfarra, Bibi, Torr, Ghanem, UAI 2022; DDRS.md): a sigma per input.
 
 Usage: python ddrs.py certify --checkpoint runs/train_gaussian_digits_sigma0.25/checkpoint.pth.tar --N 1000
+       python ddrs.py certify --checkpoint CKPT --semi-elastic     (a sound certificate: Súkeník et al. 2022)
        python ddrs.py memory runs/ddrs/<log>.tsv       (Algorithm 3 over a finished log, in index order)
        python ddrs.py train --method gaussian --dataset digits --sigma 0.25     (DS2 training, Algorithm 2)
+       python ddrs.py report DS_LOGS... --fixed LOG --out DIR    (DDRS against the fixed sigma_0, per log)
 
 The paper, and where it is here:
   Algorithm 1, OptimizeSigma (§3.2, Eq. 3)   optimize_sigma: per-input sigma by Monte Carlo gradient ascent on
                                              the soft-smoothing radius s / 2 (Phi^-1(E_A) - Phi^-1(E_B)), E_B the
-                                             runner-up class, weights frozen, a batch of inputs per step
+                                             runner-up class, weights frozen, a batch of inputs per step; A the
+                                             class of the model smoothed at sigma_0 (smoothed_class)
   §3.3, certification at sigma_x             `certify`: certify.py's CERTIFY (its flags, TSV, sidecar, resume,
                                              torchrun split) at sigma_x, written in a last column `sigma`
   Algorithm 3, memory-based certification    `memory`: the stored (x_i, c_i, r_i) keep balls of different
@@ -25,12 +28,20 @@ N(x + delta, s^2 I) at the same s, and Súkeník et al. (ICML 2022) show that su
 justified in general (in 3072 dimensions, a 5 % change of sigma between two points already breaks them).
 With --memory the stateful classifier is consistent for the realised query order (balls of different
 classes never overlap), which is a property of the bookkeeping, not a robustness guarantee of DDRS itself.
+
+What `certify --semi-elastic` proves. sigma(x) = sigma_0 exp(r (rho_k(x) - m)) is a fixed function of x
+(rho_k: the mean distance to the k nearest training images, so |ln sigma(a) - ln sigma(b)| <= r ||a - b||).
+With probability >= 1 - alpha, the classifier z -> g_{sigma(z)}(z) itself is constant on the ball
+(Súkeník et al. 2022): the radius is the largest d at which the Neyman-Pearson worst case of noise at any
+sigma in [sigma(x) e^{-r d'}, sigma(x) e^{r d'}], d' <= d, keeps class A above 1/2 (semi_elastic_radius:
+searched at the two extreme sigmas, then verified on a grid of interior sigmas and distances).
 """
 import argparse
 import contextlib
 import math
 import os
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -40,15 +51,16 @@ import certify
 import common
 
 SIGMA_STREAM = 1   # (seed, idx, stream): the optimisation noise is independent of the certification noise
+CLASS_STREAM = 2   # and so is the noise that picks the class sigma_x is optimised for (smoothed_class)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Algorithm 1: OptimizeSigma
 # ----------------------------------------------------------------------------------------------------------
 
-def sigma_generator(seed, idx, device):
-    """The generator of input idx's optimisation noise: seeded by (seed, idx, SIGMA_STREAM) alone."""
-    state = np.random.SeedSequence([int(seed), int(idx), SIGMA_STREAM]).generate_state(2, dtype=np.uint32)
+def sigma_generator(seed, idx, device, stream=SIGMA_STREAM):
+    """The generator of input idx's optimisation noise: seeded by (seed, idx, stream) alone."""
+    state = np.random.SeedSequence([int(seed), int(idx), stream]).generate_state(2, dtype=np.uint32)
     g = torch.Generator(device=device)
     g.manual_seed(int(state[0]) << 32 | int(state[1]))
     return g
@@ -73,21 +85,49 @@ def radius_proxy(model, x, s, e, cA=None, clamp=(0.02, 0.98)):
     return s / 2 * gap, E
 
 
+# smoothed_class: rounds of CLASS_DRAWS hard votes at sigma_0 until the top two classes are told apart (two-sided
+# binomial test at CLASS_ALPHA, as Cohen's PREDICT), at most CLASS_MAX_DRAWS.
+CLASS_DRAWS, CLASS_MAX_DRAWS, CLASS_ALPHA = 100, 1000, 0.01
+
+
+def smoothed_class(model, x, sigma0, num_classes, generator, batch=1000, precision="fp32", draws=CLASS_DRAWS,
+                   max_draws=CLASS_MAX_DRAWS, alpha=CLASS_ALPHA):
+    """cA of Algorithm 1: the class that the model smoothed at sigma0 predicts at x (DDRS.md §1, Eq. 2).
+
+    Hard votes of `draws` noisy copies at a time (x: (C, H, W)), until a two-sided binomial test of the top
+    two counts at level alpha says which is larger, or max_draws are spent (then the top class so far: the
+    smoothed classifier is then near a tie between the two). The noise comes from `generator` (CLASS_STREAM
+    of the input), apart from the certification noise, so CERTIFY's guarantee at the resulting sigma_x is
+    that of any sigma chosen before its draws. Returns (class, draws made)."""
+    from scipy.stats import binomtest
+    counts, drawn = None, 0
+    while True:
+        new = common.sample_counts(model, x.unsqueeze(0), sigma0, draws, batch, num_classes, generator,
+                                   precision=precision)[0].cpu()
+        counts, drawn = new if counts is None else counts + new, drawn + draws
+        top2 = torch.topk(counts, 2).values.tolist()
+        if drawn >= max_draws or binomtest(top2[0], sum(top2), 0.5).pvalue <= alpha:
+            return int(counts.argmax()), drawn   # first class on ties, as certify.py's selection
+
+
 def optimize_sigma(model, x, sigma0, K, M, lr, generators, clamp=(0.02, 0.98), bounds=(1e-3, None),
-                   fixed_cA=True, keep_best=False):
+                   fixed_cA=True, keep_best=False, cA=None):
     """Algorithm 1: each input's sigma by K steps of gradient ascent on radius_proxy, weights frozen.
 
     x: (B, C, H, W); generators: one torch.Generator per input (its noise does not depend on the batch).
     Starts at sigma0 (a float, or one value per input); each step draws M fresh noises per input and moves s by lr * d radius / d s (plain
-    ascent, then clipped to `bounds`). fixed_cA: keep the class of the first step's E (sigma0's), as the
-    paper; otherwise the top class of each step, as the official code. keep_best: return the iterate with
+    ascent, then clipped to `bounds`). fixed_cA: keep one class, as the paper: cA ((B,) classes, from
+    smoothed_class: the prediction of the model smoothed at sigma0), or when cA is None the top class of the
+    first step's E (one noisy draw for M = 1: the DS2 training steps); otherwise the top class of each step,
+    as the official code. keep_best: return the iterate with
     the best proxy (s_0 included), measured at each step. K = 0 returns sigma0 exactly. Returns (B,) sigmas.
     """
     B = x.shape[0]
     s = torch.as_tensor(sigma0, dtype=torch.float32, device=x.device).expand(B).clone()   # a float or (B,)
     if K == 0:
         return s
-    best, best_value, cA = s.clone(), torch.full((B,), -math.inf, device=x.device), None
+    best, best_value = s.clone(), torch.full((B,), -math.inf, device=x.device)
+    cA = None if cA is None or not fixed_cA else torch.as_tensor(cA, device=x.device).view(B)
     lo, hi = bounds
     with common.frozen_eval(model):
         for _ in range(K):
@@ -102,6 +142,87 @@ def optimize_sigma(model, x, sigma0, K, M, lr, generators, clamp=(0.02, 0.98), b
             grad, = torch.autograd.grad(radius.sum(), s)   # a sum over inputs: each s gets its own gradient
             s = (s.detach() + lr * grad).clamp(min=lo, max=hi)
     return best if keep_best else s.detach()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A sound radius for input-dependent sigma (Súkeník, Kuvshinov, Günnemann, ICML 2022; DDRS.md §4)
+# ----------------------------------------------------------------------------------------------------------
+
+# --semi-elastic defaults (DDRS.md §4, the [S]-based re-implementation): k nearest training points, rate r, and
+# the centre m of rho_k for CIFAR-10; for a dataset without one, the median rho_k of training points is used.
+SEMI_ELASTIC_K, SEMI_ELASTIC_R, SEMI_ELASTIC_M = 20, 0.01, {"cifar10": 5.0}
+
+
+def knn_distance(train, x, k, chunk=8192):
+    """rho_k(x): the mean l2 distance from x to its k nearest rows of `train` ((n, d)), in float64.
+
+    Each order statistic of the distances is 1-Lipschitz in x, so their mean is: sigma(x) = sigma_b
+    exp(r (rho_k(x) - m)) then satisfies |ln sigma(a) - ln sigma(b)| <= r ||a - b|| (r-semi-elastic)."""
+    x = x.flatten().double()
+    d = torch.cat([(train[i:i + chunk].double() - x).norm(dim=1) for i in range(0, len(train), chunk)])
+    return float(d.topk(k, largest=False).values.mean())
+
+
+def worst_class_b(d, sigma0, sigma1, pA_lower, dim):
+    """The largest probability that the noise at sigma1 around a point x1 at distance d from x gives a class
+    other than A, over every base classifier whose class-A probability at x (noise sigma0) is >= pA_lower.
+
+    The Neyman-Pearson worst case of two Gaussians with different sigmas is a ball (DDRS.md §4): under x's
+    noise, ||z - c||^2 / sigma0^2 is noncentral chi-square (dim degrees, noncentrality L0), under x1's
+    (L1). sigma1 < sigma0: B fills the ball of x's probability 1 - pA_lower; sigma1 > sigma0: its outside.
+    Class A is guaranteed at x1 iff the result is < 1/2. Arrays broadcast (sigma1 != sigma0, d > 0)."""
+    from scipy.stats import ncx2
+    d, s0, s1 = np.asarray(d, float), float(sigma0), np.asarray(sigma1, float)
+    L0 = s0 ** 2 * d ** 2 / (s0 ** 2 - s1 ** 2) ** 2
+    L1 = s1 ** 2 * d ** 2 / (s0 ** 2 - s1 ** 2) ** 2
+    below = ncx2.cdf(s0 ** 2 / s1 ** 2 * ncx2.ppf(1 - pA_lower, dim, L0), dim, L1)
+    above = ncx2.sf(s0 ** 2 / s1 ** 2 * ncx2.ppf(pA_lower, dim, L0), dim, L1)
+    return np.where(s1 < s0, below, above)
+
+
+def semi_elastic_radius(pA_lower, sigma, r, dim, scan=32, bisect=40, verify=8):
+    """The l2 radius certified at x for the classifier z -> g_{sigma(z)}(z) when sigma(.) is r-semi-elastic
+    (|ln sigma(a) - ln sigma(b)| <= r ||a - b||), sigma = sigma(x), pA_lower a lower bound of pA at x.
+
+    A point at distance d' has a sigma in [sigma e^{-r d'}, sigma e^{r d'}]; the radius is the largest d such
+    that worst_class_b < 1/2 for every d' <= d and every such sigma. Found at the two extreme sigmas (the
+    re-implementation's rule; ASSUMED worst, DDRS.md §4): the first failing point of a scan of [0, Cohen's
+    radius], then bisection; the result is then verified on a grid of d' and of interior sigmas, and lowered
+    until it passes. Never above Cohen's radius sigma Phi^-1(pA_lower) (r = 0: exactly Cohen's); 0 below 1/2.
+    """
+    from scipy.stats import norm
+    if pA_lower <= 0.5:
+        return 0.0
+    cohen = float(sigma * norm.ppf(pA_lower))
+    if r == 0:
+        return cohen
+
+    def holds(d, fractions=(-1.0, 1.0), distances=(1.0,)):
+        dd = d * np.asarray(distances)[:, None]
+        s1 = sigma * np.exp(np.asarray(fractions)[None, :] * r * dd)
+        with warnings.catch_warnings(record=True) as caught:   # scipy's series did not converge: not proven
+            warnings.simplefilter("always")
+            b = worst_class_b(dd, sigma, s1, pA_lower, dim)
+        return not caught and bool(np.all(b < 0.5 - 1e-9))   # a margin for scipy's rounding; a NaN fails too
+
+    lo, hi = 0.0, None
+    for d in cohen * np.arange(1, scan + 1) / scan:
+        if not holds(d):
+            hi = d
+            break
+        lo = d
+    if hi is None:
+        return cohen
+    for _ in range(bisect):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    grid = np.arange(1, verify + 1) / verify
+    fractions = np.concatenate([-grid, grid])
+    for _ in range(500):   # the assumption failed here: lower the radius until the grid passes
+        if holds(lo, fractions, grid):
+            return lo
+        lo *= 0.99
+    return 0.0
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -161,8 +282,9 @@ def check_memory_invariant(memory):
 
 def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    common.check(argv[:1] in (["certify"], ["memory"], ["train"]), "usage: python ddrs.py certify ... | memory "
-                                                                  "LOG | train ... (see --help of each)")
+    common.check(argv[:1] in (["certify"], ["memory"], ["train"], ["report"]),
+                 "usage: python ddrs.py certify ... | memory LOG | train ... | report LOGS --fixed LOG --out DIR "
+                 "(see --help of each)")
     if argv[0] == "train":
         p = common.ArgumentParser(prog="ddrs.py train", description=train_main.__doc__)
         p.add_argument("--method", required=True, choices=tuple(DS_METHODS), help="the loss (DDRS.md §5)")
@@ -173,7 +295,13 @@ def parse_args(argv=None):
         p.add_argument("--m", type=int, help="noise draws per image (default: 1; MACER 64)")
         p.add_argument("--epochs", type=int, help="default: 200 cifar10, 20 digits")
         p.add_argument("--warmup", type=int, help="epochs at the fixed sigma_0 first (default 50 cifar10, 5 digits)")
-        p.add_argument("--K_train", type=int, default=1, help="OptimizeSigma steps per minibatch (ASSUMED 1)")
+        p.add_argument("--K_train", type=int, help="OptimizeSigma steps per minibatch (default: the official "
+                       "code's iter_sig_tr, 10 for MACER on CIFAR-10 and 1 on ImageNet; 1 for the other methods, "
+                       "ASSUMED: DDRS.md §5)")
+        p.add_argument("--init-checkpoint", help="start from this trained model's weights (the paper fine-tunes "
+                       "released models); the optimizer and schedule start fresh. Recorded in args.json")
+        p.add_argument("--trust-checkpoint", action="store_true", help="allow pickled objects in "
+                       "--init-checkpoint (only for a file you trust: it can run code)")
         p.add_argument("--M", type=int, default=1, help="noise draws per OptimizeSigma step")
         p.add_argument("--lr_sigma", type=float, default=1e-4, help="OptimizeSigma step size")
         p.add_argument("--batch", type=int, default=256, help="images per loader batch")
@@ -187,6 +315,15 @@ def parse_args(argv=None):
         p.add_argument("--resume", action="store_true", help="continue the run in --outdir from its checkpoint")
         p.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests)")
         return "train", p.parse_args(argv[1:])
+    if argv[0] == "report":
+        p = common.ArgumentParser(prog="ddrs.py report", description=report_main.__doc__)
+        p.add_argument("logs", nargs="+", help="ddrs.py certify logs of one model (DS at several steps, semi-elastic)")
+        p.add_argument("--fixed", required=True, help="certify.py's log of the same model and images at sigma_0")
+        p.add_argument("--radii", type=float, nargs="+", default=[0, 0.25, 0.5, 0.75, 1.0], help="certified "
+                       "accuracy at these radii")
+        p.add_argument("--near-one", type=float, default=0.99, help="'pA near 1': nA / N at sigma_0 at least this")
+        p.add_argument("--out", required=True, help="folder of report.md and report.tsv")
+        return "report", p.parse_args(argv[1:])
     if argv[0] == "memory":
         p = common.ArgumentParser(prog="ddrs.py memory", description=memory_main.__doc__)
         p.add_argument("log", help="a finished `ddrs.py certify` log (the memory is replayed in index order)")
@@ -209,6 +346,15 @@ def parse_args(argv=None):
     g.add_argument("--no-fixed-cA", dest="fixed_cA", action="store_false",
                    help="re-pick the top class at every step (the official code) instead of sigma0's class")
     g.add_argument("--keep-best", action="store_true", help="return the iterate with the best proxy radius")
+    e = p.add_argument_group("a sound certificate for input-dependent sigma (Súkeník et al. 2022; DDRS.md §4)")
+    e.add_argument("--semi-elastic", action="store_true",
+                   help="instead of Algorithm 1: sigma(x) = sigma_0 exp(r (rho_k(x) - m)), rho_k the mean distance "
+                        "to the k nearest training images, and the radius that is sound for z -> g_sigma(z)(z)")
+    e.add_argument("--elastic-r", type=float, default=SEMI_ELASTIC_R, help="r (default 0.01, DDRS.md §4; 0: fixed "
+                                                                           "sigma, Cohen's radius)")
+    e.add_argument("--elastic-k", type=int, default=SEMI_ELASTIC_K, help="k nearest training images (default 20)")
+    e.add_argument("--elastic-m", type=float, help="m (default: 5 on cifar10, DDRS.md §4; other datasets: the "
+                                                   "median rho_k of 1,000 training images, leaving each out)")
     args = p.parse_args(argv[1:][1:] if argv[1:2] == ["--"] else argv[1:])
     return "certify", args
 
@@ -231,15 +377,67 @@ def certify_main(args):
                                      default_folder=os.path.join("runs", "ddrs")))
     bounds = (args.sigma_min, args.sigma_max)
 
+    if args.semi_elastic:
+        return semi_elastic_main(args)
+    fixed = {"draws": CLASS_DRAWS, "max_draws": CLASS_MAX_DRAWS, "alpha": CLASS_ALPHA}
+
     def sigma_of(model, x, idx, sigma0):
+        cA = None
+        if args.fixed_cA and args.K > 0:   # the class of the model smoothed at sigma_0, from its own noise
+            g = sigma_generator(args.seed, idx, x.device, CLASS_STREAM)
+            cA = [smoothed_class(model, x, sigma0, num_classes(model, x), g, args.batch, args.precision)[0]]
         g = sigma_generator(args.seed, idx, x.device)
         s = optimize_sigma(model, x.unsqueeze(0), sigma0, args.K, args.M, args.lr, [g], tuple(args.clamp),
-                           bounds, args.fixed_cA, args.keep_best)
+                           bounds, args.fixed_cA, args.keep_best, cA)
         return float(s[0])
     extra = {"ddrs": {"K": args.K, "M": args.M, "lr": args.lr, "clamp": list(args.clamp), "sigma_min": args.sigma_min,
-                      "sigma_max": args.sigma_max, "fixed_cA": args.fixed_cA, "keep_best": args.keep_best}}
+                      "sigma_max": args.sigma_max, "fixed_cA": args.fixed_cA, "keep_best": args.keep_best,
+                      "cA": fixed if args.fixed_cA else "top class of each step"}}
     with contextlib.ExitStack() as locks:
         certify.certify_all(args, locks, sigma_of, extra)
+
+
+def num_classes(model, x):
+    """The number of classes of `model` (its output width on x)."""
+    with torch.inference_mode():
+        return int(model(x.unsqueeze(0)).shape[1])
+
+
+def semi_elastic_main(args):
+    """`ddrs.py certify --semi-elastic`: CERTIFY at sigma(x) = sigma_0 exp(r (rho_k(x) - m)) with the radius of
+    semi_elastic_radius, a certificate of the classifier z -> g_{sigma(z)}(z) itself (Súkeník et al. 2022)."""
+    common.check(args.elastic_r == 0 or 1e-3 <= args.elastic_r <= 10, "--elastic-r must be 0 or in [0.001, 10] "
+                 "(below 0.001 scipy's noncentral chi-square does not converge; 0 is the fixed sigma)")
+    common.check(1 <= args.elastic_k <= 10_000, "--elastic-k must be an integer in [1, 10000]")
+    common.check(args.elastic_m is None or math.isfinite(args.elastic_m), "--elastic-m must be a finite number")
+    state = {}
+
+    def prepare(settings, dataset_name):
+        train = common.get_dataset(dataset_name, "train", args.data_dir, train_transform=False)
+        common.check(len(train) > args.elastic_k, f"--elastic-k {args.elastic_k} needs more training images "
+                                                  f"than the {len(train)} there are")
+        print(f"semi-elastic sigma: reading the {len(train)} training images of {dataset_name}", flush=True)
+        state["train"] = torch.stack([train[i][0].flatten() for i in range(len(train))])
+        m = args.elastic_m if args.elastic_m is not None else SEMI_ELASTIC_M.get(dataset_name)
+        if m is None:   # the median rho_k of training images, each left out of its own neighbours
+            t = state["train"]
+            m = float(np.median([knn_distance(torch.cat([t[:i], t[i + 1:]]), t[i], args.elastic_k)
+                                 for i in range(0, len(t), max(1, len(t) // 1000))]))
+        state.update(m=m, dim=int(state["train"].shape[1]))
+        settings["ddrs"] = {"semi_elastic": {"r": args.elastic_r, "k": args.elastic_k, "m": m,
+                                             "sigma_b": settings["sigma"],
+                                             "train_data": common.data_fingerprint(dataset_name, "train",
+                                                                                   args.data_dir)}}
+
+    def sigma_of(model, x, idx, sigma0):
+        s = sigma0 * math.exp(args.elastic_r * (knn_distance(state["train"], x.cpu(), args.elastic_k) - state["m"]))
+        common.check_sigma(s, f"sigma(x) of example {idx}", args.precision)
+        return s
+
+    def radius_fn(pA_lower, sigma):
+        return semi_elastic_radius(pA_lower, sigma, args.elastic_r, state["dim"])
+    with contextlib.ExitStack() as locks:
+        certify.certify_all(args, locks, sigma_of, None, radius_fn, prepare)
 
 
 def memory_main(args):
@@ -278,6 +476,9 @@ DS_SCHEDULE = {"cifar10": {"epochs": 200, "warmup": 50, "lr_step": 50}, "digits"
 # MACER ([C]: 64 draws, lambda 12, gamma 8, beta 16); --m overrides the draws.
 DS_METHODS = {"gaussian": dict(m=1), "smoothadv": dict(m=1, T=2, eps=64 / 255),
               "macer": dict(m=64, lbd=12.0, gamma=8.0, beta=16.0)}
+# K_train per (dataset, method): the official code's iter_sig_tr (DDRS.md §5: 10 in its CIFAR-10 MACER script, 1
+# in its ImageNet scripts); 1 elsewhere (ASSUMED).
+DS_K_TRAIN = {("cifar10", "macer"): 10}
 
 
 def ds_loss_fn(method, hp, sigmas, sigma_steps, epoch, seed):
@@ -312,14 +513,21 @@ def train_main(args):
     sched = DS_SCHEDULE[args.dataset]
     epochs = sched["epochs"] if args.epochs is None else args.epochs
     warmup = sched["warmup"] if args.warmup is None else args.warmup
-    common.check(epochs >= 0 and warmup >= 0 and hp["m"] >= 1 and args.K_train >= 0 and args.M >= 1,
+    K_train = DS_K_TRAIN.get((args.dataset, args.method), 1) if args.K_train is None else args.K_train
+    common.check(epochs >= 0 and warmup >= 0 and hp["m"] >= 1 and K_train >= 0 and args.M >= 1,
                  "--epochs, --warmup and --K_train must be >= 0, --m and --M >= 1")
-    settings = dict(vars(args), epochs=epochs, warmup=warmup, m=hp["m"], lr_step=sched["lr_step"],
+    init = None
+    if args.init_checkpoint is not None:   # the weights' identity, checked on --resume like every setting
+        common.check(os.path.isfile(args.init_checkpoint), f"--init-checkpoint {args.init_checkpoint!r}: no such file")
+        init = {"path": os.path.relpath(args.init_checkpoint), "sha256": certify.file_sha256(args.init_checkpoint)}
+    settings = dict(vars(args), epochs=epochs, warmup=warmup, m=hp["m"], lr_step=sched["lr_step"], K_train=K_train,
+                    init_checkpoint=init,
                     arch=args.arch or common.DEFAULT_ARCH[args.dataset],
                     outdir=args.outdir or f"runs/ddrs_{args.method}_{args.dataset}_sigma{args.sigma}")
     common.check_training_settings(settings)
     s = argparse.Namespace(**settings)
     s.run = common.run_identity("ddrs.py train", s.dataset, s.data_dir)   # checked on --resume
+    common.set_inputs([args.init_checkpoint])   # files this run reads: never written over
     device = common.get_device(args.device)
     with common.run_folder_lock(s.outdir):
         ds_train(s, hp, device)
@@ -338,6 +546,16 @@ def ds_train(s, hp, device):
     first, state = common.start_or_resume(model, optimizer, scheduler, s.outdir, s.resume,
                                           {"arch": s.arch, "dataset": s.dataset, "sigma": s.sigma},
                                           args=vars(s))
+    if first == 0 and s.init_checkpoint is not None:   # weights only: optimizer and schedule start fresh
+        start = common.load_checkpoint(s.init_checkpoint["path"], device, s.trust_checkpoint)
+        common.check(start.get("arch") in (None, s.arch) and start.get("dataset") in (None, s.dataset),
+                     f"--init-checkpoint {s.init_checkpoint['path']!r} holds {start.get('arch')} on "
+                     f"{start.get('dataset')}; this run trains {s.arch} on {s.dataset} (pass --arch)")
+        try:
+            model.load_state_dict(common.strip_module_prefix(start["state_dict"]), strict=True)
+        except RuntimeError as e:
+            raise common.UserError(f"--init-checkpoint {s.init_checkpoint['path']!r} does not fit {s.arch} on "
+                                   f"{s.dataset} ({str(e).splitlines()[0][:120]})") from None
     sigmas = state.get("sigmas", torch.full((len(train_set),), float(s.sigma))).cpu().float()
     common.write_json(vars(s), os.path.join(s.outdir, "args.json"), "settings of a run")
     print(f"DS2 training {s.arch} with {s.method} on {s.dataset}, sigma_0 {s.sigma}, {s.warmup} fixed epochs, "
@@ -362,6 +580,57 @@ def ds_train(s, hp, device):
         print(f"  sigma per example: mean {sigmas.mean():.4f}, min {sigmas.min():.4f}, max {sigmas.max():.4f}")
 
 
+def report_main(args):
+    """DDRS against the fixed sigma_0, per log (DS at each step size, the semi-elastic sigma): ACR, certified
+    accuracy, the spread of sigma_x, inputs certified beyond the fixed sigma's ceiling, and where the ACR gain
+    comes from (the share of inputs whose pA at sigma_0 is near 1). Differences with intervals: analyze.py
+    compare (scripts/compare_cpu.sh). Writes report.md and report.tsv in --out."""
+    from scipy.stats import norm
+    fixed = common.read_certification_log(args.fixed)
+    common.check("sigma_x" not in fixed and "nA" in fixed and not fixed["grid"],
+                 f"{args.fixed}: --fixed needs certify.py's CERTIFY log (with nA and N)")
+    fs = common.read_sidecar(args.fixed, required=("sigma", "alpha"))
+    order = np.argsort(fixed["idx"])
+    f_idx, f_gain = fixed["idx"][order], (fixed["radius"] * fixed["correct"])[order]
+    near = (fixed["nA"] / fixed["N"])[order] >= args.near_one
+    ceiling = fs["sigma"] * norm.ppf(fs["alpha"] ** (1 / int(fixed["N"].max())))   # sigma Phi^-1(alpha^(1/N))
+    radii = np.asarray(args.radii)
+    header = ["log", "what", "ACR", *[f"{r:g}" for r in radii], "sigma_x median", "sigma_x 5-95 %",
+              "sigma_x range", "ACR gain", "gain from pA >= " + f"{args.near_one:g}", "beyond ceiling"]
+    rows = [[os.path.basename(args.fixed), f"fixed sigma {fs['sigma']:g}", f"{f_gain.mean():.3f}",
+             *[f"{100 * np.mean(fixed['correct'] & (fixed['radius'] >= r)):.1f}" for r in radii],
+             f"{fs['sigma']:g}", "", "", "", "", ""]]
+    for path in args.logs:
+        log = common.read_certification_log(path)
+        common.check("sigma_x" in log, f"{path}: not a ddrs.py certify log (no sigma column)")
+        side = common.read_sidecar(path).get("ddrs") or {}
+        o = np.argsort(log["idx"])
+        common.check(np.array_equal(log["idx"][o], f_idx), f"{path}: not the images of {args.fixed} (idx differ)")
+        gain = (log["radius"] * log["correct"])[o]
+        sx = log["sigma_x"]
+        what = ("semi-elastic r {r:g} k {k} m {m:.3g} (sound)".format(**side["semi_elastic"])
+                if "semi_elastic" in side else f"DS step {side.get('lr', '?'):g} K {side.get('K', '?')}")
+        delta = gain.sum() - f_gain.sum()
+        share = (gain - f_gain)[near].sum() / delta if delta != 0 else float("nan")
+        rows.append([os.path.basename(path), what, f"{gain.mean():.3f}",
+                     *[f"{100 * np.mean(log['correct'] & (log['radius'] >= r)):.1f}" for r in radii],
+                     f"{np.median(sx):.3f}", f"{np.percentile(sx, 5):.3f}-{np.percentile(sx, 95):.3f}",
+                     f"{sx.min():.3f}-{sx.max():.3f}", f"{delta / len(gain):+.3f}", f"{100 * share:.0f} %",
+                     str(int(np.sum(log["correct"] & (log["radius"] > ceiling))))])
+    md = ("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n" +
+          "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n\n" +
+          f"{len(f_idx)} images. Certified accuracy in %. ACR gain: the mean over images of the change in "
+          f"radius x correct against the fixed sigma; 'gain from pA >= {args.near_one:g}': the share of that gain "
+          f"made on the {int(near.sum())} images whose pA at sigma_0 is at least {args.near_one:g} (nA / N of the "
+          f"fixed log). Beyond ceiling: correct certificates above the fixed sigma's largest possible radius "
+          f"sigma_0 Phi^-1(alpha^(1/N)) = {ceiling:.3f}. Intervals of the differences: analyze.py compare.\n")
+    tsv = "\t".join(h.replace(" ", "_") for h in header) + "\n" + "\n".join("\t".join(r) for r in rows) + "\n"
+    inputs = [args.fixed, *args.logs]
+    common.write_text_output(os.path.join(args.out, "report.md"), "DDRS report", md, inputs)
+    common.write_text_output(os.path.join(args.out, "report.tsv"), "DDRS report", tsv, inputs)
+    print(md, end="")
+
+
 def read_ddrs_log(path):
     """The rows of a `ddrs.py certify` log (common.read_certification_log, with its per-row sigma column):
     idx, predict (-1: abstain), radius, sigma."""
@@ -378,6 +647,8 @@ def main(argv=None):
         certify_main(args)
     elif command == "train":
         train_main(args)
+    elif command == "report":
+        report_main(args)
     else:
         memory_main(args)
 

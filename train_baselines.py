@@ -267,8 +267,8 @@ def macer_loss(model, x, y, idx, *, sigma, m, beta, gamma, lbd, noise=None):
         keep = (top[:, 0] == y) & torch.isfinite(d) & (d <= gamma)
     kept = q1q2[keep]
     d_kept = torch.special.ndtri(kept[:, 0]) - torch.special.ndtri(kept[:, 1])
-    if torch.is_tensor(sigma) and sigma.numel() > 1:   # a sigma per image (ddrs.py train): the kept images'
-        robustness = ((sigma.flatten()[keep] / 2) * (gamma - d_kept)).sum()
+    if torch.is_tensor(sigma):   # a sigma per image (ddrs.py train), any batch size (one image included)
+        robustness = ((sigma.flatten().expand(b)[keep] / 2) * (gamma - d_kept)).sum()
     else:
         robustness = (sigma / 2) * (gamma - d_kept).sum()
     loss = (classification.sum() + lbd * robustness) / b

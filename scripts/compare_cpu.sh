@@ -3,16 +3,15 @@
 # "Verdicts"): writes compare.tsv and compare.md under results/<experiment>/compare/<b>_vs_<a>/ (and prints
 # the latter). Needs only the committed logs (a few seconds per comparison):
 #   bash scripts/compare_cpu.sh
-# Training seeds 1 and 2 (scripts/seeds_cpu.sh) join a side once both of its seeds are certified.
+# Training seeds 1 and 2 (scripts/seeds_cpu.sh) join a side each once it is certified (500 rows).
 source "$(dirname "$0")/lib.sh"
 
-# seeds LOG: the log, and its training seeds 1 and 2 of scripts/seeds_cpu.sh once both are complete (500 rows).
+# seeds LOG: the log, and those of its training seeds 1 and 2 (scripts/seeds_cpu.sh) that are complete (500 rows).
 seeds() {
     local log=$1 others=() s other
     for s in 1 2; do
         other=${log/\/certify\//\/seed$s\/certify\/}
-        if [ ! -f "$other" ] || [ "$(wc -l < "$other")" -lt 501 ]; then echo "$log"; return; fi
-        others+=("$other")
+        if [ -f "$other" ] && [ "$(wc -l < "$other")" -ge 501 ]; then others+=("$other"); fi
     done
     echo "$log ${others[*]}"
 }
@@ -44,6 +43,10 @@ for pair in discard:gaussian weight:gaussian attack:gaussian discard_weight:gaus
     run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels "$a" "$b" --out $T/compare/${b}_vs_$a
 done
 
-D=results/ddrs_cpu
-run "$PYTHON" analyze.py compare $D/fixed_noise_0.25.tsv $D/ds_noise_0.25.tsv --labels fixed DS \
-    --out $D/compare/ds_vs_fixed
+D=results/ddrs_cpu   # each DS step size and the sound semi-elastic sigma against the fixed sigma_0
+for b in ds_lr0.0001 ds_lr0.001 ds_lr0.01 semi_elastic; do
+    if [ -f $D/${b}_noise_0.25.tsv ]; then
+        run "$PYTHON" analyze.py compare $D/fixed_noise_0.25.tsv $D/${b}_noise_0.25.tsv --labels fixed "$b" \
+            --out $D/compare/${b}_vs_fixed
+    fi
+done

@@ -230,3 +230,171 @@ def test_ds_training_learns_stores_sigmas_resumes_exactly_and_certifies(method, 
     for main, flags in ((ddrs.main, ["certify", "--K", 2]), (certify.main, [])):
         assert run(main, [*flags, "--checkpoint", ckpt, "--N0", 10, "--N", 100, "--max", 3,
                           "--outfile", tmp_path / f"{len(flags)}.tsv"]) == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The class sigma_x is optimised for (issue: DDRS as published, part 1)
+# ----------------------------------------------------------------------------------------------------------
+
+def test_smoothed_class_is_the_prediction_of_the_model_smoothed_at_sigma0(ckpt):
+    model, _ = common.load_model(ckpt)
+    test = common.get_dataset("digits", "test", None, train_transform=False)
+    checked = 0
+    for idx in range(0, 360, 6):
+        x = test[idx][0]
+        big = common.sample_counts(model, x.unsqueeze(0), 0.25, 20_000, 5000, 10,
+                                   torch.Generator().manual_seed(10_000 + idx))[0]
+        top2 = torch.topk(big, 2).values.tolist()
+        from scipy.stats import binomtest
+        if binomtest(top2[0], sum(top2), 0.5).pvalue > 1e-6:
+            continue   # too close to a tie to know the smoothed prediction
+        c, drawn = ddrs.smoothed_class(model, x, 0.25, 10, ddrs.sigma_generator(0, idx, "cpu", ddrs.CLASS_STREAM))
+        assert c == int(big.argmax()) and 100 <= drawn <= ddrs.CLASS_MAX_DRAWS
+        checked += 1
+    assert checked >= 40
+
+
+def test_fixed_cA_keeps_the_class_it_is_given_at_every_step(monkeypatch):
+    seen = []
+    proxy = ddrs.radius_proxy
+
+    def spy(model, x, s, e, cA=None, clamp=(0.02, 0.98)):
+        seen.append(None if cA is None else cA.tolist())
+        return proxy(model, x, s, e, cA, clamp)
+    monkeypatch.setattr(ddrs, "radius_proxy", spy)
+    model, x = toy(), torch.full((2, 1, 2, 2), 0.3)
+    gens = [ddrs.sigma_generator(0, i, "cpu") for i in range(2)]
+    ddrs.optimize_sigma(model, x, 0.25, 5, 1, 0.01, gens, cA=[0, 1])
+    assert seen == [[0, 1]] * 5
+    seen.clear()
+    ddrs.optimize_sigma(model, x, 0.25, 5, 1, 0.01, gens, fixed_cA=False, cA=[0, 1])   # the official code's
+    assert seen == [None] * 5
+
+
+# ----------------------------------------------------------------------------------------------------------
+# DS training as published (part 3)
+# ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", sorted(ddrs.DS_METHODS))
+def test_every_method_trains_on_a_batch_of_one_and_a_partial_batch(method):
+    model = common.get_architecture("lenet", "digits")
+    train = common.get_dataset("digits", "train", None, train_transform=False)
+    hp = dict(ddrs.DS_METHODS[method], m=min(4, ddrs.DS_METHODS[method]["m"]))
+    for b in (1, 3):
+        x = torch.stack([train[i][0] for i in range(b)])
+        y, idx = torch.tensor([int(train[i][1]) for i in range(b)]), torch.arange(b)
+        sigmas = torch.full((len(train),), 0.25)
+        out = ddrs.ds_loss_fn(method, hp, sigmas, (1, 1, 0.01), 0, 0)(model, x, y, idx)
+        assert out["loss"].dim() == 0 and torch.isfinite(out["loss"])
+        out["loss"].backward()
+
+
+def test_init_checkpoint_starts_from_its_weights_and_is_recorded(ckpt, tmp_path, capsys):
+    import json
+    argv = ["train", "--method", "gaussian", "--dataset", "digits", "--arch", "lenet", "--sigma", 0.25,
+            "--workers", 0, "--epochs", 1, "--max-batches", 1, "--lr", 1e-12, "--momentum", 0, "--weight_decay", 0]
+    assert run(ddrs.main, [*argv, "--init-checkpoint", ckpt, "--outdir", tmp_path / "a"]) == 0
+    start, end = common.load_checkpoint(ckpt), common.load_checkpoint(str(tmp_path / "a" / "checkpoint.pth.tar"))
+    assert all(torch.allclose(start["state_dict"][k], end["state_dict"][k], atol=1e-8) for k in start["state_dict"])
+    recorded = json.load(open(tmp_path / "a" / "args.json"))
+    assert recorded["init_checkpoint"]["sha256"] == certify.file_sha256(ckpt) and recorded["K_train"] == 1
+    assert run(ddrs.main, [*argv, "--outdir", tmp_path / "b"]) == 0                 # without: fresh weights
+    fresh = common.load_checkpoint(str(tmp_path / "b" / "checkpoint.pth.tar"))
+    assert not all(torch.allclose(start["state_dict"][k], fresh["state_dict"][k], atol=1e-3)
+                   for k in start["state_dict"])
+    capsys.readouterr()
+    bad = [a if a != "lenet" else "digits_cnn" for a in argv]                          # another architecture
+    assert run(ddrs.main, [*bad, "--init-checkpoint", ckpt, "--outdir", tmp_path / "c"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--init-checkpoint" in err
+    assert run(ddrs.main, [*argv, "--init-checkpoint", tmp_path / "none", "--outdir", tmp_path / "d"]) == 2
+
+
+def test_k_train_defaults_to_the_official_code_per_method():
+    assert ddrs.DS_K_TRAIN.get(("cifar10", "macer"), 1) == 10
+    assert all(ddrs.DS_K_TRAIN.get((d, m), 1) == 1 for d in ("cifar10", "digits") for m in ("gaussian", "smoothadv"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A sound radius for input-dependent sigma (part 4; DDRS.md §4, §7.13)
+# ----------------------------------------------------------------------------------------------------------
+
+def test_semi_elastic_radius_matches_ddrs_md_and_tends_to_cohen():
+    cohen = 0.25 * norm.ppf(0.999)
+    assert cohen == pytest.approx(0.773, abs=1e-3)
+    assert ddrs.semi_elastic_radius(0.999, 0.25, 0.0, 3072) == cohen
+    for r, expected in ((0.01, 0.758), (0.05, 0.549), (0.1, 0.346)):
+        assert ddrs.semi_elastic_radius(0.999, 0.25, r, 3072) == pytest.approx(expected, abs=1e-2)
+    assert ddrs.semi_elastic_radius(0.999, 0.25, 0.001, 3072) == pytest.approx(cohen, abs=2e-3)
+    for pA in (0.55, 0.9, 0.99999):
+        radii = [ddrs.semi_elastic_radius(pA, 0.5, r, 3072) for r in (0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3)]
+        assert all(a >= b for a, b in zip(radii, radii[1:]))                       # non-increasing in r
+        assert radii[0] == pytest.approx(0.5 * norm.ppf(pA))
+    assert ddrs.semi_elastic_radius(0.5, 0.25, 0.01, 3072) == 0.0
+
+
+def test_semi_elastic_radius_holds_for_every_sigma_and_distance_up_to_it_and_is_tight():
+    sigma, r, dim, pA = 0.25, 0.05, 3072, 0.999
+    R = ddrs.semi_elastic_radius(pA, sigma, r, dim)
+    d = R * np.linspace(0.05, 1, 20)[:, None]
+    f = np.linspace(0.1, 1, 10)                  # interior sigmas (very near sigma_0, scipy's series is slow)
+    s1 = sigma * np.exp(np.concatenate([-f, f])[None, :] * r * d)
+    assert np.all(ddrs.worst_class_b(d, sigma, s1, pA, dim) < 0.5)
+    d = 1.01 * R
+    assert max(ddrs.worst_class_b(d, sigma, sigma * np.exp(k * r * d), pA, dim) for k in (-1, 1)) >= 0.5
+
+
+def test_worst_class_b_is_the_probability_of_the_neyman_pearson_ball_by_simulation():
+    # dim 3, sigma 1 -> 0.8 at distance 0.5: the ball B with P_x0(B) = 1 - pA has P_x1(B) = worst_class_b
+    from scipy.stats import ncx2
+    dim, s0, s1, d, pA = 3, 1.0, 0.8, 0.5, 0.9
+    x0, x1 = np.zeros(dim), np.r_[d, np.zeros(dim - 1)]
+    c = (s0 ** 2 * x1 - s1 ** 2 * x0) / (s0 ** 2 - s1 ** 2)
+    L0 = s0 ** 2 * d ** 2 / (s0 ** 2 - s1 ** 2) ** 2
+    t = s0 ** 2 * ncx2.ppf(1 - pA, dim, L0)
+    rng = np.random.default_rng(0)
+    z0 = x0 + s0 * rng.standard_normal((400_000, dim))
+    z1 = x1 + s1 * rng.standard_normal((400_000, dim))
+    assert np.mean(((z0 - c) ** 2).sum(1) <= t) == pytest.approx(1 - pA, abs=3e-3)
+    assert np.mean(((z1 - c) ** 2).sum(1) <= t) == pytest.approx(float(ddrs.worst_class_b(d, s0, s1, pA, dim)),
+                                                                 abs=3e-3)
+    # near sigma1 = sigma0 it is Cohen's: DDRS.md's check, sigma 0.5, pA 0.9, dim 2 crosses 1/2 at 0.641
+    cross = 0.5 * norm.ppf(0.9)
+    assert float(ddrs.worst_class_b(0.99 * cross, 0.5, 0.5 * (1 + 1e-4), 0.9, 2)) < 0.5
+    assert float(ddrs.worst_class_b(1.01 * cross, 0.5, 0.5 * (1 + 1e-4), 0.9, 2)) > 0.5
+
+
+def test_knn_distance_is_the_mean_of_the_k_nearest_and_1_lipschitz():
+    g = torch.Generator().manual_seed(0)
+    train = torch.rand(300, 12, generator=g)
+    for _ in range(20):
+        a, b = torch.rand(12, generator=g), torch.rand(12, generator=g)
+        brute = torch.sort((train.double() - a.double()).norm(dim=1)).values[:5].mean()
+        assert ddrs.knn_distance(train, a, 5, chunk=64) == pytest.approx(float(brute), rel=1e-12)
+        assert abs(ddrs.knn_distance(train, a, 5) - ddrs.knn_distance(train, b, 5)) <= float((a - b).norm()) + 1e-9
+
+
+def test_semi_elastic_certify_at_r_zero_is_certify_py_and_is_sound_below_cohen(ckpt, tmp_path, capsys):
+    import json
+    flags = ["--checkpoint", ckpt, "--N0", 20, "--N", 300, "--batch", 300, "--skip", 9, "--max", 8]
+    assert run(ddrs.main, ["certify", *flags, "--semi-elastic", "--elastic-r", 0, "--outfile", tmp_path / "0.tsv"]) == 0
+    assert run(certify.main, [*flags, "--outfile", tmp_path / "c.tsv"]) == 0
+    zero, c = rows(tmp_path / "0.tsv"), rows(tmp_path / "c.tsv")
+    assert [r[:5] + r[6:-1] for r in zero] == [r[:5] + r[6:] for r in c]            # sigma(x) = sigma_0 exactly
+    assert run(ddrs.main, ["certify", *flags, "--semi-elastic", "--elastic-r", 0.05, "--outfile",
+                           tmp_path / "e.tsv"]) == 0
+    side = json.load(open(tmp_path / "e.tsv.json"))["ddrs"]["semi_elastic"]
+    assert side["r"] == 0.05 and side["k"] == 20 and side["m"] > 0 and side["train_data"]
+    for row in rows(tmp_path / "e.tsv"):
+        nA, N, s = int(row[6]), int(row[7]), float(row[-1])
+        pA = common.clopper_pearson_lower(nA, N, 0.001)
+        if int(row[2]) >= 0:
+            assert float(row[3]) == pytest.approx(ddrs.semi_elastic_radius(pA, s, 0.05, 64), rel=1e-5)
+            assert float(row[3]) <= s * norm.ppf(pA) + 1e-9
+    capsys.readouterr()
+    import analyze
+    assert run(analyze.main, ["table", tmp_path / "e.tsv", "--radii", 0]) == 0
+    assert "semi-elastic" in capsys.readouterr().out
+    assert run(ddrs.main, ["certify", *flags, "--semi-elastic", "--elastic-r", 1e-5, "--outfile",
+                           tmp_path / "x.tsv"]) == 2
+    assert not (tmp_path / "x.tsv").exists()
