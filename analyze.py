@@ -586,9 +586,9 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
                    f"{np.percentile(sx, 95):.3f}. " + (
                        f"Its sigma is semi-elastic (ddrs.py certify --semi-elastic, r {elastic['r']:g}) and its "
                        f"radii hold for the data-dependent classifier z -> g_sigma(z)(z) itself (Súkeník et al. "
-                       f"2022; README, DDRS)." if elastic else
+                       f"2022; docs/ddrs.md)." if elastic else
                        "Each is a certificate of the classifier smoothed at that input's sigma_x only, not of the "
-                       "data-dependent classifier (ddrs.py's docstring; README, DDRS)."))
+                       "data-dependent classifier (ddrs.py's docstring; docs/ddrs.md)."))
         if log.get("label_mode"):
             md += (f"\n\n(label mode): {log['label']} was certified with certify.py --label-mode: the candidate "
                    f"class was the true label (no selection draws), so its rows give certified accuracy, not the "

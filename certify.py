@@ -20,7 +20,7 @@ when the run starts (recorded as seed_value in the sidecar): a certificate with 
 for a model that does not depend on that noise; the default fixed seed is for reproducible experiments.
 The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line; a log
 written before nY existed resumes in its own columns.
-Speed (README, Speed; measured by bench.py): channels-last and folded BatchNorm by default, --precision bf16,
+Speed (docs/speed.md; measured by bench.py): channels-last and folded BatchNorm by default, --precision bf16,
 --compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
 
 Floating point: by default (as the paper and Cohen et al.) f sees fl(x + fl(sigma * randn)), which keeps

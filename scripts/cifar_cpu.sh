@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU-scale CIFAR-10 result committed under results/cifar10_cpu (README, "The paper's claims on a CPU"):
+# The CPU-scale CIFAR-10 result committed under results/cifar10_cpu (docs/cpu_results.md):
 # LeNet at sigma = 0.5, Gaussian training against the paper's method, shortened schedules, certified on every
 # 20th test image (500) with N = 10,000, alpha = 0.001 (with the true label's votes, so the ECDF covers
 # [0, 1]). About 1.5 CPU-hours on 2 cores; a second call resumes (training and certification) or skips.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every verdict of the CPU-scale results as a difference with its interval (analyze.py compare; README,
+# Every verdict of the CPU-scale results as a difference with its interval (analyze.py compare; docs/analysis.md,
 # "Verdicts"): writes compare.tsv and compare.md under results/<experiment>/compare/<b>_vs_<a>/ (and prints
 # the latter). Needs only the committed logs (a few seconds per comparison):
 #   bash scripts/compare_cpu.sh
@@ -44,7 +44,7 @@ for pair in discard:gaussian weight:gaussian attack:gaussian discard_weight:gaus
 done
 
 D=results/ddrs_cpu   # each DS step size and the sound semi-elastic sigma against the fixed sigma_0
-for b in ds_lr0.0001 ds_lr0.001 ds_lr0.01 semi_elastic; do
+for b in ds_lr0.0001 ds_lr0.001 ds_lr0.003 ds_lr0.01 ds_lr0.03 semi_elastic; do
     if [ -f $D/${b}_noise_0.25.tsv ]; then
         run "$PYTHON" analyze.py compare $D/fixed_noise_0.25.tsv $D/${b}_noise_0.25.tsv --labels fixed "$b" \
             --out $D/compare/${b}_vs_fixed

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Figure 3 (§4.3) at CPU scale, committed under results/fig3_cpu (README, "Figure 3 on a CPU"): the ECDF of pA
+# Figure 3 (§4.3) at CPU scale, committed under results/fig3_cpu (docs/cpu_results.md): the ECDF of pA
 # over [0, 1] at sigma = 0.5 of Gaussian training, the paper's method and the five baselines, LeNet with the
 # schedule of scripts/cifar_cpu.sh (10 epochs, lr x0.1 after 6), each certified on every 20th test image
 # (500) with N = 10,000, alpha = 0.001 and the true label's votes. Runs scripts/cifar_cpu.sh first (its two
@@ -8,7 +8,7 @@
 # The released settings of each method (train_baselines.py, BASELINES.md) except, forced by time or scale:
 #   SmoothAdv  T = 2 attack steps (released 10; m = 8 kept): 10 steps on 8 copies is ~30x a Gaussian epoch
 #   MACER      --deferred: no robustness term until after the lr decay (the released sigma = 1.0 setting);
-#              the sigma = 0.5 setting stays at chance on LeNet (README, Baselines)
+#              the sigma = 0.5 setting stays at chance on LeNet (docs/training.md)
 #   SmoothMix  mixup warm-up 1 epoch (released 10 of 150)
 #   SmoothAdv  eps warm-up 4 epochs (released 10 of 150): with 1, eps = 1.0 from the first step, LeNet stayed
 #              at chance (train accuracy 9.9 % after an epoch)

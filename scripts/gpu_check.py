@@ -1,4 +1,4 @@
-"""The GPU check: proves the CUDA paths right and measures paper-scale speed, in one summary (README, Speed).
+"""The GPU check: proves the CUDA paths right and measures paper-scale speed, in one summary (docs/speed.md).
 
 Usage: make gpu-check                          (= python scripts/gpu_check.py; under 9 minutes on one H100)
        python scripts/gpu_check.py --smoke     (tiny sizes on any device, the CPU included: does it run?)

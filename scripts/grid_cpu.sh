@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The grid benchmark of bench.py (g) on CIFAR-10 at CPU scale, committed under results/grid_cpu (README,
-# Certify, "--radii"): the Gaussian LeNets of scripts/ddrs_cpu.sh (sigma 0.25) and scripts/cifar_cpu.sh
+# The grid benchmark of bench.py (g) on CIFAR-10 at CPU scale, committed under results/grid_cpu
+# (docs/certification.md, "--radii"): the Gaussian LeNets of scripts/ddrs_cpu.sh (sigma 0.25) and scripts/cifar_cpu.sh
 # (sigma 0.5), every 20th test image (500), each certified five ways on the same examples and noise seeds:
 # CERTIFY with N = 100,000 (the reference) and 10,000, certify.py --radii with the budget N_max = 100,000
 # (the grid 0.25, 0.5, ... up to the budget's ceiling sigma x 3.8), the same without the final look, and

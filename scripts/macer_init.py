@@ -1,4 +1,4 @@
-"""How much of a batch enters MACER's hinge at initialisation (README, MACER note; BASELINES.md 2).
+"""How much of a batch enters MACER's hinge at initialisation (docs/training.md, MACER note; BASELINES.md 2).
 
 MACER's robustness term only sees images whose soft top-1 class is the label and whose
 d = Phi^-1(q1) - Phi^-1(q2) is finite and <= gamma (train_baselines.macer_loss). With beta = 16 a large

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Table 2 and Figure 5 at CPU scale, committed under results/table2_cpu (README, "Table 2 on a CPU"): the mean
+# Table 2 and Figure 5 at CPU scale, committed under results/table2_cpu (docs/cpu_results.md): the mean
 # parameter-gradient l2 norm of easy (pA > 0.5) and hard (pA < 0.5) training examples under each method's own
 # loss, on the sigma = 0.5 LeNets of scripts/fig3_cpu.sh (run it first), PROBE (default 1000) training probes
 # with pA from 100 noisy copies each; and Figure 5: the paper's loss on the Gaussian model with and without

@@ -172,15 +172,51 @@ def has_dry_run(script):
         return 'source "$(dirname "$0")/lib.sh"' in f.read()
 
 
-def readme_commands():
-    """The command lines of the README's code blocks, continuation lines joined."""
+DOCS = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
+                              if f.endswith(".md"))
+
+
+def readme_commands(pages=DOCS):
+    """The command lines of the code blocks of README.md and docs/*.md (continuation lines joined), and the
+    inline `python ...` / `make ...` spans of README.md's tables (the map from the paper to commands)."""
+    lines = []
+    for page in pages:
+        with open(os.path.join(ROOT, page)) as f:
+            text = f.read()
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+            block = re.sub(r"\\\n\s*", " ", block)
+            lines += [line.strip() for line in block.splitlines() if line.strip()]
+        if page == "README.md":
+            lines += [span for row in re.findall(r"^\|.*$", text, flags=re.M)
+                      for span in re.findall(r"`((?:python|make) [^`]+)`", row)]
+    return lines
+
+
+def test_every_link_and_named_file_of_the_docs_exists():
+    """Markdown links of README.md and docs/*.md point at files that exist (relative to the page), and every
+    results/ or scripts/ path the README names in code spans exists (a glob where it has one)."""
+    import glob
+    missing = []
+    for page in DOCS:
+        with open(os.path.join(ROOT, page)) as f:
+            text = f.read()
+        for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", text):
+            if "://" not in target and not os.path.exists(os.path.join(ROOT, os.path.dirname(page), target)):
+                missing.append(f"{page}: link {target}")
+        if page == "README.md":
+            for path in re.findall(r"`((?:results|scripts|docs)/[^`\s]*)`", text):
+                if not glob.glob(os.path.join(ROOT, path.rstrip("/"))):
+                    missing.append(f"{page}: {path}")
+    assert not missing, missing
+
+
+def test_the_readme_is_a_front_door():
+    """Under 20,000 characters, with the two set-up commands and a link to every page of docs/."""
     with open(os.path.join(ROOT, "README.md")) as f:
         text = f.read()
-    lines = []
-    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
-        block = re.sub(r"\\\n\s*", " ", block)
-        lines += [line.strip() for line in block.splitlines() if line.strip()]
-    return lines
+    assert len(text) < 20_000
+    assert "```\nmake demo\nmake test\n```" in text
+    assert all(f"]({page})" in text for page in DOCS[1:])
 
 
 def test_every_readme_command_parses(monkeypatch, tmp_path):

@@ -1,4 +1,4 @@
-"""The CUDA paths (README, Speed; `make gpu-check` runs them): skipped without a GPU, `pytest -m cuda` selects them.
+"""The CUDA paths (docs/speed.md; `make gpu-check` runs them): skipped without a GPU, `pytest -m cuda` selects them.
 
 On a GPU: certify in fp32, bf16 and fp16, with channels-last, folded BatchNorm and torch.compile, agrees with
 the plain path on the same noise and resumes to the same file; every training script runs steps under

@@ -224,7 +224,7 @@ def test_ds_training_learns_stores_sigmas_resumes_exactly_and_certifies(method, 
     sigmas = a["extra"]["sigmas"]
     assert len(sigmas) == 1437 and (sigmas != 0.25).any()                          # optimised after the warm-up
     log = [ln.split("\t") for ln in open(tmp_path / "whole" / "log.tsv").read().splitlines()[1:]]
-    if method != "macer":   # it learns (MACER at lambda 12 needs far more than these 12 steps: README, Baselines)
+    if method != "macer":   # it learns (MACER at lambda 12 needs far more than these 12 steps: docs/training.md)
         assert float(log[-1][3]) < float(log[0][3]) and float(log[-1][6]) > 0.3
     ckpt = tmp_path / "whole" / "checkpoint.pth.tar"
     for main, flags in ((ddrs.main, ["certify", "--K", 2]), (certify.main, [])):

@@ -22,7 +22,7 @@ import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Channels-last and compiled models sum in another order, so a vote can flip where two logits tie to within
-# float rounding: the documented tolerance (README, Speed) is 0.1 % of the draws.
+# float rounding: the documented tolerance (docs/speed.md) is 0.1 % of the draws.
 TOLERANCE = 1e-3
 
 
