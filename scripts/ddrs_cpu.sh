@@ -3,10 +3,10 @@
 # a Gaussian sigma_0 = 0.25 LeNet (the shortened schedule of scripts/cifar_cpu.sh), certified on every SKIP-th
 # test image (default 20: 500 images, the committed run) with N = 10,000, alpha = 0.001:
 #   - at the fixed sigma_0 (certify.py);
-#   - with DS (Algorithm 1: K = 100, M = 1) at each step size of LRS (default 1e-4, the official code's, 1e-3
-#     and 1e-2), each followed by the memory (Algorithm 3);
+#   - with DS (Algorithm 1: K = 100, M = 1) at each step size of LRS (default 1e-4, the official code's, 1e-3,
+#     3e-3, 1e-2 and 3e-2), each followed by the memory (Algorithm 3);
 #   - with the semi-elastic sigma and its sound radius (ddrs.py certify --semi-elastic, r = 0.01, k = 20, m = 5);
-# then the table of all logs and the step-size report (ddrs.py report). About 1.5 CPU-hours on one core.
+# then the table of all logs and the step-size report (ddrs.py report). About 2 CPU-hours on one core.
 #   DATA_DIR=../shared/data/cifar10 bash scripts/ddrs_cpu.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -15,7 +15,7 @@ DATA_DIR=${DATA_DIR:-${RS_DATA_DIR:-data}}
 RUNS=${RUNS:-runs/ddrs_cpu}
 OUT=${OUT:-results/ddrs_cpu}
 SKIP=${SKIP:-20}
-LRS=${LRS:-0.0001 0.001 0.01}
+LRS=${LRS:-0.0001 0.001 0.003 0.01 0.03}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 CKPT=$RUNS/gaussian_sigma0.25/checkpoint.pth.tar
