@@ -140,7 +140,7 @@ def training(device, steps, T):
     return results
 
 
-def verdict(ok):
+def pass_or_fail(ok):
     return "met" if ok else "NOT met"
 
 
@@ -164,17 +164,17 @@ def main():
     fp32 = min(s for name, s in cifar.items() if name.startswith("certify fp32"))
     bf16 = min(s for name, s in cifar.items() if name.startswith("certify bf16"))
     summary += [f"certify CIFAR-10 bf16: {bf16:.3f} s/image, {PAPER_SECONDS_PER_IMAGE / bf16:.1f}x the paper's "
-                f"3.6 s (target >= 10x: {verdict(PAPER_SECONDS_PER_IMAGE / bf16 >= 10)}), "
-                f"{textbook / bf16:.1f}x the textbook loop (target >= 3x: {verdict(textbook / bf16 >= 3)})",
+                f"3.6 s (target >= 10x: {pass_or_fail(PAPER_SECONDS_PER_IMAGE / bf16 >= 10)}), "
+                f"{textbook / bf16:.1f}x the textbook loop (target >= 3x: {pass_or_fail(textbook / bf16 >= 3)})",
                 f"certify CIFAR-10 fp32: {fp32:.3f} s/image, {PAPER_SECONDS_PER_IMAGE / fp32:.1f}x the paper "
-                f"(target >= 3x: {verdict(PAPER_SECONDS_PER_IMAGE / fp32 >= 3)}), {textbook / fp32:.1f}x the "
-                f"textbook loop (target >= 3x: {verdict(textbook / fp32 >= 3)})"]
+                f"(target >= 3x: {pass_or_fail(PAPER_SECONDS_PER_IMAGE / fp32 >= 3)}), {textbook / fp32:.1f}x the "
+                f"textbook loop (target >= 3x: {pass_or_fail(textbook / fp32 >= 3)})"]
     print("\n3. training", flush=True)
     train = training(device, 1 if args.smoke else 8, 1 if args.smoke else 6)
     for name in ("Gaussian", f"ours (T = {1 if args.smoke else 6})"):
         ratio = train[(name, "fp32 eager")] / train[(name, "--amp bf16 --channels-last")]
         summary.append(f"training {name}: {train[(name, '--amp bf16 --channels-last')]:.0f} s/epoch with --amp "
-                       f"--channels-last, {ratio:.2f}x the fp32 eager loop (target >= 2x: {verdict(ratio >= 2)})")
+                       f"--channels-last, {ratio:.2f}x the fp32 eager loop (target >= 2x: {pass_or_fail(ratio >= 2)})")
     print("\nSummary" + (" (--smoke: tiny sizes, the targets do not apply)" if args.smoke else ""))
     for line in summary:
         print(f"  {line}")

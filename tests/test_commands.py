@@ -321,3 +321,36 @@ def test_every_results_folder_says_what_its_files_are_and_which_command_made_the
         for script in re.findall(r"scripts/[\w.]+\.(?:sh|py)", text):
             assert os.path.isfile(os.path.join(ROOT, script)), f"results/{name}/README.md names {script}"
         assert re.search(r"make \w+|scripts/|python ", text), f"results/{name}/README.md gives no command"
+
+
+ENTRY_POINTS = {"main", "parse_args", "settings", "train", "gradnorm_mode"}   # one role in every script
+
+
+def test_a_function_name_means_one_thing_across_the_repository():
+    """Module-level functions of the scripts: a name defined in two files is one of the entry points every
+    script has (each training script's settings, train and gradnorm_mode play the same role)."""
+    seen = {}
+    for folder in (ROOT, os.path.join(ROOT, "scripts")):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    for fn in re.findall(r"^def (\w+)", f.read(), flags=re.M):
+                        seen.setdefault(fn, []).append(name)
+    twice = {fn: files for fn, files in seen.items() if len(files) > 1 and fn not in ENTRY_POINTS}
+    assert not twice, twice
+
+
+def test_no_committed_text_names_an_absolute_path_of_a_machine():
+    """README, docs/ and results/ (logs, sidecars, tables) name files relative to the repository."""
+    pattern = re.compile(r"(?<![\w.])/(?:work|root|home|tmp|Users|mnt|scratch)/|[A-Z]:\\\\Users")
+    found = []
+    for top in ("README.md", "docs", "results"):
+        path = os.path.join(ROOT, top)
+        files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+        for file in files:
+            if file.endswith((".png", ".pdf")):
+                continue
+            with open(file, errors="replace") as f:
+                if pattern.search(f.read()):
+                    found.append(os.path.relpath(file, ROOT))
+    assert not found, found
