@@ -193,11 +193,14 @@ def readme_commands(pages=DOCS):
 
 
 def test_every_link_and_named_file_of_the_docs_exists():
-    """Markdown links of README.md and docs/*.md point at files that exist (relative to the page), and every
+    """Markdown links of README.md, docs/*.md and results/*/README.md point at files that exist (relative to
+    the page), and every
     results/ or scripts/ path the README names in code spans exists (a glob where it has one)."""
     import glob
     missing = []
-    for page in DOCS:
+    results = sorted(os.path.join("results", d, "README.md") for d in os.listdir(os.path.join(ROOT, "results"))
+                     if os.path.isfile(os.path.join(ROOT, "results", d, "README.md")))
+    for page in DOCS + results:
         with open(os.path.join(ROOT, page)) as f:
             text = f.read()
         for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", text):
