@@ -71,7 +71,7 @@ SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last"
                     "final_look": None, "ddrs": None}
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
 # removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, README): at 0.2,
-# 12 % fewer evaluations than at beta = alpha for 0.02-0.04 points of certified accuracy (2-4 of 10,000 runs).
+# 11-12 % fewer evaluations than at beta = alpha for 0.02-0.04 points of certified accuracy (2-4 of 10,000 runs).
 DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
@@ -132,7 +132,8 @@ def build_parser(description=__doc__):
                    "forward passes (default 64); an example's noise does not depend on it (nor its line, unless batched "
                    "kernels round a vote differently)")
     p.add_argument("--no-final-look", dest="final_look", action="store_false", help="--radii: spend all of alpha "
-                   "on the confidence sequence, no Clopper-Pearson look at N_max (default: alpha / 10 and 0.9 alpha)")
+                   "on the confidence sequence, no Clopper-Pearson look at N_max (default: the sequence's exact spend, about "
+                   "0.1 alpha, and the rest on that look)")
     p.add_argument("--early-abstain", action="store_true",
                    help=f"CERTIFY: stop and abstain once an upper confidence bound on pA falls below 1/2 "
                         f"(tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws made")
@@ -218,24 +219,28 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
     return looks + [int(N_max)]
 
 
-def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look):
+def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ..., their
     thresholds tau_j = Phi(r_j / sigma), the check times (look_schedule) and common.grid_tables.
 
-    Exact alpha accounting. The betting sequence's thresholds are set at alpha_seq = alpha / 10 (Ville's
-    bound), but on this schedule of checks it spends far less: common.crossing_probability gives the exact
+    Exact alpha accounting. The betting sequence's thresholds are set at alpha_seq = alpha (Ville's bound:
+    valid alone), but on this schedule of checks it spends far less: common.crossing_probability gives the exact
     probability that it ever certifies level j when pA = tau_j (the worst case of a wrong certificate at
     r_j: crossing rises with pA, and a higher level is only crossed after this one). The final
     Clopper-Pearson look at N_max gets the rest, alpha_fin = alpha - max_j spent_j. Guarantee, per example and
     whatever the stopping (early stops only end sampling): P(certified radius wrong) <= spent + alpha_fin =
-    alpha. Without final_look all of alpha goes to the sequence (alpha_seq = alpha, Ville).
+    alpha. Without final_look there is no final look (the sequence's Ville bound alone). alpha_seq = alpha was
+    chosen by simulation on results/grid_cpu's pA: against alpha / 10 it stops 4-8 % earlier, and the final look
+    still gets about 0.91 alpha (at N_max = 100,000, alpha = 0.001). seq_level: the sequence at seq_level *
+    alpha instead (scripts/beta_curve.py --seq-levels; valid while its exact spend stays below alpha).
     """
     radii = sorted({0.0, *map(float, radii)})
     taus = norm.cdf(np.array(radii) / sigma)
     checks = look_schedule(N_max)
-    alpha_seq = alpha / 10 if final_look else alpha
+    alpha_seq = seq_level * alpha
     tables = common.grid_tables(taus, checks, alpha_seq, beta, 0.0, N_max)
     spent = [common.crossing_probability(tables["lower"][j], checks, tau) for j, tau in enumerate(taus)]
+    common.check(max(spent) <= alpha, f"the sequence at {seq_level:g} alpha spends {max(spent):.3g} > alpha")
     alpha_fin = max(alpha - max(spent), 0.0) if final_look else 0.0
     tables["final"] = common.final_thresholds(taus, N_max, alpha_fin)
     slack = tables["lower"] - np.array(checks)                      # votes needed beyond all-cA draws

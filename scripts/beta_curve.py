@@ -14,7 +14,6 @@ against beta = 0 (never rule out: every certificate the budget allows).
       --out results/grid_cpu/sigma0.25
 Writes beta_curve.tsv, beta_curve.md and beta_curve.png in --out (when given) and prints the table.
 """
-import argparse
 import os
 import sys
 
@@ -59,7 +58,7 @@ def simulate(plan, p, correct, reps, seed):
 
 def previous_plan(radii, sigma, N, batch, alpha):
     """The rule before looks were counted in draws (session 7): a look at every pass end, beta = alpha, and
-    alpha split alpha / 10 (sequence) and 0.9 alpha (final look) without exact accounting."""
+    alpha split alpha / 10 (sequence) and 0.9 alpha (final look) without exact accounting (session 7)."""
     from scipy.stats import norm
     levels = sorted({0.0, *map(float, radii)})
     checks = [int(c) for c in np.cumsum(common.pass_sizes(N, batch))]
@@ -78,9 +77,33 @@ def draws_at(pAs, radii, sigma, N, batch, alpha, reps, seed):
     return (f"Estimation draws per example (N0 not included) of --radii {' '.join(f'{r:g}' for r in radii)} at "
             f"sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, {reps} simulated runs per pA: the rule before "
             f"(a look per pass of {batch}, beta = alpha, 0.9 alpha on the final look) against today's (looks "
-            f"from 32 draws growing by 25 %, beta = {certify.DEFAULT_BETA:g}, exact accounting).\n\n"
+            f"from 32 draws growing by 25 %, at most 500 apart, beta = {certify.DEFAULT_BETA:g}, the sequence at "
+            f"alpha with exact accounting).\n\n"
             "| pA | before | now | x fewer |\n|---|---|---|---|\n" +
             "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {a / b:.2f} |\n" for p, a, b in rows))
+
+
+def seq_levels(args):
+    """Mean model evaluations and certified accuracy for the sequence's level F x alpha, each F of --seq-levels."""
+    log = common.read_certification_log(args.log)
+    sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
+    pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
+    rows = []
+    for f in args.seq_levels:
+        plan = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, certify.DEFAULT_BETA, True, f)
+        draws, acc = simulate(plan, pA, correct, args.reps, args.seed)
+        rows.append((f, plan["spent"], plan["alpha_fin"] / args.alpha, args.N0 + draws,
+                     (args.N0 + args.N) / (args.N0 + draws), acc))
+    radii = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, 0.0, True)["radii"]
+    return (f"The betting sequence of certify.py --radii {' '.join(f'{r:g}' for r in args.radii)} at level F x alpha "
+            f"(sigma {sigma:g}, N_max {args.N:,}, alpha {args.alpha:g}, beta {certify.DEFAULT_BETA:g}), simulated on "
+            f"the true pA of the {len(pA)} examples of {args.log} ({args.reps} runs each): the error the sequence "
+            f"really spends (exact), the final look's share of alpha, mean model evaluations per example (N0 = "
+            f"{args.N0} included), how many times fewer than CERTIFY, and certified accuracy (%).\n\n"
+            "| F | spent | final look (x alpha) | evaluations | x fewer | " +
+            " | ".join(f"r = {r:g}" for r in radii) + " |\n|" + "---|" * (5 + len(radii)) + "\n" +
+            "".join(f"| {f:g} | {s:.2e} | {a:.3f} | {e:,.0f} | {x:.2f} | " +
+                    " | ".join(f"{100 * v:.1f}" for v in acc) + " |\n" for f, s, a, e, x, acc in rows))
 
 
 def main(argv=None):
@@ -94,6 +117,9 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20, help="simulated runs per example (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="folder for beta_curve.tsv, .md and .png")
+    p.add_argument("--seq-levels", type=float, nargs="+", metavar="F", help="instead: the betting sequence at "
+                   "F x alpha for each F (certify.grid_plan's seq_level; the final look gets what it leaves), at the "
+                   "default beta (--out: seq_level.md)")
     p.add_argument("--at-pA", type=float, nargs="+", metavar="P", help="instead: mean draws at these true pA, the "
                    "previous rule against today's (the log is then unused but for its sigma; --out: draws_at_pA.md)")
     args = p.parse_args(argv)
@@ -104,6 +130,13 @@ def main(argv=None):
         print(md)
         if args.out:
             common.write_text_output(os.path.join(args.out, "draws_at_pA.md"), "beta curve", md)
+        return
+    if args.seq_levels:
+        common.check(all(0 < f <= 10 for f in args.seq_levels), "--seq-levels values must lie in (0, 10]")
+        md = seq_levels(args)
+        print(md)
+        if args.out:
+            common.write_text_output(os.path.join(args.out, "seq_level.md"), "beta curve", md)
         return
     common.check(args.N >= 1 and args.batch >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
                  "--N, --batch and --reps must be >= 1 and --alpha in (0, 1)")
