@@ -41,8 +41,15 @@ class UserError(Exception):
     """A problem with the user's input; the message names the problem and the fix."""
 
 
+FLAG_NAMES = {}   # dest -> the flag as typed (--elastic-m for elastic_m), for messages about a parsed value
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is a single line on stderr (exit code 2)."""
+
+    def parse_args(self, args=None, namespace=None):
+        FLAG_NAMES.update({a.dest: max(a.option_strings, key=len) for a in self._actions if a.option_strings})
+        return super().parse_args(args, namespace)
 
     def error(self, message):
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
@@ -112,9 +119,10 @@ def check_finite(settings):
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(v, float):
                 check(math.isfinite(v) and abs(v) <= FLOAT32_MAX,
-                      f"--{key} must be a finite number in float32 (|x| < 3.4e38), got {value}")
+                      f"{FLAG_NAMES.get(key, '--' + key)} must be a finite number in float32 (|x| < 3.4e38), got "
+                      f"{value}")
             elif isinstance(v, int) and not isinstance(v, bool):
-                check(abs(v) < 2 ** 63, f"--{key} must fit in 64 bits, got {value}")
+                check(abs(v) < 2 ** 63, f"{FLAG_NAMES.get(key, '--' + key)} must fit in 64 bits, got {value}")
 
 
 def check_sigma(sigma, flag="--sigma", precision="fp32"):

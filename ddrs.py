@@ -518,6 +518,8 @@ def train_main(args):
                  "--epochs, --warmup and --K_train must be >= 0, --m and --M >= 1")
     init = None
     if args.init_checkpoint is not None:   # the weights' identity, checked on --resume like every setting
+        common.check(not os.path.isdir(args.init_checkpoint), f"--init-checkpoint {args.init_checkpoint!r} is a "
+                                                               f"folder; name the checkpoint file inside it")
         common.check(os.path.isfile(args.init_checkpoint), f"--init-checkpoint {args.init_checkpoint!r}: no such file")
         init = {"path": os.path.relpath(args.init_checkpoint), "sha256": certify.file_sha256(args.init_checkpoint)}
     settings = dict(vars(args), epochs=epochs, warmup=warmup, m=hp["m"], lr_step=sched["lr_step"], K_train=K_train,

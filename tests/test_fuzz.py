@@ -286,6 +286,39 @@ def test_ddrs_memory_keeps_its_promises_on_any_log(log, side, out):
         check_promises(ddrs.main, argv, d, [os.path.join(d, "ds_memory.tsv"), os.path.join(d, "m.tsv")])
 
 
+@given(fixed=certification_log(), ds=certification_log(), side=st.none() | sidecar(),
+       out=st.sampled_from(["new", "input", "notes-folder"]))
+def test_ddrs_report_keeps_its_promises_on_any_logs(fixed, ds, side, out):
+    with tempfile.TemporaryDirectory() as d:
+        paths = [os.path.join(d, "fixed.tsv"), os.path.join(d, "ds.tsv")]
+        for path, log in zip(paths, (fixed, ds)):
+            write(path, log)
+            if side is not None:
+                write(path + ".json", side)
+        folder = {"new": os.path.join(d, "rep"), "input": d, "notes-folder": os.path.join(d, "notes")}[out]
+        if out == "notes-folder":
+            os.makedirs(folder)
+            write(os.path.join(folder, "report.md"), b"my notes\n")
+        mine = [os.path.join(d, "rep", "report.md"), os.path.join(d, "rep", "report.tsv"),
+                os.path.join(d, "report.md"), os.path.join(d, "report.tsv")]
+        check_promises(ddrs.main, ["report", paths[1], "--fixed", paths[0], "--out", folder], d, mine)
+
+
+elastic_flags = st.sampled_from([["--elastic-r", "0"], ["--elastic-r", "0.05"], ["--elastic-r", "1e-9"],
+    ["--elastic-r", "nan"], ["--elastic-r", "-0.01"], ["--elastic-r", "1e30"], ["--elastic-k", "0"],
+    ["--elastic-k", "1"], ["--elastic-k", "5000"], ["--elastic-k", str(2 ** 70)], ["--elastic-m", "inf"],
+    ["--elastic-m", "-1e30"], ["--elastic-m", "1e4"], ["--sigma", "1e-4"], ["--sigma", "9000"], ["--predict"]])
+
+
+@given(flags=st.lists(elastic_flags, max_size=3))
+def test_ddrs_semi_elastic_keeps_its_promises_on_any_command_line(digits_ckpt, flags):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "se.tsv")
+        argv = ["certify", "--checkpoint", digits_ckpt, "--outfile", out, "--max", "2", "--N0", "10", "--N", "40",
+                "--batch", "40", "--device", "cpu", "--semi-elastic"] + [a for f in flags for a in f]
+        check_promises(ddrs.main, argv, d, [out, out + ".json"])
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Training: command lines and run folders (args.json, checkpoints) edited by hand
 # ----------------------------------------------------------------------------------------------------------
