@@ -614,13 +614,14 @@ def report_main(args):
         what = ("semi-elastic r {r:g} k {k} m {m:.3g} (sound)".format(**side["semi_elastic"])
                 if "semi_elastic" in side else f"DS step {side.get('lr', '?'):g} K {side.get('K', '?')}")
         delta = gain.sum() - f_gain.sum()
-        share = (gain - f_gain)[near].sum() / delta if delta != 0 else float("nan")
-        top = np.sort(gain - f_gain)[::-1][:max(1, len(gain) // 20)].sum() / delta if delta != 0 else float("nan")
+        tiny = abs(delta) < 0.005 * len(gain)   # no gain to speak of: its shares mean nothing
+        share = float("nan") if tiny else (gain - f_gain)[near].sum() / delta
+        top = float("nan") if tiny else np.sort(gain - f_gain)[::-1][:max(1, len(gain) // 20)].sum() / delta
         rows.append([os.path.basename(path), what, f"{gain.mean():.3f}",
                      *[f"{100 * np.mean(log['correct'] & (log['radius'] >= r)):.1f}" for r in radii],
                      f"{np.median(sx):.3f}", f"{np.percentile(sx, 5):.3f}-{np.percentile(sx, 95):.3f}",
-                     f"{sx.min():.3f}-{sx.max():.3f}", f"{delta / len(gain):+.3f}", f"{100 * share:.0f} %",
-                     f"{100 * top:.0f} %",
+                     f"{sx.min():.3f}-{sx.max():.3f}", f"{delta / len(gain):+.3f}",
+                     *[("n/a" if math.isnan(v) else f"{100 * v:.0f} %") for v in (share, top)],
                      str(int(np.sum(log["correct"] & (log["radius"] > ceiling))))])
     md = ("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n" +
           "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n\n" +

@@ -50,3 +50,7 @@ for b in ds_lr0.0001 ds_lr0.001 ds_lr0.003 ds_lr0.01 ds_lr0.03 semi_elastic; do
             --out $D/compare/${b}_vs_fixed
     fi
 done
+if [ -f $D/ds_lr0.03_noise_0.25.tsv ]; then   # the largest step against the step before: ACR against accuracy
+    run "$PYTHON" analyze.py compare $D/ds_lr0.01_noise_0.25.tsv $D/ds_lr0.03_noise_0.25.tsv --labels ds_lr0.01 \
+        ds_lr0.03 --out $D/compare/ds_lr0.03_vs_ds_lr0.01
+fi
