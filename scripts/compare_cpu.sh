@@ -43,6 +43,16 @@ for pair in discard:gaussian weight:gaussian attack:gaussian discard_weight:gaus
     run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels "$a" "$b" --out $T/compare/${b}_vs_$a
 done
 
+all_seeds=() several=1   # Table 8's layout for the eight rows, once each has more than one training seed
+for v in gaussian discard weight attack discard_weight discard_attack weight_attack all; do
+    read -r -a S <<< "$(seeds $T/certify/$v/noise_0.25.tsv)"
+    if [ ${#S[@]} -lt 2 ]; then several=0; fi
+    all_seeds+=("${S[@]}")
+done
+if [ $several = 1 ]; then
+    run "$PYTHON" analyze.py table --group-by-seed "${all_seeds[@]}" --radii 0 0.25 0.5 0.75 --out $T/seeds
+fi
+
 D=results/ddrs_cpu   # each DS step size and the sound semi-elastic sigma against the fixed sigma_0
 for b in ds_lr0.0001 ds_lr0.001 ds_lr0.003 ds_lr0.01 ds_lr0.03 semi_elastic; do
     if [ -f $D/${b}_noise_0.25.tsv ]; then
