@@ -622,8 +622,9 @@ def test_tables_mark_the_logs_certified_with_the_sound_sampler(tmp_path, capsys)
 
 def test_the_committed_ddrs_cpu_table_is_analyze_output_of_the_committed_logs(tmp_path, capsys):
     results = os.path.join(ROOT, "results", "ddrs_cpu")
-    logs = [os.path.join(results, f"{name}_noise_0.25.tsv") for name in ("fixed", "ds")]
-    code, _, err = run_main(["table", *logs, "--labels", "fixed", "ds", "--radii", "0", "0.25", "0.5", "0.75", "1.0",
+    names = ["fixed", "ds_lr0.0001", "ds_lr0.001", "ds_lr0.003", "ds_lr0.01", "ds_lr0.03", "semi_elastic"]
+    logs = [os.path.join(results, f"{name}_noise_0.25.tsv") for name in names]   # scripts/ddrs_cpu.sh's order
+    code, _, err = run_main(["table", *logs, "--labels", *names, "--radii", "0", "0.25", "0.5", "0.75", "1.0",
                              "--out", str(tmp_path)], capsys)
     assert code == 0, err
     for name in ("table.md", "table.tsv"):

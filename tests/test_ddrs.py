@@ -398,3 +398,15 @@ def test_semi_elastic_certify_at_r_zero_is_certify_py_and_is_sound_below_cohen(c
     assert run(ddrs.main, ["certify", *flags, "--semi-elastic", "--elastic-r", 1e-5, "--outfile",
                            tmp_path / "x.tsv"]) == 2
     assert not (tmp_path / "x.tsv").exists()
+
+
+def test_the_committed_ddrs_report_is_the_output_of_ddrs_py_report(tmp_path):
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = os.path.join(root, "results", "ddrs_cpu")
+    logs = [os.path.join(results, f"{n}_noise_0.25.tsv") for n in
+            ("ds_lr0.0001", "ds_lr0.001", "ds_lr0.003", "ds_lr0.01", "ds_lr0.03", "semi_elastic")]
+    assert run(ddrs.main, ["report", *logs, "--fixed", os.path.join(results, "fixed_noise_0.25.tsv"),
+                           "--out", tmp_path]) == 0
+    for name in ("report.md", "report.tsv"):
+        assert (tmp_path / name).read_text() == open(os.path.join(results, name)).read(), name
