@@ -631,11 +631,35 @@ def report_main(args):
           f"fixed log); 'gain from top 5 %': the share made by the 5 % of images whose radius x correct "
           f"grew most. Beyond ceiling: correct certificates above the fixed sigma's largest possible radius "
           f"sigma_0 Phi^-1(alpha^(1/N)) = {ceiling:.3f}. Intervals of the differences: analyze.py compare.\n")
+    md += "\n" + report_intervals(args.fixed, args.logs, radii)
     tsv = "\t".join(h.replace(" ", "_") for h in header) + "\n" + "\n".join("\t".join(r) for r in rows) + "\n"
     inputs = [args.fixed, *args.logs]
     common.write_text_output(os.path.join(args.out, "report.md"), "DDRS report", md, inputs)
     common.write_text_output(os.path.join(args.out, "report.tsv"), "DDRS report", tsv, inputs)
     print(md, end="")
+
+
+def report_intervals(fixed, logs, radii):
+    """report.md's second table: each log minus the fixed sigma_0, with analyze.py compare's intervals (its
+    defaults: paired bootstrap over the images, simultaneous 95 % band over its rows, seed 0), so the numbers
+    are those of `analyze.py compare FIXED LOG`."""
+    import analyze
+    wanted = ["clean accuracy", "ACR"] + [f"certified accuracy r={r:g}" for r in radii if r > 0]
+    header = ["log"] + [w.replace("certified accuracy ", "") for w in wanted]
+    rows = []
+    for path in logs:
+        a = analyze.parse_args(["compare", fixed, path])
+        loaded = analyze.load_logs([fixed, path])
+        found = {m: (d, lo, hi) for m, _, _, d, lo, hi, _ in
+                 analyze.compare_sides(loaded[:1], loaded[1:], a.radii, a.level, a.replicates, a.seed, a.over)[0]}
+        show = lambda m, v: f"{v:+.3f}" if m == "ACR" else f"{100 * v:+.1f}"
+        rows.append([os.path.basename(path)] + [f"{show(m, found[m][0])} [{show(m, found[m][1])}, "
+                                                f"{show(m, found[m][2])}]" if m in found else "0 (both 0)"
+                                                for m in wanted])
+    return ("\nEach log minus the fixed sigma_0 (ACR; accuracies in points), with the 95 % simultaneous intervals "
+            "of analyze.py compare (paired over the images; one model, so about this model):\n\n| " +
+            " | ".join(header) + " |\n|" + "---|" * len(header) + "\n" +
+            "".join("| " + " | ".join(r) + " |\n" for r in rows))
 
 
 def read_ddrs_log(path):
