@@ -180,12 +180,18 @@ def worst_class_b(d, sigma0, sigma1, pA_lower, dim):
     return np.where(s1 < s0, below, above)
 
 
+# ln sigma as computed (rho_k in float64, sigma rounded to float32 for the noise) may differ from the exact
+# r-semi-elastic one by about 1e-7: the band of sigmas a neighbour may have is widened by this much.
+SIGMA_ROUNDING = 1e-6
+
+
 def semi_elastic_radius(pA_lower, sigma, r, dim, scan=32, bisect=40, verify=8):
     """The l2 radius certified at x for the classifier z -> g_{sigma(z)}(z) when sigma(.) is r-semi-elastic
     (|ln sigma(a) - ln sigma(b)| <= r ||a - b||), sigma = sigma(x), pA_lower a lower bound of pA at x.
 
     A point at distance d' has a sigma in [sigma e^{-r d'}, sigma e^{r d'}]; the radius is the largest d such
-    that worst_class_b < 1/2 for every d' <= d and every such sigma. Found at the two extreme sigmas (the
+    that worst_class_b < 1/2 for every d' <= d and every such sigma (the band widened by SIGMA_ROUNDING in ln
+    sigma, for the float rounding of sigma(x)). Found at the two extreme sigmas (the
     re-implementation's rule; ASSUMED worst, DDRS.md §4): the first failing point of a scan of [0, Cohen's
     radius], then bisection; the result is then verified on a grid of d' and of interior sigmas, and lowered
     until it passes. Never above Cohen's radius sigma Phi^-1(pA_lower) (r = 0: exactly Cohen's); 0 below 1/2.
@@ -199,7 +205,7 @@ def semi_elastic_radius(pA_lower, sigma, r, dim, scan=32, bisect=40, verify=8):
 
     def holds(d, fractions=(-1.0, 1.0), distances=(1.0,)):
         dd = d * np.asarray(distances)[:, None]
-        s1 = sigma * np.exp(np.asarray(fractions)[None, :] * r * dd)
+        s1 = sigma * np.exp(np.asarray(fractions)[None, :] * (r * dd + SIGMA_ROUNDING))
         with warnings.catch_warnings(record=True) as caught:   # scipy's series did not converge: not proven
             warnings.simplefilter("always")
             b = worst_class_b(dd, sigma, s1, pA_lower, dim)
