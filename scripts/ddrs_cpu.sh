@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DDRS on CIFAR-10 at CPU scale (README, DDRS; DDRS.md §6's small-scale check), committed under results/ddrs_cpu:
+# DDRS on CIFAR-10 at CPU scale (docs/ddrs.md; DDRS.md §6's small-scale check), committed under results/ddrs_cpu:
 # a Gaussian sigma_0 = 0.25 LeNet (the shortened schedule of scripts/cifar_cpu.sh), certified on every SKIP-th
 # test image (default 20: 500 images, the committed run) with N = 10,000, alpha = 0.001:
 #   - at the fixed sigma_0 (certify.py);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training seeds 1 and 2 of the CPU-scale results (seed 0 is the committed run): a verdict about a training
-# method needs its spread over seeds (README, "Verdicts"; analyze.py compare). Resumable like its parts: a
+# method needs its spread over seeds (docs/analysis.md, "Verdicts"; analyze.py compare). Resumable like its parts: a
 # second call skips finished runs and continues the rest. Each seed of cifar_cpu.sh takes about 1.5 CPU-hours,
 # each of table5_cpu.sh about 2.5.
 #   DATA_DIR=../shared/data/cifar10 bash scripts/seeds_cpu.sh            (SEEDS="1 2", PARTS="cifar table5")

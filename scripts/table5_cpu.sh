@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Table 5 at CPU scale, committed under results/table5_cpu (README, "Table 5 on a CPU"): the eight ablation
+# Table 5 at CPU scale, committed under results/table5_cpu (results/table5_cpu/README.md): the eight ablation
 # runs of scripts/table5.sh at sigma = 0.25 with the LeNet schedule of scripts/cifar_cpu.sh, each certified on
 # every 20th test image (500) with N = 10,000, alpha = 0.001. About 2.5 CPU-hours; a second call resumes.
 #   DATA_DIR=../shared/data/cifar10 bash scripts/table5_cpu.sh
