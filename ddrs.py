@@ -423,7 +423,8 @@ def semi_elastic_main(args):
         common.check(len(train) > args.elastic_k, f"--elastic-k {args.elastic_k} needs more training images "
                                                   f"than the {len(train)} there are")
         print(f"semi-elastic sigma: reading the {len(train)} training images of {dataset_name}", flush=True)
-        state["train"] = torch.stack([train[i][0].flatten() for i in range(len(train))])
+        # float64 once, not per query: knn_distance measures in float64
+        state["train"] = torch.stack([train[i][0].flatten() for i in range(len(train))]).double()
         m = args.elastic_m if args.elastic_m is not None else SEMI_ELASTIC_M.get(dataset_name)
         if m is None:   # the median rho_k of training images, each left out of its own neighbours
             t = state["train"]
@@ -555,15 +556,15 @@ def ds_train(s, hp, device):
                                           {"arch": s.arch, "dataset": s.dataset, "sigma": s.sigma},
                                           args=vars(s))
     if first == 0 and s.init_checkpoint is not None:   # weights only: optimizer and schedule start fresh
-        start = common.load_checkpoint(s.init_checkpoint["path"], device, s.trust_checkpoint)
+        path = s.init_checkpoint["path"]
+        try:   # common.load_model's checks: strict key matching, finite weights, this dataset's inputs
+            loaded, start = common.load_model(path, s.dataset, s.arch, device, s.trust_checkpoint)
+        except common.UserError as e:
+            raise common.UserError(f"--init-checkpoint: {e}") from None
         common.check(start.get("arch") in (None, s.arch) and start.get("dataset") in (None, s.dataset),
-                     f"--init-checkpoint {s.init_checkpoint['path']!r} holds {start.get('arch')} on "
-                     f"{start.get('dataset')}; this run trains {s.arch} on {s.dataset} (pass --arch)")
-        try:
-            model.load_state_dict(common.strip_module_prefix(start["state_dict"]), strict=True)
-        except RuntimeError as e:
-            raise common.UserError(f"--init-checkpoint {s.init_checkpoint['path']!r} does not fit {s.arch} on "
-                                   f"{s.dataset} ({str(e).splitlines()[0][:120]})") from None
+                     f"--init-checkpoint {path!r} holds {start.get('arch')} on {start.get('dataset')}; this run "
+                     f"trains {s.arch} on {s.dataset} (pass --arch)")
+        model.load_state_dict(loaded.state_dict())
     sigmas = state.get("sigmas", torch.full((len(train_set),), float(s.sigma))).cpu().float()
     common.write_json(vars(s), os.path.join(s.outdir, "args.json"), "settings of a run")
     print(f"DS2 training {s.arch} with {s.method} on {s.dataset}, sigma_0 {s.sigma}, {s.warmup} fixed epochs, "
