@@ -825,7 +825,7 @@ def dominance_lines(sigma, group, pmax):
         return lines + ["  - [0.5, 1]: the same order"]
     lines.append(f"  - [0.5, 1]: {text(orders['all'])}")
     curves = {log["label"]: log["ecdf"] for log in group}
-    for a, b in set(orders["pmax"][0]) - set(orders["all"][0]):   # a > b on [0.5, pmax], not on [0.5, 1]
+    for a, b in [pair for pair in orders["pmax"][0] if pair not in orders["all"][0]]:   # in the listed order
         j = int(np.argmax(np.where(ECDF_GRID > pmax + 1e-12, curves[b] - curves[a], -np.inf)))
         lines.append(f"  - why: {a} > {b} only up to p = {pmax:g}: at p = {ECDF_GRID[j]:g}, P(pA ≥ p) is "
                      f"{fmt_percent(curves[b][j])} % for {b} against {fmt_percent(curves[a][j])} % for {a}")

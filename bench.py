@@ -42,6 +42,7 @@ import contextlib
 import copy
 import io
 import json
+import math
 import os
 import platform
 import statistics
@@ -74,6 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--sections", default="abcdefgh", help="which parts to run, e.g. 'd' (default: all, abcdefgh; "
                    "a includes a')")
     p.add_argument("--grid-N", type=int, help="(g): the budget N_max and CERTIFY's N (default 100000; quick 10000)")
+    p.add_argument("--grid-radii", type=float, nargs="+", metavar="R", help="(g): the grid of the --radii arms "
+                   "(default 0.25, 0.5, ... up to 4 sigma)")
     p.add_argument("--grid-examples", type=int, help="(g): test examples per model (default 100; quick 10)")
     p.add_argument("--grid-logs", nargs="+", metavar="TSV", help="(g) from finished certify.py logs of one model "
                    "on the same examples instead: CERTIFY at N first (the reference), then the other arms")
@@ -522,14 +525,15 @@ def trained_model(path, device, data_dir, examples, trust=False):
 GRID_RADII = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5]
 
 
-def bench_grid(paths, device, data_dir, N, examples, trust=False):
-    """(g): anytime-valid certification at a grid of radii against CERTIFY, on the same examples and seeds."""
+def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=None):
+    """(g): anytime-valid certification at a grid of radii (grid_radii, default GRID_RADII up to 4 sigma)
+    against CERTIFY, on the same examples and seeds."""
     N0, alpha = 100, 0.001
     for path in paths:
         t = trained_model(path, device, data_dir, examples, trust)
         model, ckpt, sigma, dataset_name = t["model"], t["ckpt"], t["sigma"], t["dataset_name"]
         dataset, picked, classes = t["dataset"], t["picked"], t["classes"]
-        radii = [r for r in GRID_RADII if r <= 4 * sigma]
+        radii = sorted(grid_radii) if grid_radii else [r for r in GRID_RADII if r <= 4 * sigma]
         beta = certify.DEFAULT_BETA
         plans = {"grid": certify.grid_plan(radii, sigma, N, BATCH, alpha, beta, True),
                  "grid, no final look": certify.grid_plan(radii, sigma, N, BATCH, alpha, beta, False),
@@ -558,9 +562,14 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False):
                     row["radius"].append(out["radius"] if out["predict"] >= 0 else -1.0)
                     row["correct"].append(out["predict"] == label)
                     row["evals"].append(N0 + out["N"])
+                    row.setdefault("pA", []).append(out["nA"] / out["N"])
         print(f"  {os.path.basename(os.path.dirname(os.path.abspath(path)))} ({ckpt.get('arch')}, {dataset_name}, "
               f"sigma {sigma}), {len(picked)} test examples, alpha {alpha}, N0 {N0}, batch {BATCH}:")
-        print_grid_table(results, f"CERTIFY N = {N:,}", set(plans), N, N0, [0.0] + radii)
+        reference = f"CERTIFY N = {N:,}"
+        print_grid_table(results, reference, set(plans), N, N0, [0.0] + radii)
+        for name, plan in plans.items():
+            print_limit(name, dict(results[name], radii=plan["radii"]), results[reference]["pA"], sigma, N, N0,
+                        alpha, beta)
 
 
 def print_grid_table(results, reference, grid_arms, N, N0, levels):
@@ -609,6 +618,8 @@ def grid_from_logs(paths):
         if log.get("grid"):
             grid_arms.add(name)
             results[name]["radii"] = log["sidecar"].get("radii") or []
+            side = log["sidecar"]
+            results[name]["levels"] = (side.get("alpha", 0.001), side.get("beta", certify.DEFAULT_BETA))
             radii.update(results[name]["radii"])
         if "nA" in log:
             results[name]["pA"] = np.asarray(log["nA"])[order] / np.asarray(log["N"])[order]
@@ -626,6 +637,47 @@ def grid_from_logs(paths):
     if "pA" in results[reference]:
         for name in sorted(grid_arms):
             print_budget_bound(name, results[name], results[reference]["pA"], first["sigma"], N, N0)
+        for name in sorted(grid_arms):
+            print_limit(name, results[name], results[reference]["pA"], first["sigma"], N, N0,
+                        *results[name]["levels"])
+
+
+def wald_limit(pA, thresholds, alpha, beta, N_max, N0=0, miss=0.0):
+    """The fewest expected draws (N0 + estimation, capped at N0 + N_max) with which a sequential test that knew
+    pA could decide its level among `thresholds` (Phi(r_j / sigma), ascending, 0.5 first): certify the highest
+    threshold below pA, wrongly with probability at most alpha there and missing it with probability at most
+    `miss`, and rule out the next one, wrongly at most alpha and doing so at that threshold at most beta.
+
+    Wald's bound: for a stopping time N and an event E decided by it, E_p[N] KL(p || q) >= kl(P_p(E), P_q(E))
+    (the data-processing inequality at N; KL of one Bernoulli draw, kl of the event's probabilities). Certify:
+    E = "certified" with P_p(E) >= 1 - miss, P_tau(E) <= alpha; rule out: P_p(E) >= 1 - alpha, P_tau(E) <= beta.
+    A limit, not a rule: no valid test that decides as often can spend less on average; the estimate nA / N of
+    pA stands in for the truth."""
+    from scipy.special import rel_entr
+    def kl(p, q):   # Bernoulli KL in nats
+        return rel_entr(p, q) + rel_entr(1 - p, 1 - q)
+    certify, rule_out = kl(1 - miss, alpha), kl(1 - alpha, beta)
+    pA, thresholds = np.asarray(pA, float), np.asarray(thresholds, float)
+    need = np.zeros_like(pA)
+    for i, p in enumerate(pA):
+        below, above = thresholds[thresholds < p], thresholds[thresholds >= p]
+        if len(below):
+            need[i] = max(need[i], certify / kl(p, below.max()))
+        if len(above):
+            need[i] = max(need[i], rule_out / kl(p, above.min()) if p < above.min() else np.inf)
+    return N0 + np.minimum(need, N_max)
+
+
+def print_limit(name, row, reference_pA, sigma, N, N0, alpha, beta):
+    """The arm's mean evaluations against wald_limit's for its radii, with power 1 and with power 1 - beta."""
+    from scipy.stats import norm
+    thresholds = norm.cdf(np.asarray(sorted(set(row["radii"]) | {0.0})) / sigma)
+    mean = np.mean(row["evals"])
+    limits = [wald_limit(reference_pA, thresholds, alpha, beta, N, N0, miss).mean() for miss in (0.0, beta)]
+    print(f"    limit of {name}: a test that knew each pA (the reference's nA / N) needs at least {limits[0]:,.0f} "
+          f"evaluations per example ({(N0 + N) / limits[0]:.1f}x; {limits[1]:,.0f}, {(N0 + N) / limits[1]:.1f}x, "
+          f"if it may miss a certificate with probability beta = {beta:g}); the arm spends "
+          f"{mean / limits[0]:.2f}x the first (bench.wald_limit)")
 
 
 def print_budget_bound(name, row, reference_pA, sigma, N, N0):
@@ -765,6 +817,10 @@ def main():
 def run_sections(args):
     common.check(all(v is None or v >= 1 for v in (args.threads, args.reps, args.abstain_N, args.abstain_examples)),
                  "--threads, --reps, --abstain-N and --abstain-examples must be >= 1")
+    common.check(all(v is None or v >= 1 for v in (args.grid_N, args.grid_examples)),
+                 "--grid-N and --grid-examples must be >= 1")
+    common.check(all(math.isfinite(r) and r > 0 for r in args.grid_radii or ()), "--grid-radii must be finite "
+                                                                                   "and positive")
     common.check(args.sections and set(args.sections) <= set("abcdefgh"), f"--sections takes letters of "
                                                                           f"'abcdefgh', got {args.sections!r}")
     if args.threads:
@@ -816,7 +872,7 @@ def run_sections(args):
             with tempfile.TemporaryDirectory() as folder:
                 paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20, sigmas=(0.25, 0.5))
                 bench_grid(paths, device, args.data_dir, args.grid_N or (10_000 if quick else 100_000),
-                           args.grid_examples or (10 if quick else 100), args.trust_checkpoint)
+                           args.grid_examples or (10 if quick else 100), args.trust_checkpoint, args.grid_radii)
     if "h" in args.sections:
         print("\n(h) DDRS certification against plain CERTIFY (ddrs.py certify)", flush=True)
         with tempfile.TemporaryDirectory() as folder:

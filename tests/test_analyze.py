@@ -331,6 +331,23 @@ TABLE3_EXCEPTIONS = {("1.0", "consistency", 1.0): "29.7", ("1.0", "smoothmix", 1
 
 
 @needs_reference
+def test_the_committed_paper_logs_folder_is_what_the_paper_command_writes(tmp_path, capsys):
+    """results/paper_logs (its README's command): every table, ECDF file and report line, rebuilt."""
+    code, out, err = run_main(["paper", "--root", REFERENCE, "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    folder = os.path.join(ROOT, "results", "paper_logs")
+    texts = sorted(f for f in os.listdir(folder) if f.endswith((".md", ".tsv", ".tex")) and f != "README.md")
+    assert len(texts) > 40 and set(texts) - {"report.md"} <= set(os.listdir(tmp_path))
+    for name in set(texts) - {"report.md"}:
+        with open(tmp_path / name) as fresh, open(os.path.join(folder, name)) as committed:
+            assert fresh.read() == committed.read(), name
+    report = [line for line in (err + out).splitlines() if not line.startswith("wrote ")]
+    with open(os.path.join(folder, "report.md")) as committed:
+        assert [line.replace(REFERENCE, "../shared/reference/acr-weakness") for line in report] == \
+            committed.read().splitlines()
+
+
+@needs_reference
 def test_published_logs_reproduce_table3():
     for (sigma, method), printed in TABLE3.items():
         log = analyze.read_log(os.path.join(REFERENCE, "certify", "cifar10", method, f"noise_{sigma}.tsv"))

@@ -462,3 +462,33 @@ def test_torchrun_grid_run_splits_groups_and_merges_like_one_process(digits_mode
     assert res.returncode == 0, failure_report(res, tmp_path / "logs")
     cells = lambda p: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in p.read_text().splitlines()]
     assert cells(dist) == cells(whole) and certify.part_files(str(dist)) == []
+
+
+def test_wald_limit_matches_closed_forms_and_no_valid_rule_beats_it():
+    """bench.wald_limit: with every draw voting cA the certify bound is the fixed-n one, ln(1/alpha) / ln(1/tau)
+    (tau^n <= alpha); below a threshold it is kl(1 - alpha, beta) / KL(p || tau); and the real grid rule
+    (scripts/beta_curve.py's simulation of it) never spends fewer draws on average than the limit at its pA."""
+    import bench
+    import importlib.util
+    from scipy.special import rel_entr
+    tau = norm.cdf(2.0)
+    assert math.isclose(bench.wald_limit([1.0], [0.5, tau], 0.001, 0.2, 10**6)[0],
+                        math.log(1000) / math.log(1 / tau), rel_tol=1e-9)
+    kl = lambda p, q: rel_entr(p, q) + rel_entr(1 - p, 1 - q)   # noqa: E731
+    p = 0.9
+    rule_out = kl(0.999, 0.2) / kl(p, tau)
+    certify_half = math.log(1000) / kl(p, 0.5)
+    assert math.isclose(bench.wald_limit([p], [0.5, tau], 0.001, 0.2, 10**6)[0], max(rule_out, certify_half))
+    assert bench.wald_limit([p], [0.5, tau], 0.001, 0.2, 10, N0=100)[0] == 110         # capped at the budget
+    assert bench.wald_limit([tau], [0.5, tau], 0.001, 0.2, 10**6)[0] == 10**6          # at a threshold: never
+    assert bench.wald_limit([p], [0.5, tau], 0.001, 0.2, 10**6, miss=0.2)[0] <= bench.wald_limit(
+        [p], [0.5, tau], 0.001, 0.2, 10**6)[0]
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    beta_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(beta_curve)
+    sigma, radii = 0.5, [0.25, 0.5, 0.75]
+    plan = certify.grid_plan(radii, sigma, 20_000, 1000, 0.001, 0.2, True)
+    thresholds = norm.cdf(np.array(plan["radii"]) / sigma)
+    for pA in (0.3, 0.6, 0.8, 0.9, 0.99, 1.0):
+        draws, _ = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 400, 0)
+        assert draws >= bench.wald_limit([pA], thresholds, 0.001, 0.2, 20_000)[0] * 0.98, pA
