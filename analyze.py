@@ -109,6 +109,10 @@ def parse_args(argv=None):
                      logs_help="gradient-norm TSVs (columns idx label pA grad_norm) of the training scripts")
     s.add_argument("--acr", nargs="+", metavar="LOG", help="certification logs of the probed models, one per "
                    "gradient-norm file in order ('-' for none): Table 2's ACR column")
+    s.add_argument("--level", type=float, default=0.95, help="coverage of the intervals (simultaneous for the "
+                   "comparisons with the first file)")
+    s.add_argument("--replicates", type=int, default=2000, help="bootstrap replicates (default 2000)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
 
     s = logs_command("ablation", "Table 5: ACR and certified accuracy of logs labelled by the parts that were on")
     s.add_argument("--parts", nargs="+", required=True,
@@ -1084,27 +1088,79 @@ def easy_hard(pA, grad_norm):
     return {"easy": e, "hard": h, "ratio": e / h if h > 0 else math.nan, "n_easy": len(easy), "n_hard": len(hard)}
 
 
-def gradnorm_report(logs, out, name="gradnorm", acr_paths=None):
-    """Table 2 and the Fig. 5 histograms. acr_paths: one certification log per gradient-norm log ('-' for
-    none), whose ACR goes beside it as in Table 2; None: no ACR column."""
+def gradnorm_intervals(logs, level, replicates, seed):
+    """Bootstrap intervals of Table 2's easy / hard ratio: per file a percentile interval of its ratio, and
+    for every file after the first the factor ratio / ratio of the first with a simultaneous band (max-|t|
+    over the files on the log scale, as compare's) and a verdict.
+
+    The probes are resampled with replacement, jointly over the files when they probed the same examples (the
+    same idx in the same order: a paired bootstrap) and separately otherwise; each replicate reclassifies its
+    probes as easy or hard by their own pA. The noise this covers is the choice of probes; the pA estimates
+    (100 noisy copies) and the training seed are held fixed, so a verdict is about these models. A replicate
+    without an easy or a hard probe makes the interval undefined ('n/a')."""
+    common.check(0 < level < 1, f"--level must lie in (0, 1) (got {level})")
+    common.check(replicates >= 100, f"--replicates must be >= 100 (got {replicates})")
+    rng = np.random.default_rng(seed)
+    paired = all(np.array_equal(log["idx"], logs[0]["idx"]) for log in logs)
+    shared = rng.integers(0, len(logs[0]["idx"]), size=(replicates, len(logs[0]["idx"]))) if paired else None
+    boot = np.empty((replicates, len(logs)))
+    for m, log in enumerate(logs):
+        rows = shared if paired else rng.integers(0, len(log["pA"]), size=(replicates, len(log["pA"])))
+        pA, g = log["pA"][rows], log["grad_norm"][rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boot[:, m] = np.log(((g * (pA > 0.5)).sum(1) / (pA > 0.5).sum(1)) /
+                                ((g * (pA < 0.5)).sum(1) / (pA < 0.5).sum(1)))
+    point = np.log([easy_hard(log["pA"], log["grad_norm"])["ratio"] for log in logs])
+    ok = np.isfinite(boot).all(axis=0) & np.isfinite(point)
+    tails = ((1 - level) / 2, (1 + level) / 2)
+    own = [tuple(np.exp(np.quantile(boot[:, m], tails))) if ok[m] else None for m in range(len(logs))]
+    vs = [None] * len(logs)
+    live = [m for m in range(1, len(logs)) if ok[m] and ok[0]]
+    if live:
+        diffs = boot[:, live] - boot[:, [0]]
+        d = point[live] - point[0]
+        se = diffs.std(axis=0, ddof=1)
+        varies = se > 0
+        c = float(np.quantile((np.abs(diffs[:, varies] - d[varies]) / se[varies]).max(axis=1), level)) \
+            if varies.any() else 0.0
+        for k, m in enumerate(live):
+            low, high = d[k] - c * se[k], d[k] + c * se[k]
+            vs[m] = (math.exp(d[k]), math.exp(low), math.exp(high),
+                     "higher" if low > 0 else "lower" if high < 0 else "within noise")
+    return own, vs, paired
+
+
+def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, replicates=2000, seed=0):
+    """Table 2 and the Fig. 5 histograms, with gradnorm_intervals' intervals. acr_paths: one certification
+    log per gradient-norm log ('-' for none), whose ACR goes beside it as in Table 2; None: no ACR column."""
     if acr_paths is not None:
         common.check(len(acr_paths) == len(logs), f"--acr needs one certification log per gradient-norm file "
                                                   f"('-' for none): got {len(acr_paths)} for {len(logs)}")
+    own, vs, paired = gradnorm_intervals(logs, level, replicates, seed)
     rows = []
     for i, log in enumerate(logs):
         s = easy_hard(log["pA"], log["grad_norm"])
         row = [log["label"], f"{s['easy']:.2f}", f"{s['hard']:.2f}", f"{s['ratio']:.2f}", str(s["n_easy"]),
-               str(s["n_hard"])]
+               str(s["n_hard"]), "n/a" if own[i] is None else f"[{own[i][0]:.2f}, {own[i][1]:.2f}]",
+               "" if i == 0 else "n/a" if vs[i] is None else f"{vs[i][0]:.2f} [{vs[i][1]:.2f}, {vs[i][2]:.2f}]",
+               "" if i == 0 else "n/a" if vs[i] is None else vs[i][3]]
         if acr_paths is not None:
             certified = None if acr_paths[i] == "-" else read_log(acr_paths[i])
             row.insert(1, "" if certified is None else "n/a" if certified["grid"] else
                        f"{acr(certified['radius'], certified['correct']):.3f}")
         rows.append(row)
-    header = ["method", "easy", "hard", "easy / hard", "n easy", "n hard"]
+    pct = f"{100 * level:g} %"
+    header = ["method", "easy", "hard", "easy / hard", "n easy", "n hard", f"easy / hard [{pct}]",
+              f"x {logs[0]['label']} [{pct}]", "verdict"]
     if acr_paths is not None:
         header.insert(1, "ACR")
     md = ("Mean per-example gradient l2 norm, easy: pA > 0.5, hard: pA < 0.5 (Table 2):\n\n" +
-          markdown(header, rows))
+          markdown(header, rows) +
+          f"\n\nIntervals: a bootstrap over the probes ({replicates} replicates, seed {seed}; "
+          f"{'paired: every file probed the same examples' if paired else 'unpaired: the files probed different examples'}"
+          f"); 'x {logs[0]['label']}' is the file's easy / hard over {logs[0]['label']}'s, with a band "
+          f"simultaneous over the files. They cover the choice of probes, not the training seed nor the pA "
+          f"estimates: a verdict is about these models (analyze.gradnorm_intervals).\n")
     write_text(out, f"{name}.md", md)
     write_text(out, f"{name}.tsv", tsv(header, rows))
     if out:
@@ -1436,7 +1492,7 @@ def main(argv=None):
         text = paper_report(args.root, args.out)
     elif c == "gradnorm":
         text = gradnorm_report(load_logs(args.logs, args.labels, args.sigmas, read_gradnorm), args.out,
-                               acr_paths=args.acr)
+                               acr_paths=args.acr, level=args.level, replicates=args.replicates, seed=args.seed)
     elif c == "trainpa":
         text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA), args.pt, args.out)
     elif c == "compare":

@@ -681,7 +681,7 @@ def read_gradient_norms(path):
     check(len(cols["pA"]) > 0, f"{path}: no examples (only a header)")
     check_rows(cols, path, (cols["pA"] >= 0) & (cols["pA"] <= 1) & (cols["grad_norm"] >= 0),
                "need 0 <= pA <= 1 and grad_norm >= 0 (finite)")
-    return {"path": path, "pA": cols["pA"], "grad_norm": cols["grad_norm"]}
+    return {"path": path, "idx": cols["idx"], "pA": cols["pA"], "grad_norm": cols["grad_norm"]}
 
 
 def read_ecdf_or_log(path):

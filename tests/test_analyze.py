@@ -231,6 +231,32 @@ def test_gradnorm_table_means_easy_and_hard_and_their_ratio(tmp_path, capsys):
     assert code == 2 and "one certification log per gradient-norm file" in err
 
 
+def test_gradnorm_intervals_find_a_known_factor_and_keep_the_nominal_rate_under_no_difference():
+    """analyze.gradnorm_intervals: one file against itself is 1 [1, 1]; doubling the easy probes' norms is found
+    as a factor near 2 whose band covers 2; two files drawn from one distribution (unpaired) are flagged at
+    most at about the nominal 5 % over 200 pairs."""
+    rng = np.random.default_rng(0)
+
+    def probes(n, easy_scale=1.0, idx=None):
+        pA = rng.uniform(0, 1, n)
+        g = rng.gamma(2.0, 3.0, n) * np.where(pA > 0.5, 0.6 * easy_scale, 1.0)
+        return {"idx": np.arange(n) if idx is None else idx, "pA": pA, "grad_norm": g, "label": "x"}
+    base = probes(600)
+    doubled = dict(base, grad_norm=np.where(base["pA"] > 0.5, 2 * base["grad_norm"], base["grad_norm"]))
+    own, vs, paired = analyze.gradnorm_intervals([base, base, doubled], 0.95, 1000, 0)
+    assert paired and vs[0] is None and vs[1][:3] == (1.0, 1.0, 1.0) and vs[1][3] == "within noise"
+    assert vs[2][0] == pytest.approx(2.0) and vs[2][1] <= 2 + 1e-9 and 2 - 1e-9 <= vs[2][2] and vs[2][3] == "higher"
+    assert own[0][0] < analyze.easy_hard(base["pA"], base["grad_norm"])["ratio"] < own[0][1]
+    flagged = 0
+    for k in range(200):
+        a, b = probes(300), probes(300, idx=np.arange(300) + 1000)
+        flagged += analyze.gradnorm_intervals([a, b], 0.95, 300, k)[1][1][3] != "within noise"
+    assert flagged <= 10 + 3 * (200 * 0.05 * 0.95) ** 0.5, flagged        # 5 % of 200, plus 3 sd
+    shifted = sum(analyze.gradnorm_intervals([probes(300), probes(300, 1.5, np.arange(300) + 1000)], 0.95, 300,
+                                             k)[1][1][3] == "higher" for k in range(20))
+    assert shifted >= 15                                                    # a 1.5x factor is found
+
+
 def test_ablation_marks_the_parts_and_puts_gaussian_first(tmp_path, capsys):
     logs = [write_log(tmp_path / f"{name}_sigma0.5.tsv", [0.5, 0.1], [1, 1]) for name in ("full", "base")]
     code, out, _ = run_main(["ablation", *logs, "--parts", "discard+weight+attack", "none"], capsys)
@@ -336,7 +362,8 @@ def test_the_committed_paper_logs_folder_is_what_the_paper_command_writes(tmp_pa
     code, out, err = run_main(["paper", "--root", REFERENCE, "--out", str(tmp_path)], capsys)
     assert code == 0, err
     folder = os.path.join(ROOT, "results", "paper_logs")
-    texts = sorted(f for f in os.listdir(folder) if f.endswith((".md", ".tsv", ".tex")) and f != "README.md")
+    texts = sorted(f for f in os.listdir(folder) if f.endswith((".md", ".tsv", ".tex"))
+                   and f not in ("README.md", "certify_seconds.md"))   # the latter: scripts/log_seconds.py
     assert len(texts) > 40 and set(texts) - {"report.md"} <= set(os.listdir(tmp_path))
     for name in set(texts) - {"report.md"}:
         with open(tmp_path / name) as fresh, open(os.path.join(folder, name)) as committed:
@@ -345,6 +372,21 @@ def test_the_committed_paper_logs_folder_is_what_the_paper_command_writes(tmp_pa
     with open(os.path.join(folder, "report.md")) as committed:
         assert [line.replace(REFERENCE, "../shared/reference/acr-weakness") for line in report] == \
             committed.read().splitlines()
+
+
+@needs_reference
+def test_the_committed_certification_seconds_are_the_published_logs_time_column(tmp_path):
+    """results/paper_logs/certify_seconds.md (scripts/log_seconds.py), behind docs/paper_scale.md's times."""
+    import glob
+    import subprocess
+    logs = sorted(glob.glob("../shared/reference/acr-weakness/certify/*/*/noise_*", root_dir=ROOT))
+    out = tmp_path / "seconds.md"
+    done = subprocess.run([sys.executable, "scripts/log_seconds.py", *logs, "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with open(os.path.join(ROOT, "results", "paper_logs", "certify_seconds.md")) as committed:
+        assert out.read_text() == committed.read()
+    assert "| ../shared/reference/acr-weakness/certify/cifar10/gaussian/noise_0.5.tsv | 10000 | 3.56 |" in out.read_text()
 
 
 @needs_reference
