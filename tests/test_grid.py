@@ -4,6 +4,7 @@ integer tables against brute force, threshold logic, the limiting case equal to 
 curtailment, accounting and resume. Seeded; rates are checked against alpha + 3 standard errors."""
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -492,3 +493,23 @@ def test_wald_limit_matches_closed_forms_and_no_valid_rule_beats_it():
     for pA in (0.3, 0.6, 0.8, 0.9, 0.99, 1.0):
         draws, _ = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 400, 0)
         assert draws >= bench.wald_limit([pA], thresholds, 0.001, 0.2, 20_000)[0] * 0.98, pA
+
+
+def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp_path):
+    """bench.py --grid-logs reads untrusted logs: a time cell is H:MM:SS(.f), 'D day(s), H:MM:SS' or seconds;
+    anything else is one UserError naming the file and line (was a ValueError traceback)."""
+    import bench
+    assert bench.log_seconds("0:00:03.617651") == pytest.approx(3.617651)
+    assert bench.log_seconds("2 days, 1:00:00") == 2 * 86400 + 3600
+    assert bench.log_seconds("3.5") == 3.5
+    source = os.path.join(ROOT, "results", "grid_cpu", "rerun", "sigma0.25")
+    for name in ("certify_N100000.tsv", "grid.tsv"):
+        for suffix in ("", ".json"):
+            shutil.copy(os.path.join(source, name + suffix), tmp_path / (name + suffix))
+    lines = (tmp_path / "grid.tsv").read_text().splitlines()
+    for bad in ("bogus", "1:99:00", "-1", "nan", ""):
+        cells = lines[4].split("\t")
+        cells[5] = bad
+        (tmp_path / "grid.tsv").write_text("\n".join(lines[:4] + ["\t".join(cells)] + lines[5:]) + "\n")
+        with pytest.raises(common.UserError, match=r"grid.tsv line 5: time"):
+            bench.grid_from_logs([str(tmp_path / "certify_N100000.tsv"), str(tmp_path / "grid.tsv")])
