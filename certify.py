@@ -62,13 +62,13 @@ LEGACY_COLUMNS = (CERTIFY_COLUMNS[:-1], PREDICT_COLUMNS[:-1])
 CHECKED_SETTINGS = ("script", "data", "mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N",
                     "alpha", "seed",
                     "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look",
-                    "ddrs")
+                    "grid_test", "ddrs")
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
 NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
 # What a sidecar written before a setting existed meant by it.
 SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
                     "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
-                    "final_look": None, "ddrs": None}
+                    "final_look": None, "grid_test": None, "ddrs": None}
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
 # removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, README): at 0.2,
 # 11-12 % fewer evaluations than at beta = alpha for 0.02-0.04 points of certified accuracy (2-4 of 10,000 runs).
@@ -204,6 +204,8 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
 # simulation (scripts/beta_curve.py's rule on results/grid_cpu's pA): against purely geometric looks (37) the
 # cap saves 6-9 % of the evaluations; the extra looks cost nothing in alpha beyond what grid_plan accounts.
 LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 32, 1.25, 500
+# The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones.
+GRID_TEST = "one-sided KT"
 
 
 def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_GAP):
@@ -219,26 +221,30 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
     return looks + [int(N_max)]
 
 
-def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0):
+def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0, one_sided=True):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ..., their
     thresholds tau_j = Phi(r_j / sigma), the check times (look_schedule) and common.grid_tables.
 
-    Exact alpha accounting. The betting sequence's thresholds are set at alpha_seq = alpha (Ville's bound:
-    valid alone), but on this schedule of checks it spends far less: common.crossing_probability gives the exact
-    probability that it ever certifies level j when pA = tau_j (the worst case of a wrong certificate at
-    r_j: crossing rises with pA, and a higher level is only crossed after this one). The final
-    Clopper-Pearson look at N_max gets the rest, alpha_fin = alpha - max_j spent_j. Guarantee, per example and
-    whatever the stopping (early stops only end sampling): P(certified radius wrong) <= spent + alpha_fin =
-    alpha. Without final_look there is no final look (the sequence's Ville bound alone). alpha_seq = alpha was
-    chosen by simulation on results/grid_cpu's pA: against alpha / 10 it stops 4-8 % earlier, and the final look
-    still gets about 0.91 alpha (at N_max = 100,000, alpha = 0.001). seq_level: the sequence at seq_level *
-    alpha instead (scripts/beta_curve.py --seq-levels; valid while its exact spend stays below alpha).
+    The tests. Level j is certified when the one-sided KT mixture against pA <= tau_j reaches 1 / alpha_seq
+    and ruled out when the one against pA >= tau_j reaches 1 / beta (common.one_sided_log_wealth; one_sided=False:
+    the two-sided KT wealth for both, the rule before session 10, which needs 3-9 % more draws at pA 0.6 to
+    0.99 in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md).
+
+    Exact alpha accounting. The thresholds are set at alpha_seq = seq_level * alpha (at 1, Ville's bound makes
+    the sequence valid alone), but on this schedule of checks it spends less: common.crossing_probability gives
+    the exact probability that it ever certifies level j when pA = tau_j (the worst case of a wrong certificate
+    at r_j: crossing rises with pA, and a higher level is only crossed after this one, the tables being
+    monotone in j). The final Clopper-Pearson look at N_max gets the rest, alpha_fin = alpha - max_j spent_j.
+    Guarantee, per example and whatever the stopping (early stops only end sampling): P(certified radius
+    wrong) <= spent + alpha_fin = alpha. Without final_look there is no final look (the sequence's Ville bound
+    alone). seq_level 1 was chosen by simulation on results/grid_cpu's pA (scripts/beta_curve.py
+    --seq-levels): lower levels leave more to the final look but stop later.
     """
     radii = sorted({0.0, *map(float, radii)})
     taus = norm.cdf(np.array(radii) / sigma)
     checks = look_schedule(N_max)
     alpha_seq = seq_level * alpha
-    tables = common.grid_tables(taus, checks, alpha_seq, beta, 0.0, N_max)
+    tables = common.grid_tables(taus, checks, alpha_seq, beta, 0.0, N_max, one_sided)
     spent = [common.crossing_probability(tables["lower"][j], checks, tau) for j, tau in enumerate(taus)]
     common.check(max(spent) <= alpha, f"the sequence at {seq_level:g} alpha spends {max(spent):.3g} > alpha")
     alpha_fin = max(alpha - max(spent), 0.0) if final_look else 0.0
@@ -341,7 +347,10 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, precisi
     N_max (budget), where the final Clopper-Pearson look applies too. Guarantee, per example and whatever the
     stopping or packing: the certified radius is wrong with probability at most alpha (grid_plan). Returns
     one dict per item: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (estimation draws
-    made), the anytime-valid interval pA_lower, pA_upper (not the biased nA / N), stop and counts.
+    made), the anytime-valid interval pA_lower, pA_upper (not the biased nA / N), stop and counts. The
+    interval is the two-sided KT sequence (alpha_seq below, beta above; at the budget the lower end is raised to
+    the final look's bound): it holds with probability at least 1 - alpha_seq - alpha_fin - beta. The level
+    comes from the sharper one-sided tests (grid_plan), so r_jL may exceed sigma Phi^-1(pA_lower).
     """
     jobs = [GridJob(x, g, c, N0, batch, num_classes, plan, sound) for x, g, c in items]
     active = list(jobs)
@@ -850,7 +859,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
                 "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
                 "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
-                "final_look": args.final_look if plan else None, "columns": list(columns), "ddrs": None,
+                "final_look": args.final_look if plan else None, "grid_test": GRID_TEST if plan else None,
+                "columns": list(columns), "ddrs": None,
                 **(extra_settings or {})}
     if prepare is not None:
         prepare(settings, dataset_name)

@@ -1048,34 +1048,65 @@ def kt_log_wealth(A, t, p):
     return betaln(A + 0.5, t - A + 0.5) - math.log(math.pi) - xlogy(A, p) - xlog1py(t - A, -p)
 
 
-def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max):
+def one_sided_log_wealth(A, t, tau, side):
+    """log wealth of the one-sided KT mixture against p = tau after t draws with A votes: the KT prior
+    restricted to q > tau (side +1, evidence that p > tau) or to q < tau (side -1) and renormalised,
+
+      W+_t(tau) = integral over q > tau of (q / tau)^A ((1 - q) / (1 - tau))^(t - A) pi(q) dq / pi(q > tau),
+
+    that is the KT wealth times the posterior mass of Beta(A + 1/2, t - A + 1/2) above tau over the prior
+    mass of Beta(1/2, 1/2) above tau (scipy's betaincc; betainc for side -1). Each likelihood ratio with q > tau
+    has mean 1 at p = tau and less below, so W+ is a nonnegative supermartingale whenever p <= tau (Ville:
+    P(ever >= 1/alpha) <= alpha). It spends nothing on alternatives on the wrong side of tau, which the
+    two-sided KT mixture does: its threshold is lower by log(1 / pi(q > tau)), 2.3 nats at tau = Phi(2).
+    numpy-vectorised."""
+    from scipy.special import betainc, betaincc
+    A, t = np.asarray(A, dtype=float), np.asarray(t, dtype=float)
+    a, b = A + 0.5, t - A + 0.5
+    tail, prior = (betaincc(a, b, tau), betaincc(0.5, 0.5, tau)) if side > 0 else \
+        (betainc(a, b, tau), betainc(0.5, 0.5, tau))
+    with np.errstate(divide="ignore"):
+        return kt_log_wealth(A, t, tau) + np.log(tail) - math.log(prior)
+
+
+def first_true(lo, hi, ok):
+    """Per entry, the smallest integer x in [lo, hi] with ok(x) (ok rises with x), hi + 1 if none: a binary
+    search run on whole arrays at once."""
+    lo, hi = np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64)
+    while (lo <= hi).any():
+        open_ = lo <= hi
+        mid = (lo + hi) // 2
+        good = ok(mid) & open_
+        hi = np.where(good, mid - 1, hi)
+        lo = np.where(open_ & ~good, mid + 1, lo)
+    return lo
+
+
+def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True):
     """Integer thresholds of GRID-CS (ADAPTIVE.md §2), one row per threshold tau_j = Phi(r_j / sigma).
 
     At check time checks[i] with A votes: level j is certified once A >= lower[j, i] (the smallest A with
-    A / t > tau_j and log W_t(tau_j) >= log(1 / alpha_seq)), and ruled out once A <= upper[j, i] (the largest
-    A with A / t < tau_j and log W_t(tau_j) >= log(1 / beta)); unreachable entries are t + 1 and -1. final[j]:
-    the smallest A whose Clopper-Pearson bound at alpha_fin over N_max draws exceeds tau_j (>= for j > 0;
-    > 1/2 for tau_0 = 1/2), N_max + 1 if none. The wealth grows with A above t tau and falls below it, so
-    each threshold is a binary search. Returns a dict of int64 arrays: lower, upper (k, len(checks)), final (k,).
+    A / t > tau_j and log W+_t(tau_j) >= log(1 / alpha_seq)), and ruled out once A <= upper[j, i] (the largest
+    A with A / t < tau_j and log W-_t(tau_j) >= log(1 / beta)); unreachable entries are t + 1 and -1. W+ and W-
+    are one_sided_log_wealth's one-sided mixtures (one_sided=False: the two-sided KT wealth for both, the rule
+    before session 10). Both tables are then made non-decreasing over j (a level is certified only with every
+    level below it, ruled out with every level above it), which only removes certificates. final[j]: the
+    smallest A whose Clopper-Pearson bound at alpha_fin over N_max draws exceeds tau_j (>= for j > 0; > 1/2 for
+    tau_0 = 1/2), N_max + 1 if none. The wealths grow with A above t tau and fall below it, so each threshold
+    is a binary search (first_true). Returns a dict of int64 arrays: lower, upper (k, len(checks)), final (k,).
     """
-    def first(lo, hi, ok):   # smallest A in [lo, hi] with ok(A) (ok monotone rising), hi + 1 if none
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if ok(mid):
-                hi = mid - 1
-            else:
-                lo = mid + 1
-        return lo
-    k = len(taus)
-    lower, upper = np.zeros((k, len(checks)), np.int64), np.zeros((k, len(checks)), np.int64)
+    t = np.asarray(checks, dtype=np.int64)
     level_seq = math.log(1 / alpha_seq) if alpha_seq > 0 else math.inf
     level_beta = math.log(1 / beta) if beta > 0 else math.inf
+    up = (lambda A, tau: one_sided_log_wealth(A, t, tau, +1)) if one_sided else (lambda A, tau: kt_log_wealth(A, t, tau))
+    down = (lambda A, tau: one_sided_log_wealth(A, t, tau, -1)) if one_sided else (lambda A, tau: kt_log_wealth(A, t, tau))
+    lower, upper = np.zeros((len(taus), len(t)), np.int64), np.zeros((len(taus), len(t)), np.int64)
     for j, tau in enumerate(taus):
-        for i, t in enumerate(checks):
-            above = math.floor(t * tau) + 1                      # the smallest A with A / t > tau
-            lower[j, i] = first(above, t, lambda A: kt_log_wealth(A, t, tau) >= level_seq)
-            below = math.ceil(t * tau) - 1                       # the largest A with A / t < tau
-            upper[j, i] = below - first(0, below, lambda d: kt_log_wealth(below - d, t, tau) >= level_beta)
+        above = np.floor(t * tau).astype(np.int64) + 1                 # the smallest A with A / t > tau
+        lower[j] = first_true(above, t, lambda A: up(A, tau) >= level_seq)
+        below = np.ceil(t * tau).astype(np.int64) - 1                  # the largest A with A / t < tau
+        upper[j] = first_true(np.zeros_like(t), below, lambda A: ~(down(A, tau) >= level_beta)) - 1
+    lower, upper = np.maximum.accumulate(lower, axis=0), np.maximum.accumulate(upper, axis=0)
     return {"lower": lower, "upper": upper, "final": final_thresholds(taus, N_max, alpha_fin)}
 
 

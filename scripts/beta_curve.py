@@ -62,25 +62,31 @@ def previous_plan(radii, sigma, N, batch, alpha):
     from scipy.stats import norm
     levels = sorted({0.0, *map(float, radii)})
     checks = [int(c) for c in np.cumsum(common.pass_sizes(N, batch))]
-    tables = common.grid_tables(norm.cdf(np.array(levels) / sigma), checks, alpha / 10, alpha, 0.9 * alpha, N)
+    tables = common.grid_tables(norm.cdf(np.array(levels) / sigma), checks, alpha / 10, alpha, 0.9 * alpha, N,
+                                one_sided=False)
     slack = tables["lower"] - np.array(checks)
     return dict(tables, radii=levels, checks=checks, reach=np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1],
                 N_max=N)
 
 
 def draws_at(pAs, radii, sigma, N, batch, alpha, reps, seed):
-    """Mean estimation draws per example at each true pA: the previous rule against today's."""
-    now = certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True)
-    before = previous_plan(radii, sigma, N, batch, alpha)
-    rows = [(p, simulate(before, np.array([p]), np.array([True]), reps, seed)[0],
-             simulate(now, np.array([p]), np.array([True]), reps, seed)[0]) for p in pAs]
+    """Mean estimation draws per example at each true pA: session 7's rule, session 9's and today's."""
+    plans = {"session 7": previous_plan(radii, sigma, N, batch, alpha),
+             "session 9": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True,
+                                            one_sided=False),
+             "now": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True)}
+    rows = [(p, *[simulate(plan, np.array([p]), np.array([True]), reps, seed)[0] for plan in plans.values()])
+            for p in pAs]
     return (f"Estimation draws per example (N0 not included) of --radii {' '.join(f'{r:g}' for r in radii)} at "
-            f"sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, {reps} simulated runs per pA: the rule before "
-            f"(a look per pass of {batch}, beta = alpha, 0.9 alpha on the final look) against today's (looks "
-            f"from 32 draws growing by 25 %, at most 500 apart, beta = {certify.DEFAULT_BETA:g}, the sequence at "
-            f"alpha with exact accounting).\n\n"
-            "| pA | before | now | x fewer |\n|---|---|---|---|\n" +
-            "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {a / b:.2f} |\n" for p, a, b in rows))
+            f"sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, {reps} simulated runs per pA. Session 7's rule: a "
+            f"look per pass of {batch}, beta = alpha, the two-sided KT sequence at alpha / 10 and 0.9 alpha on the "
+            f"final look. Session 9's: looks from 32 draws growing by 25 %, at most 500 apart, beta = "
+            f"{certify.DEFAULT_BETA:g}, the two-sided sequence at alpha with exact accounting. Now: the same with "
+            f"one-sided tests ({certify.GRID_TEST}).\n\n"
+            "| pA | session 7 | session 9 | now | x fewer than session 7 | x fewer than session 9 |\n"
+            "|---|---|---|---|---|---|\n" +
+            "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {a / c:.2f} | {b / c:.2f} |\n"
+                    for p, a, b, c in rows))
 
 
 def seq_levels(args):
@@ -90,15 +96,19 @@ def seq_levels(args):
     pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
     rows = []
     for f in args.seq_levels:
-        plan = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, certify.DEFAULT_BETA, True, f)
+        try:
+            plan = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, certify.DEFAULT_BETA, True, f)
+        except common.UserError:   # the tests at this level spend more than alpha: not a valid rule
+            continue
         draws, acc = simulate(plan, pA, correct, args.reps, args.seed)
         rows.append((f, plan["spent"], plan["alpha_fin"] / args.alpha, args.N0 + draws,
                      (args.N0 + args.N) / (args.N0 + draws), acc))
     radii = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, 0.0, True)["radii"]
-    return (f"The betting sequence of certify.py --radii {' '.join(f'{r:g}' for r in args.radii)} at level F x alpha "
+    return (f"The tests of certify.py --radii {' '.join(f'{r:g}' for r in args.radii)} at level F x alpha "
             f"(sigma {sigma:g}, N_max {args.N:,}, alpha {args.alpha:g}, beta {certify.DEFAULT_BETA:g}), simulated on "
             f"the true pA of the {len(pA)} examples of {args.log} ({args.reps} runs each): the error the sequence "
-            f"really spends (exact), the final look's share of alpha, mean model evaluations per example (N0 = "
+            f"really spends (exact; an F where it would exceed alpha is left out), the final look's share of "
+            f"alpha, mean model evaluations per example (N0 = "
             f"{args.N0} included), how many times fewer than CERTIFY, and certified accuracy (%).\n\n"
             "| F | spent | final look (x alpha) | evaluations | x fewer | " +
             " | ".join(f"r = {r:g}" for r in radii) + " |\n|" + "---|" * (5 + len(radii)) + "\n" +
@@ -117,11 +127,11 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20, help="simulated runs per example (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="folder for beta_curve.tsv, .md and .png")
-    p.add_argument("--seq-levels", type=float, nargs="+", metavar="F", help="instead: the betting sequence at "
+    p.add_argument("--seq-levels", type=float, nargs="+", metavar="F", help="instead: the tests at "
                    "F x alpha for each F (certify.grid_plan's seq_level; the final look gets what it leaves), at the "
                    "default beta (--out: seq_level.md)")
     p.add_argument("--at-pA", type=float, nargs="+", metavar="P", help="instead: mean draws at these true pA, the "
-                   "previous rule against today's (the log is then unused but for its sigma; --out: draws_at_pA.md)")
+                   "rules of sessions 7 and 9 against today's (the log is then unused but for its sigma; --out: draws_at_pA.md)")
     args = p.parse_args(argv)
     if args.at_pA:
         common.check(all(0 <= q <= 1 for q in args.at_pA), "--at-pA values must lie in [0, 1]")

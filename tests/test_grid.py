@@ -37,15 +37,17 @@ def test_kt_closed_form_equals_the_step_by_step_product():
         assert common.kt_log_wealth(A, 500, p) == pytest.approx(by_steps, abs=1e-9)
 
 
-def test_tables_match_brute_force_for_small_t():
+@pytest.mark.parametrize("one_sided", [True, False])
+def test_tables_match_brute_force_for_small_t(one_sided):
     taus, checks = [0.5, 0.7, 0.9], list(range(10, 501, 49))
-    tables = common.grid_tables(taus, checks, 0.01, 0.02, 0.05, 500)
+    tables = common.grid_tables(taus, checks, 0.01, 0.02, 0.05, 500, one_sided)
     for j, tau in enumerate(taus):
         for i, t in enumerate(checks):
             A = np.arange(t + 1)
-            wealth = common.kt_log_wealth(A, t, tau)
-            lower = A[(A / t > tau) & (wealth >= math.log(100))]
-            upper = A[(A / t < tau) & (wealth >= math.log(50))]
+            up = common.one_sided_log_wealth(A, t, tau, +1) if one_sided else common.kt_log_wealth(A, t, tau)
+            down = common.one_sided_log_wealth(A, t, tau, -1) if one_sided else common.kt_log_wealth(A, t, tau)
+            lower = A[(A / t > tau) & (up >= math.log(100))]
+            upper = A[(A / t < tau) & (down >= math.log(50))]
             assert tables["lower"][j, i] == (lower.min() if len(lower) else t + 1)
             assert tables["upper"][j, i] == (upper.max() if len(upper) else -1)
         A = np.arange(501)
@@ -53,6 +55,25 @@ def test_tables_match_brute_force_for_small_t():
         ok = A[(cp > tau) if j == 0 else (cp >= tau)]
         assert tables["final"][j] == (ok.min() if len(ok) else 501)
     assert np.all(np.diff(tables["lower"], axis=0) >= 0)              # higher radius, more votes needed
+
+
+def test_one_sided_wealth_is_the_restricted_mixture_and_never_below_the_two_sided():
+    """common.one_sided_log_wealth against numerical integration of the KT prior restricted to one side of tau,
+    and the reason for it: where A / t lies beyond tau it exceeds the two-sided KT wealth by at most
+    log(1 / prior mass of that side), which it approaches as the posterior leaves tau behind."""
+    from scipy.integrate import quad
+    from scipy.special import betainc
+    for A, t, tau, side in [(90, 100, 0.8, 1), (60, 100, 0.8, -1), (995, 1000, 0.977, 1), (3, 10, 0.5, -1)]:
+        lr = lambda q: math.exp(A * math.log(q / tau) + (t - A) * math.log((1 - q) / (1 - tau)))   # noqa: E731
+        prior = lambda q: 1 / (math.pi * math.sqrt(q * (1 - q)))                                     # noqa: E731
+        lo, hi = (tau, 1) if side > 0 else (0, tau)
+        num = quad(lambda q: lr(q) * prior(q), lo, hi, limit=200, points=[A / t] if lo < A / t < hi else None)[0]
+        assert common.one_sided_log_wealth(A, t, tau, side) == pytest.approx(
+            math.log(num / quad(prior, lo, hi)[0]), abs=1e-8)
+    tau = norm.cdf(2.0)
+    gain = common.one_sided_log_wealth(1000, 1000, tau, +1) - common.kt_log_wealth(1000, 1000, tau)
+    assert 0 < gain <= -math.log(1 - betainc(0.5, 0.5, tau)) + 1e-12
+    assert gain == pytest.approx(-math.log(1 - betainc(0.5, 0.5, tau)), abs=1e-3)   # 2.3 nats
 
 
 def cs_violations(p, n, alpha, beta, rng, checks):
@@ -86,6 +107,13 @@ def test_confidence_sequence_covers_at_every_look_and_a_repeated_cp_test_does_no
 def test_table_boundaries_agree_with_the_radius_formula():
     # at the threshold count the bound certifies r (sigma Phi^-1(L) >= r), one vote fewer it does not
     sigma, N = 0.5, 5000
+    two_sided = certify.grid_plan([0.25, 0.5, 1.0], sigma, N, 500, 0.001, 0.001, True, one_sided=False)
+    for j, r in enumerate(two_sided["radii"]):   # the rule before: the KT interval's lower end crosses tau_j
+        for i, t in enumerate(two_sided["checks"]):
+            A = int(two_sided["lower"][j, i])
+            if A <= t:
+                assert common.kt_interval(A, t, two_sided["alpha_seq"], 0.5)[0] >= norm.cdf(r / sigma) - 1e-12
+                assert common.kt_interval(A - 1, t, two_sided["alpha_seq"], 0.5)[0] < norm.cdf(r / sigma) + 1e-12
     plan = certify.grid_plan([0.25, 0.5, 1.0], sigma, N, 500, 0.001, 0.001, True)
     for j, r in enumerate(plan["radii"]):
         A = int(plan["final"][j])
@@ -93,11 +121,13 @@ def test_table_boundaries_agree_with_the_radius_formula():
         L_less = common.clopper_pearson_lower(A - 1, N, plan["alpha_fin"])
         assert sigma * norm.ppf(L) >= r - 1e-9 and (L > 0.5 if r == 0 else True)
         assert sigma * norm.ppf(L_less) < r + 1e-9 or (r == 0 and L_less <= 0.5)
+        tau, level = norm.cdf(r / sigma), math.log(1 / plan["alpha_seq"])
         for i, t in enumerate(plan["checks"]):
             A = int(plan["lower"][j, i])
-            if A <= t:   # reachable: the KT lower bound crosses tau_j exactly there
-                assert common.kt_interval(A, t, plan["alpha_seq"], 0.5)[0] >= norm.cdf(r / sigma) - 1e-12
-                assert common.kt_interval(A - 1, t, plan["alpha_seq"], 0.5)[0] < norm.cdf(r / sigma) + 1e-12
+            if A <= t:   # reachable: the one-sided wealth at tau_j crosses 1 / alpha exactly there
+                assert common.one_sided_log_wealth(A, t, tau, +1) >= level
+                assert (common.one_sided_log_wealth(A - 1, t, tau, +1) < level or A - 1 <= t * tau or
+                        (j > 0 and plan["lower"][j - 1, i] == A))     # or raised to the level below's
     assert plan["radii"] == [0.0, 0.25, 0.5, 1.0]                         # 0 is always a level
 
 
@@ -301,12 +331,15 @@ def test_crossing_probability_matches_closed_forms_and_a_simulation():
 
 
 def test_exact_accounting_gives_the_final_look_the_rest_and_spends_at_most_alpha():
-    """At the paper's setting (N = 100,000, alpha = 0.001) the sequence, set at Ville's level alpha and looking
-    after 32 draws and then every 25 % more (at most 500 apart), spends about a tenth of it; the final look gets
-    the rest (about 0.9 alpha), and the total is alpha, not more."""
+    """At the paper's setting (N = 100,000, alpha = 0.001) the one-sided tests, set at Ville's level alpha and
+    looking after 32 draws and then every 25 % more (at most 500 apart), spend about half of it (the two-sided
+    KT sequence about a tenth: its boundary is wider); the final look gets the rest, and the total is alpha,
+    not more."""
     plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 1000, 0.001, 0.2, True)
-    assert plan["alpha_seq"] == 0.001 and 0 < plan["spent"] < 0.15 * plan["alpha_seq"]
-    assert plan["spent"] + plan["alpha_fin"] <= 0.001 + 1e-15 and plan["alpha_fin"] > 0.85 * 0.001
+    assert plan["alpha_seq"] == 0.001 and 0.3 * 0.001 < plan["spent"] < 0.6 * 0.001
+    assert plan["spent"] + plan["alpha_fin"] <= 0.001 + 1e-15 and plan["alpha_fin"] > 0.4 * 0.001
+    two_sided = certify.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 1000, 0.001, 0.2, True, one_sided=False)
+    assert 0 < two_sided["spent"] < 0.15 * 0.001 and two_sided["alpha_fin"] > 0.85 * 0.001
     for j, tau in enumerate(norm.cdf(np.array(plan["radii"]) / 0.5)):   # every level within its share
         assert common.crossing_probability(plan["lower"][j], plan["checks"], tau) <= plan["spent"] + 1e-15
 
@@ -513,3 +546,21 @@ def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp
         (tmp_path / "grid.tsv").write_text("\n".join(lines[:4] + ["\t".join(cells)] + lines[5:]) + "\n")
         with pytest.raises(common.UserError, match=r"grid.tsv line 5: time"):
             bench.grid_from_logs([str(tmp_path / "certify_N100000.tsv"), str(tmp_path / "grid.tsv")])
+
+
+def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tmp_path):
+    """scripts/grid_validity.py (the long benchmark, here with 3,000 runs a level and no pipeline part): the
+    exact error of every level is within alpha and the simulated rates agree with it, at alpha = 0.001 the
+    exact spend is alpha and no more, and the negative control, a Clopper-Pearson test repeated at every look,
+    is caught."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("grid_validity", os.path.join(ROOT, "scripts", "grid_validity.py"))
+    grid_validity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid_validity)
+    out = tmp_path / "report.md"
+    assert grid_validity.main(["--out", str(out), "--trials", "3000", "--pipeline-trials", "0",
+                               "--alphas", "0.05"]) == 0
+    text = out.read_text()
+    assert "**All checks hold**" in text and "The harness can fail" in text
+    rows, plan = grid_validity.vote_process([0.25, 0.5], 0.5, 5000, 0.05, 0.2, 2000, 3, negative=True)
+    assert all(lo > 0.05 for *_, (lo, _) in rows)                      # repeated fixed-n tests: far above alpha
