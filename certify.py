@@ -70,8 +70,8 @@ SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last"
                     "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
                     "final_look": None, "grid_test": None, "ddrs": None}
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
-# removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, README): at 0.2,
-# 11-12 % fewer evaluations than at beta = alpha for 0.02-0.04 points of certified accuracy (2-4 of 10,000 runs).
+# removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, docs/certification.md):
+# at 0.2, 13-15 % fewer evaluations than at beta = alpha for 0.04 points of certified accuracy (4 of 10,000 runs).
 DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
