@@ -1195,7 +1195,8 @@ def gaussian_noise(shape, sigma, device, generator=None):
 # it to the input's integer levels (a + J) and converts once, z = fp32(a + J) / 255. Since x + q_h(G) =
 # q_h(x + G) for x on the grid, the votes are those of the Gaussian smoothing of f o phi o q_h, so Cohen's
 # radius holds unchanged for that classifier. A draw whose integer falls past the last threshold (about
-# 1e-16 per coordinate) is a failure and votes for no class: never A, and counted in the full N.
+# 1e-16 to 5e-16 per coordinate for sigma 0.25 to 1) is a failure and votes for no class: never A, and counted
+# in the full N.
 
 SOUND_Q = 2 ** 62       # the uniform integers compared with the thresholds: 62 fair coin flips per coordinate
 GRID_LEVELS = 255       # 8-bit inputs x = a / 255

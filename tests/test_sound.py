@@ -329,3 +329,12 @@ def test_sound_and_float_certification_agree_on_a_trained_digits_model():
     assert plain[0] > 0.6                                                    # a model worth comparing
     # the same examples certified twice with independent noise: within 4 standard errors of a difference
     assert np.all(np.abs(sound - plain) <= 4 * np.sqrt(2 * 0.25 / n)), (sound, plain)
+
+
+def test_failure_mass_per_coordinate_is_the_flooring_loss_the_docs_give():
+    """The share of integers past the last threshold (a failed draw) is what the floors leave: below one
+    integer per bin, (2L + 1) / Q, and 2.5e-16 at sigma = 0.5 (docs/certification.md), 1.2e-16 at 0.25."""
+    for sigma, expected in ((0.25, 1.2e-16), (0.5, 2.5e-16)):
+        S, L = common.rounded_gaussian_table(sigma)
+        fail = (common.SOUND_Q - int(S[-1])) / common.SOUND_Q
+        assert 0 < fail < (2 * L + 1) / common.SOUND_Q and fail == pytest.approx(expected, rel=0.05)
