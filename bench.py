@@ -666,7 +666,8 @@ def wald_limit(pA, thresholds, alpha, beta, N_max, N0=0, miss=0.0):
     (the data-processing inequality at N; KL of one Bernoulli draw, kl of the event's probabilities). Certify:
     E = "certified" with P_p(E) >= 1 - miss, P_tau(E) <= alpha; rule out: P_p(E) >= 1 - alpha, P_tau(E) <= beta.
     A limit, not a rule: no valid test that decides as often can spend less on average; the estimate nA / N of
-    pA stands in for the truth."""
+    pA stands in for the truth. An arm can come out below it only by deciding less often: by giving up
+    certificates of examples whose pA sits next to a threshold (its disagreements with the reference show them)."""
     from scipy.special import rel_entr
     def kl(p, q):   # Bernoulli KL in nats
         return rel_entr(p, q) + rel_entr(1 - p, 1 - q)
