@@ -45,7 +45,6 @@ import json
 import math
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -593,26 +592,6 @@ def print_grid_table(results, reference, grid_arms, N, N0, levels):
               flush=True)
 
 
-TIME_CELL = re.compile(r"(?:(\d+) days?, )?(\d+):([0-5]\d):([0-5]\d(?:\.\d+)?)")
-
-
-def log_seconds(cell, where="time"):
-    """Seconds of a certification log's time cell: str of a datetime.timedelta ('H:MM:SS.ffffff' or
-    'D day(s), H:MM:SS.ffffff', as certify.py and Cohen et al.'s code write it) or plain seconds; anything
-    else is a UserError naming `where`."""
-    match = TIME_CELL.fullmatch(cell.strip())
-    if match:
-        days, hours, minutes, secs = match.groups()
-        return int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + float(secs)
-    try:
-        seconds = float(cell)
-    except ValueError:
-        seconds = float("nan")
-    common.check(math.isfinite(seconds) and seconds >= 0, f"{where}: time {cell!r} is neither H:MM:SS nor "
-                                                          f"seconds")
-    return seconds
-
-
 def grid_from_logs(paths):
     """(g) from certify.py logs of one model on the same examples (--grid-logs): the first is CERTIFY at the
     budget N (the reference), the others CERTIFY at another N or certify.py --radii runs. Certification logs
@@ -627,7 +606,7 @@ def grid_from_logs(paths):
         name = os.path.splitext(os.path.basename(log["path"]))[0]
         results[name] = {"idx": cols["idx"][order], "radius": log["radius"][order], "correct": log["correct"][order],
                          "evals": log["sidecar"].get("N0", 100) + log["N"][order],
-                         "time": sum(log_seconds(t, f"{log['path']} line {line}")
+                         "time": sum(common.log_seconds(t, f"{log['path']} line {line}")
                                      for t, line in zip(cols["time"], cols["_line"]))}
         if log.get("grid"):
             grid_arms.add(name)

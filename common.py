@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -684,6 +685,25 @@ def read_gradient_norms(path):
     return {"path": path, "idx": cols["idx"], "pA": cols["pA"], "grad_norm": cols["grad_norm"]}
 
 
+LOG_TIME_CELL = re.compile(r"(?:(\d+) days?, )?(\d+):([0-5]\d):([0-5]\d(?:\.\d+)?)")
+
+
+def log_seconds(cell, where="time"):
+    """Seconds of a certification log's time cell: str of a datetime.timedelta ('H:MM:SS.ffffff' or
+    'D day(s), H:MM:SS.ffffff', as certify.py and Cohen et al.'s code write it) or plain seconds; anything
+    else is a UserError naming `where`."""
+    match = LOG_TIME_CELL.fullmatch(cell.strip())
+    if match:
+        days, hours, minutes, secs = match.groups()
+        return int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + float(secs)
+    try:
+        seconds = float(cell)
+    except ValueError:
+        seconds = float("nan")
+    check(math.isfinite(seconds) and seconds >= 0, f"{where}: time {cell!r} is neither H:MM:SS nor seconds")
+    return seconds
+
+
 def read_ecdf_or_log(path):
     """budget accepts certification logs and tabulated ECDFs (`x y`, p increasing in [0, 1])."""
     lines = read_lines(path)
@@ -1098,14 +1118,15 @@ def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True)
     t = np.asarray(checks, dtype=np.int64)
     level_seq = math.log(1 / alpha_seq) if alpha_seq > 0 else math.inf
     level_beta = math.log(1 / beta) if beta > 0 else math.inf
-    up = (lambda A, tau: one_sided_log_wealth(A, t, tau, +1)) if one_sided else (lambda A, tau: kt_log_wealth(A, t, tau))
-    down = (lambda A, tau: one_sided_log_wealth(A, t, tau, -1)) if one_sided else (lambda A, tau: kt_log_wealth(A, t, tau))
+
+    def wealth(A, tau, side):
+        return one_sided_log_wealth(A, t, tau, side) if one_sided else kt_log_wealth(A, t, tau)
     lower, upper = np.zeros((len(taus), len(t)), np.int64), np.zeros((len(taus), len(t)), np.int64)
     for j, tau in enumerate(taus):
         above = np.floor(t * tau).astype(np.int64) + 1                 # the smallest A with A / t > tau
-        lower[j] = first_true(above, t, lambda A: up(A, tau) >= level_seq)
+        lower[j] = first_true(above, t, lambda A: wealth(A, tau, +1) >= level_seq)
         below = np.ceil(t * tau).astype(np.int64) - 1                  # the largest A with A / t < tau
-        upper[j] = first_true(np.zeros_like(t), below, lambda A: ~(down(A, tau) >= level_beta)) - 1
+        upper[j] = first_true(np.zeros_like(t), below, lambda A: ~(wealth(A, tau, -1) >= level_beta)) - 1
     lower, upper = np.maximum.accumulate(lower, axis=0), np.maximum.accumulate(upper, axis=0)
     return {"lower": lower, "upper": upper, "final": final_thresholds(taus, N_max, alpha_fin)}
 

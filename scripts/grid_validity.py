@@ -78,11 +78,7 @@ def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False):
     if negative:   # a fixed-n Clopper-Pearson test at alpha at every look: thresholds without any correction
         taus = norm.cdf(np.array(plan["radii"]) / sigma)
         plan = dict(plan, **common.grid_tables(taus, plan["checks"], alpha, beta, alpha, N, True))
-        for j, tau in enumerate(taus):
-            for i, t in enumerate(plan["checks"]):
-                A = np.arange(t + 1)
-                ok = A[beta_dist.ppf(alpha, np.maximum(A, 1), t - A + 1) * (A > 0) > tau]
-                plan["lower"][j, i] = ok.min() if len(ok) else t + 1
+        plan["lower"] = np.stack([common.final_thresholds(taus, t, alpha) for t in plan["checks"]], axis=1)
         slack = plan["lower"] - np.array(plan["checks"])
         plan["reach"] = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]
     rows = []

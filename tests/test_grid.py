@@ -532,9 +532,9 @@ def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp
     """bench.py --grid-logs reads untrusted logs: a time cell is H:MM:SS(.f), 'D day(s), H:MM:SS' or seconds;
     anything else is one UserError naming the file and line (was a ValueError traceback)."""
     import bench
-    assert bench.log_seconds("0:00:03.617651") == pytest.approx(3.617651)
-    assert bench.log_seconds("2 days, 1:00:00") == 2 * 86400 + 3600
-    assert bench.log_seconds("3.5") == 3.5
+    assert common.log_seconds("0:00:03.617651") == pytest.approx(3.617651)
+    assert common.log_seconds("2 days, 1:00:00") == 2 * 86400 + 3600
+    assert common.log_seconds("3.5") == 3.5
     source = os.path.join(ROOT, "results", "grid_cpu", "rerun", "sigma0.25")
     for name in ("certify_N100000.tsv", "grid.tsv"):
         for suffix in ("", ".json"):
