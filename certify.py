@@ -204,8 +204,9 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
 # simulation (scripts/beta_curve.py's rule on results/grid_cpu's pA): against purely geometric looks (37) the
 # cap saves 6-9 % of the evaluations; the extra looks cost nothing in alpha beyond what grid_plan accounts.
 LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 32, 1.25, 500
-# The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones.
-GRID_TEST = "one-sided KT"
+# The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones
+# (session 10's logs say "one-sided KT": the same tests with the KT prior for every example).
+GRID_TEST = "one-sided, prior from the selection votes"
 
 
 def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_GAP):
@@ -221,46 +222,80 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
     return looks + [int(N_max)]
 
 
-def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0, one_sided=True):
+def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0, one_sided=True,
+              selection_prior=True):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ..., their
-    thresholds tau_j = Phi(r_j / sigma), the check times (look_schedule) and common.grid_tables.
+    thresholds tau_j = Phi(r_j / sigma), the check times (look_schedule) and, through prior_tables, the
+    integer tables of the tests (common.grid_tables) with their exact alpha accounting.
 
-    The tests. Level j is certified when the one-sided KT mixture against pA <= tau_j reaches 1 / alpha_seq
-    and ruled out when the one against pA >= tau_j reaches 1 / beta (common.one_sided_log_wealth; one_sided=False:
-    the two-sided KT wealth for both, the rule before session 10, which needs 3-9 % more draws at pA 0.6 to
-    0.99 in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md).
+    The tests. Level j is certified when the one-sided mixture against pA <= tau_j reaches 1 / alpha_seq and
+    ruled out when the one against pA >= tau_j reaches 1 / beta (common.one_sided_log_wealth; one_sided=False:
+    the two-sided wealth for both, the rule before session 10, which needs 3-9 % more draws at pA 0.6 to 0.99
+    in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md).
+
+    The mixture's prior. With selection_prior (the default), an example whose candidate cA got k0 of the N0
+    selection votes is tested with the prior Beta(k0 + 1/2, N0 - k0 + 1/2) (selection_prior_of), the KT
+    posterior of those votes: it centres the mixture near pA, so the wealth grows about as fast as if pA were
+    known to within sqrt(pA (1 - pA) / N0) (session 11: 20-25 % fewer draws than the KT prior in simulation,
+    results/grid_cpu/sigma0.5/draws_at_pA.md). Valid because the estimation draws are independent of the
+    selection draws: given the selection (cA and k0), the prior is fixed before the test's first draw, and
+    every statement below holds conditionally on it, hence also on average. Without selection draws (label
+    mode) or without selection_prior: the KT prior Beta(1/2, 1/2). The plan's own lower, upper, final, reach,
+    alpha_fin and spent are the KT prior's; prior_tables gives any other's (computed once, then cached).
 
     Exact alpha accounting. The thresholds are set at alpha_seq = seq_level * alpha (at 1, Ville's bound makes
     the sequence valid alone), but on this schedule of checks it spends less: common.crossing_probability gives
     the exact probability that it ever certifies level j when pA = tau_j (the worst case of a wrong certificate
     at r_j: crossing rises with pA, and a higher level is only crossed after this one, the tables being
-    monotone in j). The final Clopper-Pearson look at N_max gets the rest, alpha_fin = alpha - max_j spent_j.
-    Guarantee, per example and whatever the stopping (early stops only end sampling): P(certified radius
-    wrong) <= spent + alpha_fin = alpha. Without final_look there is no final look (the sequence's Ville bound
-    alone). seq_level 1 was chosen by simulation on results/grid_cpu's pA (scripts/beta_curve.py
-    --seq-levels): lower levels leave more to the final look but stop later.
+    monotone in j). The final Clopper-Pearson look at N_max gets the rest, alpha_fin = alpha - max_j spent_j,
+    separately for each prior. Guarantee, per example and whatever the stopping (early stops only end
+    sampling): P(certified radius wrong | selection) <= spent + alpha_fin = alpha. Without final_look there is
+    no final look (the sequence's Ville bound alone). seq_level 1 was chosen by simulation on results/grid_cpu's
+    pA (scripts/beta_curve.py --seq-levels): lower levels leave more to the final look but stop later.
     """
     radii = sorted({0.0, *map(float, radii)})
-    taus = norm.cdf(np.array(radii) / sigma)
     checks = look_schedule(N_max)
-    alpha_seq = seq_level * alpha
-    tables = common.grid_tables(taus, checks, alpha_seq, beta, 0.0, N_max, one_sided)
-    spent = [common.crossing_probability(tables["lower"][j], checks, tau) for j, tau in enumerate(taus)]
-    common.check(max(spent) <= alpha, f"the sequence at {seq_level:g} alpha spends {max(spent):.3g} > alpha")
-    alpha_fin = max(alpha - max(spent), 0.0) if final_look else 0.0
-    tables["final"] = common.final_thresholds(taus, N_max, alpha_fin)
-    slack = tables["lower"] - np.array(checks)                      # votes needed beyond all-cA draws
-    reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]  # suffix minima: can level j still come?
-    return dict(tables, radii=radii, checks=checks, position={t: i for i, t in enumerate(checks)}, reach=reach,
-                alpha_seq=alpha_seq, alpha_fin=alpha_fin, beta=beta, N_max=N_max, spent=max(spent))
+    plan = dict(radii=radii, taus=norm.cdf(np.array(radii) / sigma), checks=checks,
+                position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=seq_level * alpha,
+                beta=beta, N_max=N_max, final_look=final_look, one_sided=one_sided,
+                selection_prior=selection_prior, cache={})
+    return dict(plan, **prior_tables(plan, common.KT_PRIOR))
 
 
-def decided_levels(plan, A, i, final=False):
-    """(highest certified level, highest level not ruled out) after check i with A votes (-1: none)."""
-    certified = np.flatnonzero(A >= plan["lower"][:, i])
+def prior_tables(plan, prior):
+    """The tables of grid_plan's tests with the mixture Beta(prior) (cached in the plan): lower, upper, final
+    (common.grid_tables), reach (per level and check: votes needed beyond all-cA draws, suffix minima, for
+    curtailing), spent (the sequence's exact worst-level error) and alpha_fin (the final look's level)."""
+    key = (float(prior[0]), float(prior[1]))
+    if key not in plan["cache"]:
+        alpha, checks = plan["alpha"], plan["checks"]
+        tables = common.grid_tables(plan["taus"], checks, plan["alpha_seq"], plan["beta"], 0.0, plan["N_max"],
+                                    plan["one_sided"], key)
+        spent = max(common.crossing_probability(tables["lower"][j], checks, tau) for j, tau in enumerate(plan["taus"]))
+        common.check(spent <= alpha, f"the sequence at {plan['alpha_seq'] / alpha:g} alpha spends {spent:.3g} > alpha")
+        alpha_fin = max(alpha - spent, 0.0) if plan["final_look"] else 0.0
+        tables["final"] = common.final_thresholds(plan["taus"], plan["N_max"], alpha_fin)
+        slack = tables["lower"] - np.array(checks)
+        reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]   # suffix minima: can level j still come?
+        plan["cache"][key] = dict(tables, reach=reach, spent=spent, alpha_fin=alpha_fin, prior=key)
+    return plan["cache"][key]
+
+
+def selection_prior_of(plan, k0, N0):
+    """The mixture's prior for an example whose candidate got k0 of N0 selection votes (grid_plan): the KT
+    posterior Beta(k0 + 1/2, N0 - k0 + 1/2), or KT's Beta(1/2, 1/2) without selection draws or selection_prior."""
+    if not plan["selection_prior"] or not N0:
+        return common.KT_PRIOR
+    return (k0 + 0.5, N0 - k0 + 0.5)
+
+
+def decided_levels(tables, A, i, final=False):
+    """(highest certified level, highest level not ruled out) after check i with A votes (-1: none), from a
+    plan's tables (prior_tables)."""
+    certified = np.flatnonzero(A >= tables["lower"][:, i])
     if final:
-        certified = np.union1d(certified, np.flatnonzero(A >= plan["final"]))
-    return (int(certified.max()) if len(certified) else -1), int(np.sum(A > plan["upper"][:, i])) - 1
+        certified = np.union1d(certified, np.flatnonzero(A >= tables["final"]))
+    return (int(certified.max()) if len(certified) else -1), int(np.sum(A > tables["upper"][:, i])) - 1
 
 
 def grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision="fp32", sound=None,
@@ -284,6 +319,7 @@ class GridJob:
         ends = np.diff(np.concatenate([[0], plan["checks"]])).astype(int)
         self.chunks = select + [(i, k) for i, gap in enumerate(ends) for k in common.pass_sizes(int(gap), batch)]
         self.next, self.drawn = 0, 0
+        self.tables = prior_tables(plan, common.KT_PRIOR)    # replaced after selection (selection_prior_of)
         self.counts = np.zeros(num_classes + 1, np.int64)    # + a column of failed sound draws
         self.jL, self.jU, self.stop, self.done = -1, len(plan["radii"]) - 1, "budget", False
 
@@ -304,6 +340,8 @@ class GridJob:
         if phase == "select":
             if self.next == len(self.chunks) or self.chunks[self.next][0] != "select":
                 self.cA = int(self.counts[:-1].argmax())          # first class on ties, as CERTIFY
+                k0, N0 = int(self.counts[self.cA]), int(self.counts.sum())
+                self.tables = prior_tables(self.plan, selection_prior_of(self.plan, k0, N0))
                 self.counts[:] = 0
             return
         self.drawn += k
@@ -312,23 +350,23 @@ class GridJob:
 
     def look(self, i):
         """The rule of GRID-CS after look i with A votes for cA (grid_certify_many)."""
-        plan, A, t = self.plan, int(self.counts[self.cA]), self.drawn
+        plan, tables, A, t = self.plan, self.tables, int(self.counts[self.cA]), self.drawn
         last = i == len(plan["checks"]) - 1
-        jL, jU = decided_levels(plan, A, i, final=last)
+        jL, jU = decided_levels(tables, A, i, final=last)
         self.jL, self.jU = max(self.jL, jL), min(self.jU, jU)
         nxt = self.jL + 1
         if last:
             self.done = True
         elif self.jL >= self.jU or nxt == len(plan["radii"]):
             self.stop, self.done = "decided", True
-        elif A - t < plan["reach"][nxt, i] and A + plan["N_max"] - t < plan["final"][nxt]:
+        elif A - t < tables["reach"][nxt, i] and A + plan["N_max"] - t < tables["final"][nxt]:
             self.stop, self.done = "curtailed", True
 
     def result(self):
-        plan, A, T = self.plan, int(self.counts[self.cA]), self.drawn
-        L, U = common.kt_interval(A, T, plan["alpha_seq"], plan["beta"])
-        if T == plan["N_max"] and plan["alpha_fin"] > 0:
-            L = max(L, float(common.clopper_pearson_lower(A, T, plan["alpha_fin"])))
+        plan, tables, A, T = self.plan, self.tables, int(self.counts[self.cA]), self.drawn
+        L, U = common.kt_interval(A, T, plan["alpha_seq"], plan["beta"], tables["prior"])
+        if T == plan["N_max"] and tables["alpha_fin"] > 0:
+            L = max(L, float(common.clopper_pearson_lower(A, T, tables["alpha_fin"])))
         jL = self.jL
         return {"predict": self.cA if jL >= 0 else -1, "radius": plan["radii"][jL] if jL >= 0 else 0.0, "nA": A,
                 "N": T, "pA_lower": L, "pA_upper": U, "stop": self.stop, "counts": self.counts[:-1].tolist()}

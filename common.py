@@ -1059,34 +1059,46 @@ def certified_radius(pA_lower, sigma):
 #   W_t(p) = B(A + 1/2, t - A + 1/2) / (pi p^A (1 - p)^(t - A)),
 # a nonnegative martingale with mean 1 under the true p, so by Ville's inequality P(exists t: W_t(p) >=
 # 1/alpha) <= alpha: rejecting every p with log W_t(p) >= log(1/alpha) is wrong with probability at most alpha,
-# at all times at once, whatever the stopping rule.
+# at all times at once, whatever the stopping rule. Any mixing prior fixed before the draws keeps this; the
+# closer it sits to pA, the sooner the wealth grows (certify.py --radii takes the posterior of its selection
+# draws, which are independent of the estimation draws).
 
-def kt_log_wealth(A, t, p):
-    """log W_t(p) of the KT betting confidence sequence (closed form with scipy's betaln); numpy-vectorised."""
+KT_PRIOR = (0.5, 0.5)   # Krichevsky-Trofimov: Beta(1/2, 1/2)
+
+
+def kt_log_wealth(A, t, p, prior=KT_PRIOR):
+    """log W_t(p) of the betting confidence sequence whose mixture is Beta(a0, b0) = prior (KT by default):
+    B(A + a0, t - A + b0) / (B(a0, b0) p^A (1 - p)^(t - A)), in closed form with scipy's betaln; for the KT
+    prior B(1/2, 1/2) = pi, the formula above. numpy-vectorised."""
     from scipy.special import betaln, xlog1py, xlogy
     A, t, p = np.asarray(A, dtype=float), np.asarray(t, dtype=float), np.asarray(p, dtype=float)
-    return betaln(A + 0.5, t - A + 0.5) - math.log(math.pi) - xlogy(A, p) - xlog1py(t - A, -p)
+    a0, b0 = prior
+    return betaln(A + a0, t - A + b0) - betaln(a0, b0) - xlogy(A, p) - xlog1py(t - A, -p)
 
 
-def one_sided_log_wealth(A, t, tau, side):
-    """log wealth of the one-sided KT mixture against p = tau after t draws with A votes: the KT prior
-    restricted to q > tau (side +1, evidence that p > tau) or to q < tau (side -1) and renormalised,
+def one_sided_log_wealth(A, t, tau, side, prior=KT_PRIOR):
+    """log wealth of the one-sided mixture against p = tau after t draws with A votes: the prior Beta(a0, b0)
+    (KT's Beta(1/2, 1/2) by default) restricted to q > tau (side +1, evidence that p > tau) or to q < tau
+    (side -1) and renormalised,
 
       W+_t(tau) = integral over q > tau of (q / tau)^A ((1 - q) / (1 - tau))^(t - A) pi(q) dq / pi(q > tau),
 
-    that is the KT wealth times the posterior mass of Beta(A + 1/2, t - A + 1/2) above tau over the prior
-    mass of Beta(1/2, 1/2) above tau (scipy's betaincc; betainc for side -1). Each likelihood ratio with q > tau
-    has mean 1 at p = tau and less below, so W+ is a nonnegative supermartingale whenever p <= tau (Ville:
-    P(ever >= 1/alpha) <= alpha). It spends nothing on alternatives on the wrong side of tau, which the
-    two-sided KT mixture does: its threshold is lower by log(1 / pi(q > tau)), 2.3 nats at tau = Phi(2).
-    numpy-vectorised."""
+    that is the mixture's wealth (kt_log_wealth) times the posterior mass of Beta(A + a0, t - A + b0) above
+    tau over the prior's mass above tau (scipy's betaincc; betainc for side -1). Each likelihood ratio with
+    q > tau has mean 1 at p = tau and less below, so W+ is a nonnegative supermartingale whenever p <= tau
+    (Ville: P(ever >= 1/alpha) <= alpha), for any prior fixed before the draws. It spends nothing on
+    alternatives on the wrong side of tau, which the two-sided mixture does: with the KT prior its threshold
+    is lower by log(1 / pi(q > tau)), 2.3 nats at tau = Phi(2). Underflow only lowers the wealth: a
+    posterior mass that underflows counts as 0 and a prior mass below 1e-300 as 1e-300 (dividing by more
+    than the true mass is a sub-probability mixture, still a supermartingale). numpy-vectorised."""
     from scipy.special import betainc, betaincc
     A, t = np.asarray(A, dtype=float), np.asarray(t, dtype=float)
-    a, b = A + 0.5, t - A + 0.5
-    tail, prior = (betaincc(a, b, tau), betaincc(0.5, 0.5, tau)) if side > 0 else \
-        (betainc(a, b, tau), betainc(0.5, 0.5, tau))
+    a0, b0 = prior
+    a, b = A + a0, t - A + b0
+    tail, mass = (betaincc(a, b, tau), betaincc(a0, b0, tau)) if side > 0 else \
+        (betainc(a, b, tau), betainc(a0, b0, tau))
     with np.errstate(divide="ignore"):
-        return kt_log_wealth(A, t, tau) + np.log(tail) - math.log(prior)
+        return kt_log_wealth(A, t, tau, prior) + np.log(tail) - math.log(max(float(mass), 1e-300))
 
 
 def first_true(lo, hi, ok):
@@ -1102,14 +1114,14 @@ def first_true(lo, hi, ok):
     return lo
 
 
-def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True):
+def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True, prior=KT_PRIOR):
     """Integer thresholds of GRID-CS (ADAPTIVE.md §2), one row per threshold tau_j = Phi(r_j / sigma).
 
     At check time checks[i] with A votes: level j is certified once A >= lower[j, i] (the smallest A with
     A / t > tau_j and log W+_t(tau_j) >= log(1 / alpha_seq)), and ruled out once A <= upper[j, i] (the largest
     A with A / t < tau_j and log W-_t(tau_j) >= log(1 / beta)); unreachable entries are t + 1 and -1. W+ and W-
-    are one_sided_log_wealth's one-sided mixtures (one_sided=False: the two-sided KT wealth for both, the rule
-    before session 10). Both tables are then made non-decreasing over j (a level is certified only with every
+    are one_sided_log_wealth's one-sided mixtures of `prior` (one_sided=False: the two-sided wealth for both,
+    the rule before session 10). Both tables are then made non-decreasing over j (a level is certified only with every
     level below it, ruled out with every level above it), which only removes certificates. final[j]: the
     smallest A whose Clopper-Pearson bound at alpha_fin over N_max draws exceeds tau_j (>= for j > 0; > 1/2 for
     tau_0 = 1/2), N_max + 1 if none. The wealths grow with A above t tau and fall below it, so each threshold
@@ -1120,7 +1132,7 @@ def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True)
     level_beta = math.log(1 / beta) if beta > 0 else math.inf
 
     def wealth(A, tau, side):
-        return one_sided_log_wealth(A, t, tau, side) if one_sided else kt_log_wealth(A, t, tau)
+        return one_sided_log_wealth(A, t, tau, side, prior) if one_sided else kt_log_wealth(A, t, tau, prior)
     lower, upper = np.zeros((len(taus), len(t)), np.int64), np.zeros((len(taus), len(t)), np.int64)
     for j, tau in enumerate(taus):
         above = np.floor(t * tau).astype(np.int64) + 1                 # the smallest A with A / t > tau
@@ -1150,40 +1162,48 @@ def final_thresholds(taus, N_max, alpha_fin):
     return final
 
 
-def crossing_probability(lower, checks, p):
+def crossing_probability(lower, checks, p, drop=1e-15):
     """P(A_t >= lower[i] at some check t = checks[i]) when every draw votes cA with probability p: the exact error
     a sequential test with these integer thresholds spends (ADAPTIVE.md §2, validity), by dynamic programming.
 
     The distribution of A over the paths that have not crossed yet is carried from check to check: convolved
     with Binomial(t_i - t_(i-1), p) (FFT), the mass at or above the threshold is added to the crossing
-    probability and removed. The FFT's rounding (about 1e-16 of the mass per value) is covered by adding 1e-12
-    per check, so the result is an upper bound of the exact value (to far below any alpha in use)."""
+    probability and removed. Two roundings, both counted as crossing so that the result is an upper bound of
+    the exact value (to far below any alpha in use): the FFT's (about 1e-16 of the mass per value; 1e-12 is
+    added per check) and the lower tail of the carried distribution, at most `drop` of mass per check, which
+    is cut off so that only a window of a few standard deviations is carried (fast at N = 10^5 and more)."""
     from scipy.signal import fftconvolve
     from scipy.stats import binom
-    dist, previous, crossed = np.ones(1), 0, 0.0
+    dist, offset, previous, crossed = np.ones(1), 0, 0, 0.0   # dist[k]: P(A = offset + k, not crossed)
     for t, threshold in zip(checks, lower):
         step = binom.pmf(np.arange(t - previous + 1), t - previous, p)
-        dist = np.clip(fftconvolve(dist, step), 0.0, None) if len(dist) > 64 else np.convolve(dist, step)
-        if threshold < len(dist):
-            crossed += float(dist[threshold:].sum()) + 1e-12
-            dist = dist[:threshold]
+        dist = np.clip(fftconvolve(dist, step), 0.0, None) if min(len(dist), len(step)) > 64 else \
+            np.convolve(dist, step)
+        cut = int(np.searchsorted(np.cumsum(dist), drop, side="right"))   # leading entries of mass <= drop
+        if cut:
+            crossed += float(dist[:cut].sum())
+            dist, offset = dist[cut:], offset + cut
+        if threshold - offset < len(dist):
+            crossed += float(dist[max(threshold - offset, 0):].sum()) + 1e-12
+            dist = dist[:max(threshold - offset, 0)]
         previous = t
     return min(crossed, 1.0)
 
 
-def kt_interval(A, t, alpha_low, beta_up):
-    """[L, U]: the values of p the KT sequence has not rejected after t draws with A votes, at level alpha_low
-    below A / t and beta_up above it. log W_t(p) is at most 0 at p = A / t and grows monotonically away from
-    it, so each end is one root (scipy's brentq)."""
+def kt_interval(A, t, alpha_low, beta_up, prior=KT_PRIOR):
+    """[L, U]: the values of p the betting sequence with mixture `prior` (KT by default) has not rejected after
+    t draws with A votes, at level alpha_low below A / t and beta_up above it. log W_t(p) is at most 0 at
+    p = A / t (a mixture of likelihoods is at most their maximum) and grows monotonically away from it, so
+    each end is one root (scipy's brentq)."""
     from scipy.optimize import brentq
     if t == 0:
         return 0.0, 1.0
     center, tiny = A / t, 1e-300
 
     def end(level, outside):   # the root of log W_t(p) = level between the center and `outside`
-        if level == math.inf or kt_log_wealth(A, t, outside) < level:
+        if level == math.inf or kt_log_wealth(A, t, outside, prior) < level:
             return outside
-        return brentq(lambda p: kt_log_wealth(A, t, p) - level, min(center, outside), max(center, outside),
+        return brentq(lambda p: kt_log_wealth(A, t, p, prior) - level, min(center, outside), max(center, outside),
                       xtol=1e-15)
     L = 0.0 if A == 0 else end(math.log(1 / alpha_low) if alpha_low > 0 else math.inf, tiny)
     U = 1.0 if A == t else end(math.log(1 / beta_up) if beta_up > 0 else math.inf, 1 - 1e-16)

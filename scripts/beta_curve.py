@@ -26,34 +26,50 @@ import common  # noqa: E402
 BETAS = (0.0, 0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 
-def simulate(plan, p, correct, reps, seed):
-    """Mean draws and certified accuracy per grid radius of the grid rule on examples with true pA = p."""
+def simulate(plan, p, correct, reps, seed, N0=0):
+    """Mean draws and certified accuracy per grid radius of the grid rule on examples with true pA = p.
+
+    With N0 selection draws (and the plan's selection_prior) each run first draws its candidate's selection
+    votes k0 ~ Binomial(N0, pA) and is tested with the prior they give (certify.selection_prior_of); the
+    runs are grouped by k0, each group deciding with its own tables."""
     rng = np.random.default_rng(seed)
+    pp, ok = np.repeat(p, reps), np.repeat(correct, reps)
+    informed = bool(N0) and plan.get("selection_prior", False)
+    k0 = rng.binomial(N0, pp) if informed else np.zeros(len(pp), np.int64)
+    T, jL = np.zeros(len(pp)), np.zeros(len(pp), np.int64)
+    for k in np.unique(k0):
+        group = k0 == k
+        tables = certify.prior_tables(plan, certify.selection_prior_of(plan, int(k), N0)) if informed else plan
+        T[group], jL[group] = decide(plan, tables, pp[group], rng)
+    accuracy = [float(np.mean(ok & (jL >= j))) for j in range(len(plan["radii"]))]
+    return float(np.mean(T)), accuracy
+
+
+def decide(plan, tables, pp, rng):
+    """Estimation draws and certified level of one simulated run per true pA in pp, with the given tables."""
     checks = np.array(plan["checks"])
     steps = np.diff(np.concatenate([[0], checks]))
-    K, n = len(plan["radii"]), len(p) * reps
-    pp, ok = np.repeat(p, reps), np.repeat(correct, reps)
+    K, n = len(plan["radii"]), len(pp)
     A = np.cumsum(rng.binomial(steps[None, :], pp[:, None]), axis=1)          # votes for cA at every check
     jL, jU = np.full(n, -1), np.full(n, K - 1)
     T, live = np.full(n, checks[-1]), np.ones(n, bool)
     for i, t in enumerate(checks):
         a = A[:, i]
-        cert = (a[:, None] >= plan["lower"][:, i][None, :])
+        cert = (a[:, None] >= tables["lower"][:, i][None, :])
         if i == len(checks) - 1:
-            cert |= a[:, None] >= plan["final"][None, :]
+            cert |= a[:, None] >= tables["final"][None, :]
         level = np.where(cert.any(1), K - 1 - np.argmax(cert[:, ::-1], axis=1), -1)
         jL = np.where(live, np.maximum(jL, level), jL)
-        jU = np.where(live, np.minimum(jU, (a[:, None] > plan["upper"][:, i][None, :]).sum(1) - 1), jU)
+        jU = np.where(live, np.minimum(jU, (a[:, None] > tables["upper"][:, i][None, :]).sum(1) - 1), jU)
         if i == len(checks) - 1:
             break
         nxt = np.minimum(jL + 1, K - 1)
         decided = (jL >= jU) | (jL + 1 == K)
-        curtailed = (a - t < plan["reach"][nxt, i]) & (a + checks[-1] - t < plan["final"][nxt])
+        curtailed = (a - t < tables["reach"][nxt, i]) & (a + checks[-1] - t < tables["final"][nxt])
         stop = live & (decided | curtailed)
         T = np.where(stop, t, T)
         live &= ~stop
-    accuracy = [float(np.mean(ok & (jL >= j))) for j in range(K)]
-    return float(np.mean(T)), accuracy
+    return T, jL
 
 
 def previous_plan(radii, sigma, N, batch, alpha):
@@ -69,24 +85,27 @@ def previous_plan(radii, sigma, N, batch, alpha):
                 N_max=N)
 
 
-def draws_at(pAs, radii, sigma, N, batch, alpha, reps, seed):
-    """Mean estimation draws per example at each true pA: session 7's rule, session 9's and today's."""
+def draws_at(pAs, radii, sigma, N, N0, batch, alpha, reps, seed):
+    """Mean estimation draws per example at each true pA: the rules of sessions 7, 9 and 10 against today's."""
     plans = {"session 7": previous_plan(radii, sigma, N, batch, alpha),
              "session 9": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True,
-                                            one_sided=False),
+                                            one_sided=False, selection_prior=False),
+             "session 10": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True,
+                                             selection_prior=False),
              "now": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True)}
-    rows = [(p, *[simulate(plan, np.array([p]), np.array([True]), reps, seed)[0] for plan in plans.values()])
+    rows = [(p, *[simulate(plan, np.array([p]), np.array([True]), reps, seed, N0)[0] for plan in plans.values()])
             for p in pAs]
-    return (f"Estimation draws per example (N0 not included) of --radii {' '.join(f'{r:g}' for r in radii)} at "
-            f"sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, {reps} simulated runs per pA. Session 7's rule: a "
-            f"look per pass of {batch}, beta = alpha, the two-sided KT sequence at alpha / 10 and 0.9 alpha on the "
-            f"final look. Session 9's: looks from 32 draws growing by 25 %, at most 500 apart, beta = "
-            f"{certify.DEFAULT_BETA:g}, the two-sided sequence at alpha with exact accounting. Now: the same with "
-            f"one-sided tests ({certify.GRID_TEST}).\n\n"
-            "| pA | session 7 | session 9 | now | x fewer than session 7 | x fewer than session 9 |\n"
-            "|---|---|---|---|---|---|\n" +
-            "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {a / c:.2f} | {b / c:.2f} |\n"
-                    for p, a, b, c in rows))
+    return (f"Estimation draws per example (the N0 = {N0} selection draws not included) of --radii "
+            f"{' '.join(f'{r:g}' for r in radii)} at sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, {reps} simulated "
+            f"runs per pA. Session 7's rule: a look per pass of {batch}, beta = alpha, the two-sided KT sequence at "
+            f"alpha / 10 and 0.9 alpha on the final look. Session 9's: looks from 32 draws growing by 25 %, at most "
+            f"500 apart, beta = {certify.DEFAULT_BETA:g}, the two-sided KT sequence at alpha with exact accounting. "
+            f"Session 10's: the same with one-sided tests. Now: the one-sided tests with the prior from the "
+            f"selection votes ({certify.GRID_TEST}; each run draws its k0 ~ Binomial(N0, pA)).\n\n"
+            "| pA | session 7 | session 9 | session 10 | now | x fewer than session 7 | x fewer than session 10 |\n"
+            "|---|---|---|---|---|---|---|\n" +
+            "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {d:,.0f} | {a / d:.2f} | {c / d:.2f} |\n"
+                    for p, a, b, c, d in rows))
 
 
 def seq_levels(args):
@@ -100,7 +119,7 @@ def seq_levels(args):
             plan = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, certify.DEFAULT_BETA, True, f)
         except common.UserError:   # the tests at this level spend more than alpha: not a valid rule
             continue
-        draws, acc = simulate(plan, pA, correct, args.reps, args.seed)
+        draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
         rows.append((f, plan["spent"], plan["alpha_fin"] / args.alpha, args.N0 + draws,
                      (args.N0 + args.N) / (args.N0 + draws), acc))
     radii = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, 0.0, True)["radii"]
@@ -131,12 +150,12 @@ def main(argv=None):
                    "F x alpha for each F (certify.grid_plan's seq_level; the final look gets what it leaves), at the "
                    "default beta (--out: seq_level.md)")
     p.add_argument("--at-pA", type=float, nargs="+", metavar="P", help="instead: mean draws at these true pA, the "
-                   "rules of sessions 7 and 9 against today's (the log is then unused but for its sigma; --out: draws_at_pA.md)")
+                   "rules of sessions 7, 9 and 10 against today's (the log is then unused but for its sigma; --out: draws_at_pA.md)")
     args = p.parse_args(argv)
     if args.at_pA:
         common.check(all(0 <= q <= 1 for q in args.at_pA), "--at-pA values must lie in [0, 1]")
         sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
-        md = draws_at(args.at_pA, args.radii, sigma, args.N, args.batch, args.alpha, args.reps, args.seed)
+        md = draws_at(args.at_pA, args.radii, sigma, args.N, args.N0, args.batch, args.alpha, args.reps, args.seed)
         print(md)
         if args.out:
             common.write_text_output(os.path.join(args.out, "draws_at_pA.md"), "beta curve", md)
@@ -158,7 +177,7 @@ def main(argv=None):
     rows, base = [], None
     for beta in BETAS:
         plan = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, beta, True)
-        draws, acc = simulate(plan, pA, correct, args.reps, args.seed)
+        draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
         base = base or (draws, acc)
         lost = max(100 * (b - a) for a, b in zip(acc, base[1]))
         rows.append([beta, args.N0 + draws, (args.N0 + args.N) / (args.N0 + draws), lost] + [100 * a for a in acc])

@@ -3,10 +3,11 @@
 At level j's worst case, pA = tau_j = Phi(r_j / sigma) exactly, any certificate of r_j or more is false; the
 rule promises that this happens with probability at most alpha. Four checks, written to one Markdown report:
 
-1. The vote process: TRIALS runs per level of Bernoulli(tau_j) votes through the plan's integer tables and
-   stopping rule (scripts/beta_curve.simulate, which tests/test_grid.py checks against certify.py), for every
+1. The vote process: TRIALS runs per level of Bernoulli(tau_j) votes, each after its N0 = 100 selection
+   votes k0 ~ Binomial(N0, tau_j) that choose its prior, through the plan's integer tables and stopping rule (scripts/beta_curve.simulate, which tests/test_grid.py checks against certify.py), for every
    level of the grid. Beside each rate: the exact probability that the path crosses level j's thresholds,
-   final look included (exact_totals: an upper bound of the rate, since stopping only removes crossings),
+   final look included, averaged over k0 (exact_totals: an upper bound of the rate, since stopping only
+   removes crossings),
    which must be <= alpha, and the rate's 95 % Clopper-Pearson interval, whose lower end must not exceed the
    exact value (the simulation agrees with the computation). The upper end is shown too: where the exact
    value is within about 1.6 standard errors of alpha it exceeds alpha by chance, since the rule spends all of
@@ -14,9 +15,10 @@ rule promises that this happens with probability at most alpha. Four checks, wri
 2. The pipeline: certify.grid_certify_many itself, examples packed 64 to a group, on a halfspace classifier
    whose point lies at distance r_j from its boundary (so pA = tau_j), with N0 selection draws (predict mode)
    and with the true label as candidate (label mode); the same checks.
-3. The exact computation at the paper's setting (alpha = 0.001, N_max = 100,000): the error the sequence
-   spends, the final look's share and, per level, the exact total (sequence and final look on one path,
-   common.crossing_probability), all <= alpha.
+3. The exact computation at the paper's setting (alpha = 0.001, N_max = 100,000), for every prior the rule
+   can use (KT, and each selection count k0 of N0 = 100): the error the sequence spends, the final look's
+   share and, per level, the exact total (sequence and final look on one path, common.crossing_probability),
+   all <= alpha.
 4. A negative control: a Clopper-Pearson bound at alpha recomputed at every look (a fixed-n test used
    sequentially, not anytime-valid) through the same harness; its rate exceeds alpha, so the harness can fail.
 
@@ -49,14 +51,35 @@ def interval95(k, n):
             1.0 if k == n else float(beta_dist.ppf(0.975, k + 1, n - k)))
 
 
-def exact_totals(plan, sigma):
-    """Per level, the exact probability at pA = tau_j that the votes ever reach its certification threshold,
-    the final look's included (common.crossing_probability on one path)."""
+def path_crossing(tables, checks, j, tau):
+    """The exact probability at pA = tau that the votes ever reach level j's certification threshold with these
+    tables, the final look's included (common.crossing_probability on one path)."""
+    merged = [int(a) for a in tables["lower"][j]]
+    merged[-1] = min(merged[-1], int(tables["final"][j]))
+    return common.crossing_probability(merged, checks, float(tau))
+
+
+def exact_totals(plan, N0=0, two_classes=False):
+    """Per level j, the exact probability of a false certificate of r_j or more at pA = tau_j. Without N0 (or
+    without the plan's selection_prior): path_crossing with the KT tables. With N0 selection draws: the average
+    over the candidate's selection votes k0 ~ Binomial(N0, tau_j) of path_crossing with k0's tables; values of
+    k0 with probability below 1e-15 count as certain errors, and so do, with two_classes (the halfspace of
+    `pipeline`, where the other class is the candidate when k0 <= N0 / 2), the k0 that select the other class:
+    an upper bound."""
+    from scipy.stats import binom
     totals = []
-    for j, tau in enumerate(norm.cdf(np.array(plan["radii"]) / sigma)):
-        merged = [int(a) for a in plan["lower"][j]]
-        merged[-1] = min(merged[-1], int(plan["final"][j]))
-        totals.append(common.crossing_probability(merged, plan["checks"], float(tau)))
+    for j, tau in enumerate(plan["taus"]):
+        if not (N0 and plan["selection_prior"]):
+            totals.append(path_crossing(plan, plan["checks"], j, tau))
+            continue
+        pmf, total = binom.pmf(np.arange(N0 + 1), N0, tau), 0.0
+        for k in range(N0 + 1):
+            if pmf[k] < 1e-15 or (two_classes and 2 * k <= N0):
+                total += pmf[k]
+                continue
+            tables = certify.prior_tables(plan, certify.selection_prior_of(plan, k, N0))
+            total += pmf[k] * path_crossing(tables, plan["checks"], j, tau)
+        totals.append(min(total, 1.0))
     return totals
 
 
@@ -72,8 +95,9 @@ class Halfspace(torch.nn.Module):
         return torch.stack([-s, s], dim=1)
 
 
-def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False):
-    """Rows (r_j, tau_j, exact, false certificates, trials, rate, 95 % interval) at pA = tau_j, every level."""
+def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=100):
+    """Rows (r_j, tau_j, exact, false certificates, trials, rate, 95 % interval) at pA = tau_j, every level;
+    each run first draws its selection votes k0 ~ Binomial(N0, tau_j), which set its prior (certify.grid_plan)."""
     plan = certify.grid_plan(radii, sigma, N, 1000, alpha, beta, True)
     if negative:   # a fixed-n Clopper-Pearson test at alpha at every look: thresholds without any correction
         taus = norm.cdf(np.array(plan["radii"]) / sigma)
@@ -81,15 +105,17 @@ def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False):
         plan["lower"] = np.stack([common.final_thresholds(taus, t, alpha) for t in plan["checks"]], axis=1)
         slack = plan["lower"] - np.array(plan["checks"])
         plan["reach"] = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]
-    rows = []
+        N0 = 0   # these thresholds take no prior
+    rows, exact = [], exact_totals(plan, N0)
     for j, r in enumerate(plan["radii"]):
         tau = float(norm.cdf(r / sigma))
         false = 0
         for start in range(0, trials, 10_000):   # memory: trials x looks
             n = min(10_000, trials - start)
-            _, accuracy = beta_curve.simulate(plan, np.array([tau]), np.array([True]), n, seed + 1000 * j + start)
+            _, accuracy = beta_curve.simulate(plan, np.array([tau]), np.array([True]), n, seed + 1000 * j + start,
+                                              N0)
             false += round(accuracy[j] * n)
-        rows.append((r, tau, exact_totals(plan, sigma)[j], false, trials, false / trials, interval95(false, trials)))
+        rows.append((r, tau, exact[j], false, trials, false / trials, interval95(false, trials)))
     return rows, plan
 
 
@@ -99,7 +125,7 @@ def pipeline(radii, sigma, N, alpha, beta, trials, seed, label_mode):
     torch.manual_seed(seed)
     w, b = torch.randn(4, dtype=torch.float64).float(), torch.tensor(0.3)
     model = Halfspace(w, b)
-    rows, exact = [], exact_totals(plan, sigma)
+    rows, exact = [], exact_totals(plan, 0 if label_mode else 100, two_classes=True)
     for j, r in enumerate(plan["radii"][1:], start=1):
         x = ((r * float(w.norm()) - float(b)) * w / float(w.norm()) ** 2).view(4, 1, 1)   # w.x + b = r |w|
         false = 0
@@ -155,13 +181,24 @@ def main(argv=None):
             parts.append(f"## 2. Pipeline (certify.grid_certify_many, 64 examples a group, N_max = {N // 2:,}), "
                          f"{'label' if label_mode else 'predict'} mode, α = {alpha:g}\n\n{table(rows)}\n")
     plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], 0.5, 100_000, 1000, 0.001, beta, True)
-    totals = exact_totals(plan, 0.5)
-    ok &= plan["spent"] + plan["alpha_fin"] <= 0.001 + 1e-15 and max(totals) <= 0.001
+    worst = []   # per prior: (k0, spent, alpha_fin, the largest exact total over the levels)
+    for k0 in [None, *range(101)]:
+        tables = plan if k0 is None else certify.prior_tables(plan, certify.selection_prior_of(plan, k0, 100))
+        totals = [path_crossing(tables, plan["checks"], j, tau) for j, tau in enumerate(plan["taus"])]
+        worst.append((k0, tables["spent"], tables["alpha_fin"], max(totals)))
+        ok &= tables["spent"] + tables["alpha_fin"] <= 0.001 + 1e-15 and max(totals) <= 0.001
+    kt, informed = worst[0], worst[1:]
     parts.append("## 3. Exact, α = 0.001, N_max = 100,000, σ = 0.5, grid 0.25 ... 1.75\n\n"
-                 f"The sequence spends {plan['spent']:.3e} (its worst level), the final look gets "
-                 f"{plan['alpha_fin']:.3e} ({plan['alpha_fin'] / 0.001:.3f} α): {plan['spent'] + plan['alpha_fin']:.3e} "
-                 f"in all. The exact error per level (the sequence and the final look on one path, at pA = τ_j): "
-                 + ", ".join(f"r = {r:g}: {e:.3e}" for r, e in zip(plan["radii"], totals)) + ".\n")
+                 f"For each prior the rule can use, the KT prior (label mode) and the posterior of each selection "
+                 f"count k0 = 0 ... 100 of N0 = 100: the error the sequence spends (its worst level), the final "
+                 f"look's level and the largest exact total over the levels (the sequence and the final look on one "
+                 f"path, at pA = τ_j), each of which must be ≤ α, since the guarantee holds given the selection.\n\n"
+                 f"- KT prior: spends {kt[1]:.3e}, the final look gets {kt[2]:.3e} ({kt[2] / 0.001:.3f} α), "
+                 f"largest total {kt[3]:.3e}.\n"
+                 f"- selection priors: spent {min(w[1] for w in informed):.3e} to {max(w[1] for w in informed):.3e}, "
+                 f"the final look {min(w[2] for w in informed) / 0.001:.3f} α to {max(w[2] for w in informed) / 0.001:.3f} α, "
+                 f"spent + final at most {max(w[1] + w[2] for w in informed):.3e}, largest total "
+                 f"{max(w[3] for w in informed):.3e} (k0 = {max(informed, key=lambda w: w[3])[0]}).\n")
     alpha = max(args.alphas)
     rows, _ = vote_process(radii, sigma, N, alpha, beta, args.trials, args.seed + 7, negative=True)
     fails = any(lo > alpha for *_, (lo, _) in rows)
