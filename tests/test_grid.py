@@ -57,23 +57,73 @@ def test_tables_match_brute_force_for_small_t(one_sided):
     assert np.all(np.diff(tables["lower"], axis=0) >= 0)              # higher radius, more votes needed
 
 
-def test_one_sided_wealth_is_the_restricted_mixture_and_never_below_the_two_sided():
-    """common.one_sided_log_wealth against numerical integration of the KT prior restricted to one side of tau,
-    and the reason for it: where A / t lies beyond tau it exceeds the two-sided KT wealth by at most
-    log(1 / prior mass of that side), which it approaches as the posterior leaves tau behind."""
-    from scipy.integrate import quad
-    from scipy.special import betainc
-    for A, t, tau, side in [(90, 100, 0.8, 1), (60, 100, 0.8, -1), (995, 1000, 0.977, 1), (3, 10, 0.5, -1)]:
-        lr = lambda q: math.exp(A * math.log(q / tau) + (t - A) * math.log((1 - q) / (1 - tau)))   # noqa: E731
-        prior = lambda q: 1 / (math.pi * math.sqrt(q * (1 - q)))                                     # noqa: E731
+@pytest.mark.parametrize("prior", [common.KT_PRIOR, (80.5, 20.5), (3.5, 97.5)])
+def test_one_sided_wealth_is_the_restricted_mixture_and_never_below_the_two_sided(prior):
+    """common.one_sided_log_wealth against numerical integration of the prior (KT, and selection posteriors
+    Beta(k0 + 1/2, N0 - k0 + 1/2) as certify.py uses them) restricted to one side of tau, and the reason for
+    it: where A / t lies beyond tau it exceeds the two-sided wealth by at most log(1 / prior mass of that side),
+    which it approaches as the posterior leaves tau behind."""
+    from scipy.special import betainc, betaincc
+    mpmath = pytest.importorskip("mpmath")   # scipy's quad loses 1e-7 on these peaked integrands; 40 digits
+    mpmath.mp.dps = 40
+    for A, t, tau, side in [(90, 100, 0.8, 1), (60, 100, 0.8, -1), (995, 1000, 0.977, 1), (3, 10, 0.5, -1),
+                            (30, 100, 0.2, 1)]:
+        a0, b0 = map(mpmath.mpf, prior)
+        density = lambda q: (q ** (a0 - 1) * (1 - q) ** (b0 - 1) / mpmath.beta(a0, b0)           # noqa: E731
+                             if 0 < q < 1 else 0)   # tanh-sinh nodes can round onto the ends, where KT's is infinite
+        lr = lambda q: (q / tau) ** A * ((1 - q) / (1 - tau)) ** (t - A)                          # noqa: E731
         lo, hi = (tau, 1) if side > 0 else (0, tau)
-        num = quad(lambda q: lr(q) * prior(q), lo, hi, limit=200, points=[A / t] if lo < A / t < hi else None)[0]
-        assert common.one_sided_log_wealth(A, t, tau, side) == pytest.approx(
-            math.log(num / quad(prior, lo, hi)[0]), abs=1e-8)
+        cuts = sorted({*mpmath.linspace(lo, hi, 41), *(q for q in (A / t, prior[0] / sum(prior)) if lo < q < hi)})
+        num, mass = mpmath.quad(lambda q: lr(q) * density(q), cuts), mpmath.quad(density, cuts)
+        assert common.one_sided_log_wealth(A, t, tau, side, prior) == pytest.approx(
+            float(mpmath.log(num / mass)), abs=1e-9), (A, t, tau, side)
     tau = norm.cdf(2.0)
-    gain = common.one_sided_log_wealth(1000, 1000, tau, +1) - common.kt_log_wealth(1000, 1000, tau)
-    assert 0 < gain <= -math.log(1 - betainc(0.5, 0.5, tau)) + 1e-12
-    assert gain == pytest.approx(-math.log(1 - betainc(0.5, 0.5, tau)), abs=1e-3)   # 2.3 nats
+    gain = common.one_sided_log_wealth(1000, 1000, tau, +1, prior) - common.kt_log_wealth(1000, 1000, tau, prior)
+    assert 0 < gain <= -math.log(max(betaincc(*prior, tau), 1e-300)) + 1e-12
+    if prior == common.KT_PRIOR:
+        assert gain == pytest.approx(-math.log(1 - betainc(0.5, 0.5, tau)), abs=1e-3)   # 2.3 nats
+
+
+def test_one_sided_wealth_never_overstates_when_the_prior_mass_underflows():
+    """A selection posterior far from tau (k0 = 1 of 300 against tau = 0.99) has a prior mass above tau of
+    about 1e-600, which underflows: the wealth must never exceed the true value (mpmath, 60 digits), so that
+    underflow can only withhold a certificate; where the posterior's own mass above tau is representable
+    (50,000 votes of 50,000) it stays finite."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 60
+    prior, tau = (1.5, 299.5), 0.99
+    for A, t in [(10, 10), (990, 1000), (50_000, 50_000)]:
+        got = common.one_sided_log_wealth(A, t, tau, +1, prior)
+        f = lambda q: q ** (prior[0] - 1) * (1 - q) ** (prior[1] - 1) / mpmath.beta(*prior)         # noqa: E731
+        cuts = mpmath.linspace(tau, 1, 41)
+        num = mpmath.quad(lambda q: (q / tau) ** A * ((1 - q) / (1 - tau)) ** (t - A) * f(q), cuts)
+        true = float(mpmath.log(num) - mpmath.log(mpmath.quad(f, cuts)))
+        assert got <= true + 1e-9, (A, t, got, true)
+    assert np.isfinite(got)
+
+
+def test_the_selection_votes_set_the_prior_and_label_mode_keeps_kt():
+    """grid_certify_many tests each example with the posterior of its candidate's selection votes: a model that
+    always says class 1 gives k0 = N0, so the tables of Beta(N0 + 1/2, 1/2) decide and report; with the label
+    as candidate (no selection draws) the KT prior does. selection_prior=False keeps KT for every example."""
+    class One(nn.Module):
+        def forward(self, x):
+            return torch.stack([torch.zeros(len(x)), torch.ones(len(x))], dim=1)
+    x = torch.zeros(1, 1, 4)
+    plan = certify.grid_plan([0.5, 1.0], 0.5, 5000, 500, 0.001, 0.2, True)
+    out = certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0), plan)
+    assert set(plan["cache"]) == {common.KT_PRIOR, (60.5, 0.5)}
+    informed = certify.prior_tables(plan, (60.5, 0.5))
+    assert out["pA_lower"] == pytest.approx(common.kt_interval(out["nA"], out["N"], 0.001, 0.2, (60.5, 0.5))[0])
+    first = lambda tables: (tables["lower"] <= np.array(plan["checks"])).argmax(axis=1)   # noqa: E731
+    assert np.all(first(informed) <= first(plan))      # with every vote for cA, no level comes later than KT's
+    plain = certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0),
+                                 certify.grid_plan([0.5, 1.0], 0.5, 5000, 500, 0.001, 0.2, True,
+                                                   selection_prior=False))
+    assert out["radius"] == plain["radius"] == 1.0 and out["N"] <= plain["N"]    # the same answer, no later
+    label = certify.grid_plan([0.5, 1.0], 0.5, 5000, 500, 0.001, 0.2, True)
+    certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0), label, candidate=1)
+    assert set(label["cache"]) == {common.KT_PRIOR}
 
 
 def cs_violations(p, n, alpha, beta, rng, checks):
@@ -433,6 +483,17 @@ def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws()
                                  50, 1) for beta in (0.0, 0.01, 0.2, 0.5)]
     assert all(a[0] >= b_[0] for a, b_ in zip(costs, costs[1:]))          # draws never rise with beta
     assert all(a <= b_ + 1e-12 for c in costs[1:] for a, b_ in zip(c[1], costs[0][1]))   # nor certificates
+    # predict mode: the selection votes (N0 = 100) set each run's prior, in the simulation as in certify.py
+    real = [certify.grid_certify(model, point_at(w, b, d), sigma, 100, 1000, 2, common.example_generator(4, k),
+                                 plan) for k in range(200)]
+    draws, acc = beta_curve.simulate(plan, np.array([norm.cdf(d / sigma)]), np.array([True]), 4000, 0, N0=100)
+    real_draws = np.array([o["N"] for o in real], dtype=float)
+    assert abs(real_draws.mean() - draws) < 4 * real_draws.std() / math.sqrt(200) + 1
+    # and the point of that prior: fewer draws than KT's at every pA where there is something to decide
+    kt = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 1000, 0.01, 0.2, True, selection_prior=False)
+    for pA in (0.6, 0.8, 0.9, 0.99):
+        informed = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 1000, 2, N0=100)[0]
+        assert informed < 0.95 * beta_curve.simulate(kt, np.array([pA]), np.array([True]), 1000, 2, N0=100)[0], pA
 
 
 def test_packing_gives_each_example_the_result_it_gets_alone_and_fills_the_batches(digits_model):
@@ -524,8 +585,9 @@ def test_wald_limit_matches_closed_forms_and_no_valid_rule_beats_it():
     plan = certify.grid_plan(radii, sigma, 20_000, 1000, 0.001, 0.2, True)
     thresholds = norm.cdf(np.array(plan["radii"]) / sigma)
     for pA in (0.3, 0.6, 0.8, 0.9, 0.99, 1.0):
-        draws, _ = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 400, 0)
-        assert draws >= bench.wald_limit([pA], thresholds, 0.001, 0.2, 20_000)[0] * 0.98, pA
+        for N0 in (0, 100):   # KT's prior (label mode), and the selection votes' (its own limit holds given them)
+            draws, _ = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 400, 0, N0)
+            assert draws >= bench.wald_limit([pA], thresholds, 0.001, 0.2, 20_000)[0] * 0.98, (pA, N0)
 
 
 def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp_path):
