@@ -1167,18 +1167,27 @@ def crossing_probability(lower, checks, p, drop=1e-15):
     a sequential test with these integer thresholds spends (ADAPTIVE.md §2, validity), by dynamic programming.
 
     The distribution of A over the paths that have not crossed yet is carried from check to check: convolved
-    with Binomial(t_i - t_(i-1), p) (FFT), the mass at or above the threshold is added to the crossing
-    probability and removed. Two roundings, both counted as crossing so that the result is an upper bound of
-    the exact value (to far below any alpha in use): the FFT's (about 1e-16 of the mass per value; 1e-12 is
-    added per check) and the lower tail of the carried distribution, at most `drop` of mass per check, which
-    is cut off so that only a window of a few standard deviations is carried (fast at N = 10^5 and more)."""
+    with Binomial(t_i - t_(i-1), p), the mass at or above the threshold is added to the crossing probability
+    and removed. Three roundings, each counted as crossing so that the result is an upper bound of the exact
+    value (to far below any alpha in use): the arithmetic's (1e-12 is added per check that cuts), the lower
+    tail of the carried distribution, at most `drop` of mass per check, and the binomial's own tails beyond
+    entries of 1e-20, which are cut off so that only a window of a few standard deviations is carried and
+    convolved (about 10 ms a level at N = 10^5)."""
     from scipy.signal import fftconvolve
     from scipy.stats import binom
     dist, offset, previous, crossed = np.ones(1), 0, 0, 0.0   # dist[k]: P(A = offset + k, not crossed)
+    steps = {}                                                 # n -> (first count kept, its pmf, mass cut off)
     for t, threshold in zip(checks, lower):
-        step = binom.pmf(np.arange(t - previous + 1), t - previous, p)
-        dist = np.clip(fftconvolve(dist, step), 0.0, None) if min(len(dist), len(step)) > 64 else \
+        n = int(t - previous)
+        if n not in steps:
+            pmf = binom.pmf(np.arange(n + 1), n, p)
+            keep = np.flatnonzero(pmf > 1e-20)
+            lo, hi = (int(keep[0]), int(keep[-1])) if len(keep) else (0, 0)
+            steps[n] = (lo, pmf[lo:hi + 1], float(pmf[:lo].sum() + pmf[hi + 1:].sum()))
+        lo, step, cut_off = steps[n]
+        dist = np.clip(fftconvolve(dist, step), 0.0, None) if len(dist) * len(step) > 200_000 else \
             np.convolve(dist, step)
+        offset, crossed = offset + lo, crossed + cut_off
         cut = int(np.searchsorted(np.cumsum(dist), drop, side="right"))   # leading entries of mass <= drop
         if cut:
             crossed += float(dist[:cut].sum())
