@@ -599,10 +599,13 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
                    f"smoothed classifier's predictions (its `predict` column is the label where certified).")
         if log.get("grid"):
             N0 = 0 if log.get("label_mode") else log["sidecar"].get("N0") or 100
+            levels = log["sidecar"].get("radii") or []
+            zero_note = "" if not levels or 0.0 in levels else \
+                " and below the smallest (r = 0 was not a level: --no-zero-level)"
             md += (f"\n\n(grid): {log['label']} was certified at a grid of radii (certify.py --radii "
                    f"{' '.join(f'{r:g}' for r in log['sidecar'].get('radii') or [])}): its radius is the largest "
                    f"grid radius certified, so certified accuracy is exact at the grid radii and a lower bound "
-                   f"between them, and there is no ACR (certify without --radii). Mean model evaluations per "
+                   f"between them{zero_note}, and there is no ACR (certify without --radii). Mean model evaluations per "
                    f"example: {N0 + np.mean(log['N']):,.0f} (median {N0 + np.median(log['N']):,.0f}; CERTIFY "
                    f"with N = 100,000: 100,100).")
     if any(log["sidecar"].get("sound") for log in logs):

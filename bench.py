@@ -537,7 +537,8 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=Non
         beta = certify.DEFAULT_BETA
         plans = {"grid": certify.grid_plan(radii, sigma, N, BATCH, alpha, beta, True),
                  "grid, no final look": certify.grid_plan(radii, sigma, N, BATCH, alpha, beta, False),
-                 "single radius 0.5": certify.grid_plan([0.5], sigma, N, BATCH, alpha, beta, True)}
+                 "single radius 0.5": certify.grid_plan([0.5], sigma, N, BATCH, alpha, beta, True),
+                 "r = 0.5 alone": certify.grid_plan([0.5], sigma, N, BATCH, alpha, beta, True, zero_level=False)}
         arms = {f"CERTIFY N = {N:,}": None, f"CERTIFY N = {N // 10:,}": None, **plans}
         results = {name: {"radius": [], "correct": [], "evals": [], "time": 0.0} for name in arms}
         group = 64   # certify.py --group's default: the grid arms pack the draws of a group into shared passes
@@ -637,7 +638,8 @@ def grid_from_logs(paths):
 
 def wald_limit(pA, thresholds, alpha, beta, N_max, N0=0, miss=0.0):
     """The fewest expected draws (N0 + estimation, capped at N0 + N_max) with which a sequential test that knew
-    pA could decide its level among `thresholds` (Phi(r_j / sigma), ascending, 0.5 first): certify the highest
+    pA could decide its level among `thresholds` (Phi(r_j / sigma), ascending; 0.5 first unless the arm ran
+    --no-zero-level): certify the highest
     threshold below pA, wrongly with probability at most alpha there and missing it with probability at most
     `miss`, and rule out the next one, wrongly at most alpha and doing so at that threshold at most beta.
 
@@ -665,7 +667,7 @@ def wald_limit(pA, thresholds, alpha, beta, N_max, N0=0, miss=0.0):
 def print_limit(name, row, reference_pA, sigma, N, N0, alpha, beta):
     """The arm's mean evaluations against wald_limit's for its radii, with power 1 and with power 1 - beta."""
     from scipy.stats import norm
-    thresholds = norm.cdf(np.asarray(sorted(set(row["radii"]) | {0.0})) / sigma)
+    thresholds = norm.cdf(np.asarray(sorted(set(row["radii"]))) / sigma)   # the arm's levels (0 unless --no-zero-level)
     mean = np.mean(row["evals"])
     limits = [wald_limit(reference_pA, thresholds, alpha, beta, N, N0, miss).mean() for miss in (0.0, beta)]
     print(f"    limit of {name}: a test that knew each pA (the reference's nA / N) needs at least {limits[0]:,.0f} "
@@ -681,7 +683,7 @@ def print_budget_bound(name, row, reference_pA, sigma, N, N0):
     from scipy.stats import norm
     evals = np.asarray(row["evals"])
     ran = evals >= N0 + N
-    thresholds = norm.cdf(np.asarray(sorted(set(row["radii"]) | {0.0})) / sigma)
+    thresholds = norm.cdf(np.asarray(sorted(set(row["radii"]))) / sigma)   # the arm's levels (0 unless --no-zero-level)
     gap = np.min(np.abs(np.asarray(reference_pA)[:, None] - thresholds[None, :]), axis=1)
     line = (f"    bound of {name}: {ran.sum()} examples ({100 * ran.mean():.1f} %) ran to the budget and took "
             f"{100 * evals[ran].sum() / evals.sum():.0f} % of its evaluations")

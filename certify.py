@@ -125,7 +125,7 @@ def build_parser(description=__doc__):
                         "grid mapping. Default: the float sampler of Cohen et al. (comparable with the paper)")
     p.add_argument("--radii", type=float, nargs="+", metavar="R", help="anytime-valid certification at these "
                    "radii (ADAPTIVE.md): per example the largest one certified, stopping as soon as it is decided; "
-                   "--N is then the budget N_max. 0 is always added")
+                   "--N is then the budget N_max. 0 (the smoothed prediction) is always a level, unless --no-zero-level")
     p.add_argument("--beta", type=float, help="--radii: level of the upper bound that rules radii out and stops "
                    "early (default 0.2, chosen by measurement: scripts/beta_curve.py; it only ever removes certificates)")
     p.add_argument("--group", type=int, default=64, help="--radii: examples whose draws are packed into shared "
@@ -133,7 +133,11 @@ def build_parser(description=__doc__):
                    "kernels round a vote differently)")
     p.add_argument("--no-final-look", dest="final_look", action="store_false", help="--radii: spend all of alpha "
                    "on the confidence sequence, no Clopper-Pearson look at N_max (default: the sequence's exact spend, about "
-                   "0.1 alpha, and the rest on that look)")
+                   "half of alpha, and the rest on that look)")
+    p.add_argument("--no-zero-level", dest="zero_level", action="store_false", help="--radii: decide only the "
+                   "listed radii, not r = 0 (whether the smoothed classifier predicts at all, which costs the most near "
+                   "pA = 1/2): an example not certified at the smallest one gets predict -1, so the log gives certified "
+                   "accuracy at those radii only (a lower bound at r = 0)")
     p.add_argument("--early-abstain", action="store_true",
                    help=f"CERTIFY: stop and abstain once an upper confidence bound on pA falls below 1/2 "
                         f"(tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws made")
@@ -223,7 +227,7 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
 
 
 def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0, one_sided=True,
-              selection_prior=True):
+              selection_prior=True, zero_level=True):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ..., their
     thresholds tau_j = Phi(r_j / sigma), the check times (look_schedule) and, through prior_tables, the
     integer tables of the tests (common.grid_tables) with their exact alpha accounting.
@@ -253,7 +257,8 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0
     no final look (the sequence's Ville bound alone). seq_level 1 was chosen by simulation on results/grid_cpu's
     pA (scripts/beta_curve.py --seq-levels): lower levels leave more to the final look but stop later.
     """
-    radii = sorted({0.0, *map(float, radii)})
+    radii = sorted({0.0, *map(float, radii)} if zero_level else set(map(float, radii)))
+    common.check(len(radii) > 0, "--radii needs at least one radius")
     checks = look_schedule(N_max)
     plan = dict(radii=radii, taus=norm.cdf(np.array(radii) / sigma), checks=checks,
                 position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=seq_level * alpha,
@@ -383,11 +388,13 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, precisi
     jL (it never falls) and the highest level not ruled out jU; an example stops when jL >= jU (decided),
     when level jL + 1 can no longer be reached even if every remaining draw votes cA (curtailed), or at
     N_max (budget), where the final Clopper-Pearson look applies too. Guarantee, per example and whatever the
-    stopping or packing: the certified radius is wrong with probability at most alpha (grid_plan). Returns
+    stopping or packing: the certified radius is wrong with probability at most alpha (grid_plan; each
+    example's tests mix over the posterior of its own selection votes, KT's prior in label mode). Returns
     one dict per item: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (estimation draws
     made), the anytime-valid interval pA_lower, pA_upper (not the biased nA / N), stop and counts. The
-    interval is the two-sided KT sequence (alpha_seq below, beta above; at the budget the lower end is raised to
-    the final look's bound): it holds with probability at least 1 - alpha_seq - alpha_fin - beta. The level
+    interval is the two-sided betting sequence with the example's prior (alpha_seq below, beta above; at the
+    budget the lower end is raised to the final look's bound): it holds with probability at least
+    1 - alpha_seq - alpha_fin - beta. The level
     comes from the sharper one-sided tests (grid_plan), so r_jL may exceed sigma Phi^-1(pA_lower).
     """
     jobs = [GridJob(x, g, c, N0, batch, num_classes, plan, sound) for x, g, c in items]
@@ -696,6 +703,7 @@ def check_args(args):
         common.check(not args.early_abstain, "--radii stops early by itself (its upper bound at --beta rules "
                                              "radii out); drop --early-abstain")
         common.check(all(r >= 0 for r in args.radii), f"--radii must be >= 0 (got {args.radii})")
+    common.check(args.zero_level or args.radii is not None, "--no-zero-level goes with --radii")
     common.check(args.beta is None or (args.radii is not None and 0 <= args.beta < 1),
                  "--beta goes with --radii and must lie in [0, 1)")
 
@@ -878,7 +886,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         columns = columns + ("sigma",)
     beta = DEFAULT_BETA if args.beta is None else args.beta
     plan = None if args.radii is None else grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, beta,
-                                                     args.final_look)
+                                                     args.final_look, zero_level=args.zero_level)
     if not args.overwrite:
         columns = resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
     num_classes = common.NUM_CLASSES[dataset_name]

@@ -626,3 +626,37 @@ def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tm
     assert "**All checks hold**" in text and "The harness can fail" in text
     rows, plan = grid_validity.vote_process([0.25, 0.5], 0.5, 5000, 0.05, 0.2, 2000, 3, negative=True)
     assert all(lo > 0.05 for *_, (lo, _) in rows)                      # repeated fixed-n tests: far above alpha
+
+
+def test_no_zero_level_decides_only_the_listed_radii_and_stays_valid(digits_model, tmp_path, capsys):
+    """--no-zero-level: r = 0 (does the smoothed classifier predict at all) is not a level, so an example far
+    below the one threshold stops at once instead of settling pA against 1/2; a certificate at the worst case
+    (pA = tau exactly) is still wrong at most alpha of the time; the log records the radii it decided."""
+    import json
+    torch.manual_seed(0)
+    w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
+    model = Halfspace(w, b)
+    alone = certify.grid_plan([0.5], sigma, 20_000, 1000, alpha, 0.2, True, zero_level=False)
+    both = certify.grid_plan([0.5], sigma, 20_000, 1000, alpha, 0.2, True)
+    assert alone["radii"] == [0.5] and both["radii"] == [0.0, 0.5]
+    runs = 300
+    outs = [certify.grid_certify(model, point_at(w, b, 0.5), sigma, 100, 1000, 2, common.example_generator(12, k),
+                                 alone) for k in range(runs)]
+    assert sum(o["predict"] >= 0 for o in outs) / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs)
+    near_half = point_at(w, b, 0.03)                                     # pA = Phi(0.06) = 0.52
+    n_alone = [certify.grid_certify(model, near_half, sigma, 100, 1000, 2, common.example_generator(13, k), alone)
+               for k in range(20)]
+    n_both = [certify.grid_certify(model, near_half, sigma, 100, 1000, 2, common.example_generator(13, k), both)
+              for k in range(20)]
+    assert all(o["predict"] == -1 and o["radius"] == 0.0 for o in n_alone)
+    assert 10 * np.mean([o["N"] for o in n_alone]) < np.mean([o["N"] for o in n_both])
+    base = ["--checkpoint", digits_model, "--N", 4000, "--batch", 500, "--max", 4, "--device", "cpu"]
+    out = tmp_path / "alone.tsv"
+    assert run_cli([*base, "--radii", 0.5, "--no-zero-level", "--outfile", out]) == 0
+    assert json.loads((tmp_path / "alone.tsv.json").read_text())["radii"] == [0.5]
+    assert run_cli([*base, "--radii", 0.5, "--outfile", out]) == 2        # not resumed as a run with r = 0
+    assert run_cli([*base, "--no-zero-level", "--outfile", tmp_path / "x.tsv"]) == 2
+    capsys.readouterr()
+    import analyze
+    assert run_main(analyze.main, ["table", str(out)]) == 0
+    assert "r = 0 was not a level" in capsys.readouterr().out
