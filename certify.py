@@ -264,26 +264,49 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0
                 position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=seq_level * alpha,
                 beta=beta, N_max=N_max, final_look=final_look, one_sided=one_sided,
                 selection_prior=selection_prior, cache={})
-    return dict(plan, **prior_tables(plan, common.KT_PRIOR))
+    return dict(plan, **final_look_tables(plan, prior_tables(plan, common.KT_PRIOR)))
 
 
 def prior_tables(plan, prior):
-    """The tables of grid_plan's tests with the mixture Beta(prior) (cached in the plan): lower, upper, final
+    """The tables of grid_plan's tests with the mixture Beta(prior), cached in the plan: lower and upper
     (common.grid_tables), reach (per level and check: votes needed beyond all-cA draws, suffix minima, for
-    curtailing), spent (the sequence's exact worst-level error) and alpha_fin (the final look's level)."""
+    curtailing) and final_bound, the final look's thresholds at the whole alpha (at most the true ones, so
+    curtailing on them never ends a run that could still be certified). The exact accounting, which the
+    final look alone needs, is final_look_tables's: only examples that reach the budget pay for it."""
     key = (float(prior[0]), float(prior[1]))
     if key not in plan["cache"]:
-        alpha, checks = plan["alpha"], plan["checks"]
+        checks = plan["checks"]
         tables = common.grid_tables(plan["taus"], checks, plan["alpha_seq"], plan["beta"], 0.0, plan["N_max"],
                                     plan["one_sided"], key)
+        slack = tables["lower"] - np.array(checks)
+        reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]   # suffix minima: can level j still come?
+        bound = common.final_thresholds(plan["taus"], plan["N_max"], plan["alpha"] if plan["final_look"] else 0.0)
+        plan["cache"][key] = dict(lower=tables["lower"], upper=tables["upper"], reach=reach, final_bound=bound,
+                                  prior=key)
+    return plan["cache"][key]
+
+
+def final_look_tables(plan, tables):
+    """Completes prior_tables's tables with the exact alpha accounting (grid_plan), once: spent, the sequence's
+    exact worst-level error (common.crossing_probability at pA = tau_j), alpha_fin = alpha - spent for the
+    final Clopper-Pearson look at N_max (0 without final_look) and final, its thresholds. Returns the tables."""
+    if "final" not in tables:
+        alpha, checks = plan["alpha"], plan["checks"]
         spent = max(common.crossing_probability(tables["lower"][j], checks, tau) for j, tau in enumerate(plan["taus"]))
         common.check(spent <= alpha, f"the sequence at {plan['alpha_seq'] / alpha:g} alpha spends {spent:.3g} > alpha")
         alpha_fin = max(alpha - spent, 0.0) if plan["final_look"] else 0.0
-        tables["final"] = common.final_thresholds(plan["taus"], plan["N_max"], alpha_fin)
-        slack = tables["lower"] - np.array(checks)
-        reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]   # suffix minima: can level j still come?
-        plan["cache"][key] = dict(tables, reach=reach, spent=spent, alpha_fin=alpha_fin, prior=key)
-    return plan["cache"][key]
+        tables.update(spent=spent, alpha_fin=alpha_fin,
+                      final=common.final_thresholds(plan["taus"], plan["N_max"], alpha_fin))
+    return tables
+
+
+def job_tables(plan, k0, N0):
+    """The tables that decide an example whose candidate got k0 of N0 selection votes: the plan's own (the KT
+    prior) without selection draws or without selection_prior, else prior_tables of the posterior
+    Beta(k0 + 1/2, N0 - k0 + 1/2) (grid_plan)."""
+    if not plan["selection_prior"] or not N0:
+        return plan
+    return prior_tables(plan, selection_prior_of(plan, k0, N0))
 
 
 def selection_prior_of(plan, k0, N0):
@@ -324,7 +347,7 @@ class GridJob:
         ends = np.diff(np.concatenate([[0], plan["checks"]])).astype(int)
         self.chunks = select + [(i, k) for i, gap in enumerate(ends) for k in common.pass_sizes(int(gap), batch)]
         self.next, self.drawn = 0, 0
-        self.tables = prior_tables(plan, common.KT_PRIOR)    # replaced after selection (selection_prior_of)
+        self.tables = plan                                   # replaced after selection (job_tables)
         self.counts = np.zeros(num_classes + 1, np.int64)    # + a column of failed sound draws
         self.jL, self.jU, self.stop, self.done = -1, len(plan["radii"]) - 1, "budget", False
 
@@ -346,7 +369,7 @@ class GridJob:
             if self.next == len(self.chunks) or self.chunks[self.next][0] != "select":
                 self.cA = int(self.counts[:-1].argmax())          # first class on ties, as CERTIFY
                 k0, N0 = int(self.counts[self.cA]), int(self.counts.sum())
-                self.tables = prior_tables(self.plan, selection_prior_of(self.plan, k0, N0))
+                self.tables = job_tables(self.plan, k0, N0)
                 self.counts[:] = 0
             return
         self.drawn += k
@@ -357,6 +380,8 @@ class GridJob:
         """The rule of GRID-CS after look i with A votes for cA (grid_certify_many)."""
         plan, tables, A, t = self.plan, self.tables, int(self.counts[self.cA]), self.drawn
         last = i == len(plan["checks"]) - 1
+        if last:
+            final_look_tables(plan, tables)
         jL, jU = decided_levels(tables, A, i, final=last)
         self.jL, self.jU = max(self.jL, jL), min(self.jU, jU)
         nxt = self.jL + 1
@@ -364,7 +389,7 @@ class GridJob:
             self.done = True
         elif self.jL >= self.jU or nxt == len(plan["radii"]):
             self.stop, self.done = "decided", True
-        elif A - t < tables["reach"][nxt, i] and A + plan["N_max"] - t < tables["final"][nxt]:
+        elif A - t < tables["reach"][nxt, i] and A + plan["N_max"] - t < tables["final_bound"][nxt]:
             self.stop, self.done = "curtailed", True
 
     def result(self):

@@ -39,7 +39,7 @@ def simulate(plan, p, correct, reps, seed, N0=0):
     T, jL = np.zeros(len(pp)), np.zeros(len(pp), np.int64)
     for k in np.unique(k0):
         group = k0 == k
-        tables = certify.prior_tables(plan, certify.selection_prior_of(plan, int(k), N0)) if informed else plan
+        tables = certify.job_tables(plan, int(k), N0) if informed else plan
         T[group], jL[group] = decide(plan, tables, pp[group], rng)
     accuracy = [float(np.mean(ok & (jL >= j))) for j in range(len(plan["radii"]))]
     return float(np.mean(T)), accuracy
@@ -56,8 +56,8 @@ def decide(plan, tables, pp, rng):
     for i, t in enumerate(checks):
         a = A[:, i]
         cert = (a[:, None] >= tables["lower"][:, i][None, :])
-        if i == len(checks) - 1:
-            cert |= a[:, None] >= tables["final"][None, :]
+        if i == len(checks) - 1 and live.any():   # the exact accounting only where a run reached the budget
+            cert |= a[:, None] >= certify.final_look_tables(plan, tables)["final"][None, :]
         level = np.where(cert.any(1), K - 1 - np.argmax(cert[:, ::-1], axis=1), -1)
         jL = np.where(live, np.maximum(jL, level), jL)
         jU = np.where(live, np.minimum(jU, (a[:, None] > tables["upper"][:, i][None, :]).sum(1) - 1), jU)
@@ -65,7 +65,7 @@ def decide(plan, tables, pp, rng):
             break
         nxt = np.minimum(jL + 1, K - 1)
         decided = (jL >= jU) | (jL + 1 == K)
-        curtailed = (a - t < tables["reach"][nxt, i]) & (a + checks[-1] - t < tables["final"][nxt])
+        curtailed = (a - t < tables["reach"][nxt, i]) & (a + checks[-1] - t < tables["final_bound"][nxt])
         stop = live & (decided | curtailed)
         T = np.where(stop, t, T)
         live &= ~stop
@@ -82,7 +82,7 @@ def previous_plan(radii, sigma, N, batch, alpha):
                                 one_sided=False)
     slack = tables["lower"] - np.array(checks)
     return dict(tables, radii=levels, checks=checks, reach=np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1],
-                N_max=N)
+                N_max=N, final_bound=tables["final"])
 
 
 def draws_at(pAs, radii, sigma, N, N0, batch, alpha, reps, seed):

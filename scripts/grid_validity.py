@@ -55,7 +55,7 @@ def path_crossing(tables, checks, j, tau):
     """The exact probability at pA = tau that the votes ever reach level j's certification threshold with these
     tables, the final look's included (common.crossing_probability on one path)."""
     merged = [int(a) for a in tables["lower"][j]]
-    merged[-1] = min(merged[-1], int(tables["final"][j]))
+    merged[-1] = min(merged[-1], int(tables["final"][j]))   # tables completed by certify.final_look_tables
     return common.crossing_probability(merged, checks, float(tau))
 
 
@@ -77,7 +77,7 @@ def exact_totals(plan, N0=0, two_classes=False):
             if pmf[k] < 1e-15 or (two_classes and 2 * k <= N0):
                 total += pmf[k]
                 continue
-            tables = certify.prior_tables(plan, certify.selection_prior_of(plan, k, N0))
+            tables = certify.final_look_tables(plan, certify.job_tables(plan, k, N0))
             total += pmf[k] * path_crossing(tables, plan["checks"], j, tau)
         totals.append(min(total, 1.0))
     return totals
@@ -105,6 +105,7 @@ def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=
         plan["lower"] = np.stack([common.final_thresholds(taus, t, alpha) for t in plan["checks"]], axis=1)
         slack = plan["lower"] - np.array(plan["checks"])
         plan["reach"] = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]
+        plan["final_bound"] = plan["final"]
         N0 = 0   # these thresholds take no prior
     rows, exact = [], exact_totals(plan, N0)
     for j, r in enumerate(plan["radii"]):
@@ -183,7 +184,7 @@ def main(argv=None):
     plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], 0.5, 100_000, 1000, 0.001, beta, True)
     worst = []   # per prior: (k0, spent, alpha_fin, the largest exact total over the levels)
     for k0 in [None, *range(101)]:
-        tables = plan if k0 is None else certify.prior_tables(plan, certify.selection_prior_of(plan, k0, 100))
+        tables = plan if k0 is None else certify.final_look_tables(plan, certify.job_tables(plan, k0, 100))
         totals = [path_crossing(tables, plan["checks"], j, tau) for j, tau in enumerate(plan["taus"])]
         worst.append((k0, tables["spent"], tables["alpha_fin"], max(totals)))
         ok &= tables["spent"] + tables["alpha_fin"] <= 0.001 + 1e-15 and max(totals) <= 0.001

@@ -293,14 +293,14 @@ def test_every_cpu_experiment_command_parses_and_uses_one_schedule(script, monke
     if script == "table5_cpu.sh":  # the eight rows, the variants' switches winning over the shared flags
         switches = {(a.discard is not False, a.reweight is not False, a.T != 0) for a in trained}
         assert len(trained) == 8 and len(switches) == 8 and all(a.sigma == 0.25 for a in trained)
-    if script == "grid_cpu.sh":    # five arms per sigma on the same examples, the budget 100,000 for the grid
-        assert len(certified) == 10
+    if script == "grid_cpu.sh":    # six arms per sigma on the same examples, the budget 100,000 for the grid
+        assert len(certified) == 12
         grids = [a for a in certified if a.radii]
-        assert len(grids) == 6 and all(a.N == 100_000 for a in grids)
-        assert sum(not a.final_look for a in grids) == 2
+        assert len(grids) == 8 and all(a.N == 100_000 for a in grids)
+        assert sum(not a.final_look for a in grids) == 2 and sum(not a.zero_level for a in grids) == 2
         assert sorted(a.N for a in certified if not a.radii) == [10_000, 10_000, 100_000, 100_000]
         tables = [a for name, a in parsed if name == "bench.py"]
-        assert len(tables) == 2 and all(len(a.grid_logs) == 5 and "N100000" in a.grid_logs[0] for a in tables)
+        assert len(tables) == 2 and all(len(a.grid_logs) == 6 and "N100000" in a.grid_logs[0] for a in tables)
         return
     if script == "table2_cpu.sh":  # each loss with the settings its model was trained with
         probes = [a for name, a in parsed if name.startswith("train_") and a.gradnorm]

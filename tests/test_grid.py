@@ -121,6 +121,9 @@ def test_the_selection_votes_set_the_prior_and_label_mode_keeps_kt():
                                  certify.grid_plan([0.5, 1.0], 0.5, 5000, 500, 0.001, 0.2, True,
                                                    selection_prior=False))
     assert out["radius"] == plain["radius"] == 1.0 and out["N"] <= plain["N"]    # the same answer, no later
+    for k0 in (0, 37, 60):   # curtailing's final thresholds never exceed the exact accounting's
+        tables = certify.final_look_tables(plan, certify.prior_tables(plan, (k0 + 0.5, 60 - k0 + 0.5)))
+        assert np.all(tables["final_bound"] <= tables["final"]) and tables["spent"] + tables["alpha_fin"] <= 0.001
     label = certify.grid_plan([0.5, 1.0], 0.5, 5000, 500, 0.001, 0.2, True)
     certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0), label, candidate=1)
     assert set(label["cache"]) == {common.KT_PRIOR}
@@ -225,11 +228,12 @@ def test_limiting_configuration_equals_fixed_n_certify():
     w, b, sigma, N = torch.randn(4), torch.tensor(0.1), 0.5, 5000
     model = Halfspace(w, b)
     radii = [0.1 * k for k in range(1, 12)]
-    plan = certify.grid_plan(radii, sigma, N, 500, 0.001, 0.0, True)
+    plan = certify.grid_plan(radii, sigma, N, 500, 0.001, 0.0, True, selection_prior=False)   # its own tables
     checks = [int(t) for t in np.cumsum(common.pass_sizes(N, 500))]   # CERTIFY's passes: the same noise chunks
     plan = dict(plan, checks=checks, **common.grid_tables(norm.cdf(np.array(plan["radii"]) / sigma), checks, 0.0,
                                                           0.0, 0.001, N))
     plan["reach"] = np.full_like(plan["lower"], 10 ** 9)                  # no sequential certificate reachable
+    plan["final_bound"] = plan["final"]
     plan["alpha_seq"], plan["alpha_fin"] = 0.0, 0.001
     for d in (-0.2, 0.05, 0.2, 0.5, 0.9, 1.5):
         x = point_at(w, b, d)
@@ -245,12 +249,11 @@ def test_curtailment_never_changes_the_answer_and_draws_never_exceed_the_budget(
     torch.manual_seed(2)
     w, b, sigma = torch.randn(4), torch.tensor(0.0), 0.5
     model = Halfspace(w, b)
-    plan = certify.grid_plan([0.25, 0.5, 1.0, 2.5], sigma, 20_000, 1000, 0.001, 0.001, True)
-    no_curtail = dict(plan, reach=np.full_like(plan["reach"], -10 ** 9), final=plan["final"])
+    plan = certify.grid_plan([0.25, 0.5, 1.0, 2.5], sigma, 20_000, 1000, 0.001, 0.001, True, selection_prior=False)
+    full = dict(plan, reach=np.full_like(plan["reach"], -10 ** 9))       # never curtailed
     for d in (0.3, 0.6, 1.2, 3.0):                                        # 3.0: the top level is out of reach
         x = point_at(w, b, d)
         a = certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(5, 0), plan)
-        full = dict(no_curtail, final=np.where(np.arange(len(plan["final"])) >= 0, plan["final"], 0))
         c = certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(5, 0), full)
         assert a["radius"] == c["radius"] and a["N"] <= c["N"] <= 20_000
         assert a["N"] in plan["checks"] and a["pA_lower"] <= a["pA_upper"]
