@@ -228,9 +228,10 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
 
 def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0, one_sided=True,
               selection_prior=True, zero_level=True):
-    """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ..., their
-    thresholds tau_j = Phi(r_j / sigma), the check times (look_schedule) and, through prior_tables, the
-    integer tables of the tests (common.grid_tables) with their exact alpha accounting.
+    """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ... (no r_0 = 0
+    with zero_level False: --no-zero-level), their thresholds tau_j = Phi(r_j / sigma), the check times
+    (look_schedule) and, through prior_tables, the integer tables of the tests (common.grid_tables) with
+    their exact alpha accounting.
 
     The tests. Level j is certified when the one-sided mixture against pA <= tau_j reaches 1 / alpha_seq and
     ruled out when the one against pA >= tau_j reaches 1 / beta (common.one_sided_log_wealth; one_sided=False:
@@ -238,7 +239,7 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0
     in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md).
 
     The mixture's prior. With selection_prior (the default), an example whose candidate cA got k0 of the N0
-    selection votes is tested with the prior Beta(k0 + 1/2, N0 - k0 + 1/2) (selection_prior_of), the KT
+    selection votes is tested with the prior Beta(k0 + 1/2, N0 - k0 + 1/2) (job_tables), the KT
     posterior of those votes: it centres the mixture near pA, so the wealth grows about as fast as if pA were
     known to within sqrt(pA (1 - pA) / N0) (session 11: 20-25 % fewer draws than the KT prior in simulation,
     results/grid_cpu/sigma0.5/draws_at_pA.md). Valid because the estimation draws are independent of the
@@ -301,20 +302,12 @@ def final_look_tables(plan, tables):
 
 
 def job_tables(plan, k0, N0):
-    """The tables that decide an example whose candidate got k0 of N0 selection votes: the plan's own (the KT
-    prior) without selection draws or without selection_prior, else prior_tables of the posterior
-    Beta(k0 + 1/2, N0 - k0 + 1/2) (grid_plan)."""
+    """The tables that decide an example whose candidate got k0 of N0 selection votes (grid_plan): those of the
+    posterior Beta(k0 + 1/2, N0 - k0 + 1/2) (prior_tables), or the plan's own (KT's prior) without selection
+    draws or without selection_prior."""
     if not plan["selection_prior"] or not N0:
         return plan
-    return prior_tables(plan, selection_prior_of(plan, k0, N0))
-
-
-def selection_prior_of(plan, k0, N0):
-    """The mixture's prior for an example whose candidate got k0 of N0 selection votes (grid_plan): the KT
-    posterior Beta(k0 + 1/2, N0 - k0 + 1/2), or KT's Beta(1/2, 1/2) without selection draws or selection_prior."""
-    if not plan["selection_prior"] or not N0:
-        return common.KT_PRIOR
-    return (k0 + 0.5, N0 - k0 + 0.5)
+    return prior_tables(plan, (k0 + 0.5, N0 - k0 + 0.5))
 
 
 def decided_levels(tables, A, i, final=False):

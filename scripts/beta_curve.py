@@ -30,7 +30,7 @@ def simulate(plan, p, correct, reps, seed, N0=0):
     """Mean draws and certified accuracy per grid radius of the grid rule on examples with true pA = p.
 
     With N0 selection draws (and the plan's selection_prior) each run first draws its candidate's selection
-    votes k0 ~ Binomial(N0, pA) and is tested with the prior they give (certify.selection_prior_of); the
+    votes k0 ~ Binomial(N0, pA) and is tested with the prior they give (certify.job_tables); the
     runs are grouped by k0, each group deciding with its own tables."""
     rng = np.random.default_rng(seed)
     pp, ok = np.repeat(p, reps), np.repeat(correct, reps)
