@@ -126,8 +126,9 @@ def seq_levels(args):
     return (f"The tests of certify.py --radii {' '.join(f'{r:g}' for r in args.radii)} at level F x alpha "
             f"(sigma {sigma:g}, N_max {args.N:,}, alpha {args.alpha:g}, beta {certify.DEFAULT_BETA:g}), simulated on "
             f"the true pA of the {len(pA)} examples of {args.log} ({args.reps} runs each): the error the sequence "
-            f"really spends (exact; an F where it would exceed alpha is left out), the final look's share of "
-            f"alpha, mean model evaluations per example (N0 = "
+            f"really spends and the final look's share of alpha, both for KT's prior (exact; an F where it would "
+            f"exceed alpha is left out; each selection prior is accounted on its own), mean model evaluations per "
+            f"example (N0 = "
             f"{args.N0} included), how many times fewer than CERTIFY, and certified accuracy (%).\n\n"
             "| F | spent | final look (x alpha) | evaluations | x fewer | " +
             " | ".join(f"r = {r:g}" for r in radii) + " |\n|" + "---|" * (5 + len(radii)) + "\n" +
