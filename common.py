@@ -1823,10 +1823,12 @@ def end_distributed(wait=True):
     interpreter exits, and C++ aborts the process (SIGABRT, "terminate called without an active exception"):
     the rank that finishes first (any rank but 0, which still saves the checkpoint) died that way.
     """
+    import gc
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return
-    if wait:
+    gc.collect()   # a DDP model caught in a reference cycle still holds the group: free it, so that destroying
+    if wait:       # the group really joins gloo's threads (once, under load, a resume still aborted that way)
         dist.barrier()
     dist.destroy_process_group()
 
