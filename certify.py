@@ -71,7 +71,8 @@ SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last"
                     "final_look": None, "grid_test": None, "ddrs": None}
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
 # removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, docs/certification.md):
-# at 0.2, 13-15 % fewer evaluations than at beta = alpha for 0.04 points of certified accuracy (4 of 10,000 runs).
+# at 0.2, 21 % fewer evaluations than at beta = alpha for 0.04-0.06 points of certified accuracy (4-6 of 10,000
+# runs; session 11's curve, with the selection prior).
 DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
@@ -241,8 +242,8 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0
     The mixture's prior. With selection_prior (the default), an example whose candidate cA got k0 of the N0
     selection votes is tested with the prior Beta(k0 + 1/2, N0 - k0 + 1/2) (job_tables), the KT
     posterior of those votes: it centres the mixture near pA, so the wealth grows about as fast as if pA were
-    known to within sqrt(pA (1 - pA) / N0) (session 11: 20-25 % fewer draws than the KT prior in simulation,
-    results/grid_cpu/sigma0.5/draws_at_pA.md). Valid because the estimation draws are independent of the
+    known to within sqrt(pA (1 - pA) / N0) (session 11: 1.2-1.65x fewer draws than the KT prior at pA 0.6 to
+    0.99 in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md). Valid because the estimation draws are independent of the
     selection draws: given the selection (cA and k0), the prior is fixed before the test's first draw, and
     every statement below holds conditionally on it, hence also on average. Without selection draws (label
     mode) or without selection_prior: the KT prior Beta(1/2, 1/2). The plan's own lower, upper, final, reach,
@@ -265,6 +266,8 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0
                 position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=seq_level * alpha,
                 beta=beta, N_max=N_max, final_look=final_look, one_sided=one_sided,
                 selection_prior=selection_prior, cache={})
+    # the final look's thresholds at the whole alpha, the same for every prior (prior_tables' final_bound)
+    plan["final_bound"] = common.final_thresholds(plan["taus"], N_max, alpha if final_look else 0.0)
     return dict(plan, **final_look_tables(plan, prior_tables(plan, common.KT_PRIOR)))
 
 
@@ -281,9 +284,8 @@ def prior_tables(plan, prior):
                                     plan["one_sided"], key)
         slack = tables["lower"] - np.array(checks)
         reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]   # suffix minima: can level j still come?
-        bound = common.final_thresholds(plan["taus"], plan["N_max"], plan["alpha"] if plan["final_look"] else 0.0)
-        plan["cache"][key] = dict(lower=tables["lower"], upper=tables["upper"], reach=reach, final_bound=bound,
-                                  prior=key)
+        plan["cache"][key] = dict(lower=tables["lower"], upper=tables["upper"], reach=reach,
+                                  final_bound=plan["final_bound"], prior=key)
     return plan["cache"][key]
 
 
