@@ -29,6 +29,7 @@ import sys
 
 import numpy as np
 from scipy.stats import binom, norm
+from scipy.stats import t as student_t
 
 import common
 
@@ -132,11 +133,13 @@ def parse_args(argv=None):
     s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII[1:],
                    help="radii of the certified-accuracy rows (default 0.25 to 2.5; rows where both are 0 drop)")
     s.add_argument("--level", type=float, default=0.95, help="simultaneous coverage of the intervals")
-    s.add_argument("--replicates", type=int, default=2000, help="bootstrap replicates (default 2000)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (the same output for the same seed)")
     s.add_argument("--over", choices=COMPARE_OVER, default="images", help="the truth the interval is about: "
-                   "the expectation over test images (default; a paired bootstrap over images, which carries the "
-                   "certification's Monte Carlo noise), or on these very images (the votes are redrawn)")
+                   "the expectation over test images (default; paired over the images the logs share, which "
+                   "carries the certification's Monte Carlo noise), or on these very images over the votes")
+    s.add_argument("--sigmas", nargs="+", type=float, help="one sigma per log, A's then B's (default: from the "
+                                                            "sidecar or the path)")
+    s.add_argument("--N", type=int, help="--over test-set: N of logs that record none (no N column, no sidecar)")
+    s.add_argument("--alpha", type=float, help="--over test-set: alpha of logs whose sidecar records none")
     s.add_argument("--out", help="folder for compare.tsv and compare.md")
 
     s = sub.add_parser("paper", help="every table and figure the paper's published logs allow")
@@ -810,7 +813,9 @@ def ecdf_report(logs, pmax, out, name="ecdf", baseline="gaussian"):
           markdown(["σ", "method", "from"] + [f"{p:g}" for p in SUMMARY_P], rows) +
           f"\n\nEvery curve in the ECDF files (columns low high) and plots carries a simultaneous "
           f"{100 * ECDF_LEVEL:g} % DKW band over the images (±{dkw_halfwidth(len(logs[0]['pA'])):.3f} at "
-          f"{len(logs[0]['pA'])} images): two curves whose bands overlap everywhere are not told apart by it." +
+          f"{len(logs[0]['pA'])} images), a statement about that curve alone. Two curves are told apart by the "
+          f"two-sample band under each pair below: the sum of their DKW half-widths, each at 1 − 5 % / (curves "
+          f"of the σ), so every pair's statement holds at once with probability ≥ 95 %." +
           f"\n\nDominance (App. B.3: A > B if A's ECDF is >= B's at every p of the range and higher "
           f"somewhere; ~: neither), on [0.5, {pmax:g}] and on the paper's literal [0.5, 1]:\n\n" +
           "\n".join(lines))
@@ -822,12 +827,14 @@ def ecdf_report(logs, pmax, out, name="ecdf", baseline="gaussian"):
 
 
 def dominance_lines(sigma, group, pmax):
-    """App. B.3 for one sigma on both ranges, and for each pair ordered differently, the p that decides it."""
+    """App. B.3 for one sigma on both ranges, each ordered or incomparable pair judged by the two-sample band
+    (two_sample_words), and for each pair ordered differently, the p that decides it."""
     ranges = {"pmax": ECDF_GRID <= pmax + 1e-12, "all": np.ones(len(ECDF_GRID), dtype=bool)}
     orders = {k: dominance({log["label"]: log["ecdf"][mask] for log in group}) for k, mask in ranges.items()}
     text = lambda order: ("; ".join(f"{a} > {b}" for a, b in order[0]) or "no order") + (
         "" if not order[1] else "; incomparable: " + "; ".join(f"{a} ~ {b}" for a, b in order[1]))
     lines = [f"- σ = {fmt_sigma(sigma)}: [0.5, {pmax:g}]: {text(orders['pmax'])}"]
+    lines += two_sample_words(group, orders["pmax"][0] + orders["pmax"][1], ranges["pmax"])
     if orders["pmax"] == orders["all"]:
         return lines + ["  - [0.5, 1]: the same order"]
     lines.append(f"  - [0.5, 1]: {text(orders['all'])}")
@@ -836,6 +843,32 @@ def dominance_lines(sigma, group, pmax):
         j = int(np.argmax(np.where(ECDF_GRID > pmax + 1e-12, curves[b] - curves[a], -np.inf)))
         lines.append(f"  - why: {a} > {b} only up to p = {pmax:g}: at p = {ECDF_GRID[j]:g}, P(pA ≥ p) is "
                      f"{fmt_percent(curves[b][j])} % for {b} against {fmt_percent(curves[a][j])} % for {a}")
+    return lines
+
+
+def two_sample_halfwidth(n_a, n_b, curves, level=ECDF_LEVEL):
+    """A band for the difference of two ECDFs: each of the `curves` ECDFs of its sigma gets a DKW band at level
+    1 - (1 - level) / curves, so with probability >= level every curve lies in its band at once, and then every
+    difference of two curves lies within the sum of their half-widths at every p (whatever the dependence
+    between curves, e.g. two models on the same images)."""
+    inner = 1 - (1 - level) / curves
+    return dkw_halfwidth(n_a, inner) + dkw_halfwidth(n_b, inner)
+
+
+def two_sample_words(group, pairs, mask, level=ECDF_LEVEL):
+    """One line per pair (a, b): where a's ECDF lies above or below b's by more than the two-sample band."""
+    by_label = {log["label"]: log for log in group}
+    lines = []
+    for a, b in pairs:
+        la, lb = by_label[a], by_label[b]
+        eps = two_sample_halfwidth(len(la["pA"]), len(lb["pA"]), len(group), level)
+        gap = la["ecdf"][mask] - lb["ecdf"][mask]
+        above, below = gap > eps, gap < -eps
+        found = [f"{a} {word} {b} beyond noise at p = {ECDF_GRID[mask][hits][0]:g} ... "
+                 f"{ECDF_GRID[mask][hits][-1]:g} (largest gap {100 * gap[hits][np.argmax(np.abs(gap[hits]))]:+.1f} "
+                 f"points)" for hits, word in ((above, "above"), (below, "below")) if hits.any()]
+        lines.append(f"  - {a} vs {b}, two-sample band ±{eps:.3f} ({100 * level:g} % for all curves of this σ at "
+                     f"once): " + ("; ".join(found) if found else "within noise at every p (not told apart)"))
     return lines
 
 
@@ -888,17 +921,14 @@ def mass_sentence(log, base):
     return f"{log['label']} vs {base['label']}: {verdict} ({'; '.join(parts)})"
 
 
-def share_difference(log, base, test, z=norm.ppf(1 - 0.05 / 4)):
-    """The difference of the shares of rows where test(pA_all) holds, log minus base, and its interval
-    (+- z standard errors; the default z makes two such intervals hold together at 95 %)."""
-    a, b = test(log["pA_all"]).astype(float), test(base["pA_all"]).astype(float)
-    d = a.mean() - b.mean()
-    if np.array_equal(np.sort(log["idx"]), np.sort(base["idx"])):     # the same images: pair them by idx
-        diff = a[np.argsort(log["idx"])] - b[np.argsort(base["idx"])]
-        se = diff.std(ddof=1) / math.sqrt(len(diff))
-    else:
-        se = math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
-    return d, d - z * se, d + z * se
+def share_difference(log, base, test, a=0.05 / 2):
+    """The difference of the shares of rows where test(pA_all) holds, log minus base, and its interval at
+    two-sided error a (the default makes two such intervals hold together at 95 %): Tango's score interval
+    over the images both certified, Newcombe's where they share none (compare's row_interval)."""
+    rows, n, _ = shared_images([log, base])
+    pick = lambda g: test(g["pA_all"][rows[id(g)]] if n else g["pA_all"]).astype(float)[None]
+    d, low, high, _ = row_interval(pick(base), pick(log), True, n > 0, a)
+    return d, low, high
 
 
 def plot_ecdf(logs, out, name):
@@ -1227,43 +1257,41 @@ def paper_report(root, out):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# compare: the difference between two configurations, with an interval that carries every source of noise
+# compare: the difference between two configurations, with simultaneous intervals of measured coverage
 # ----------------------------------------------------------------------------------------------------------
 # A side is one log or several (training seeds of one configuration; several sigmas give per-sigma rows and
-# the best-over-sigma envelope). The difference is an estimate of one of two truths (--over):
-#   images    (default) the metric's expectation over the distribution the test images come from. A bootstrap
-#             replicate draws the images with replacement; logs that certified the same images (the same idx
-#             and labels) share the draw, which pairs them, others are drawn apart (unpaired). The Monte Carlo
-#             noise of certification is inside this interval already: each image's votes are random given
-#             the model and independent between images, so it is part of the per-image spread the bootstrap
-#             resamples (redrawing votes as well would count it twice).
-#   test-set  the metric's expectation on these very images (the fixed test set of a paper's table): the
-#             images stay, and each replicate redraws every image's votes nA* ~ Binomial(N, nA / N) (nY
-#             likewise) and recomputes the radius as CERTIFY does (sigma Phi^-1 of the Clopper-Pearson bound,
-#             abstaining below 1/2). The class cA stays the logged one (the N0 selection draws are not redrawn);
-#             an abstained row counts as correct when redrawn above 1/2 only if its votes are the true label's
-#             (nA == nY). Logs without nA N get nA back from their radius (App. B.2, with their budget); rows
-#             stopped early (N below the log's largest) and grid logs (--radii) keep their results.
-# Training seeds, in both: the k logs of a side at one sigma are drawn with replacement and the seed part of a
-# replicate is scaled by sqrt(k / (k - 1)), so that its variance is the unbiased between-seed variance of a
-# mean of k (the per-seed values are noisy themselves, so this errs on the wide side). A side with one log
-# has no seed noise: its verdict is about that model, not its training method.
-# Multiplicity: one simultaneous band over all rows (the max-|t| method): c is the level-quantile over
-# replicates of max over rows of |diff* - diff| / se, and each row's interval is diff +- c se, so with
-# probability about `level` every interval covers its true difference at once (family-wise error 1 - level).
-# A row is `higher` or `lower` when its interval excludes 0, else `within noise`.
+# the best-over-sigma rows). Every row is a mean over images of a per-image value: 0/1 for accuracies and
+# shares of pA, the radius (0 where wrong) for ACR. The difference d = B - A estimates one of two truths:
+#   images    (default) the expectation over the distribution the test images come from (and over training
+#             seeds where a side has several). Images that every log certified (the same idx and label) are
+#             paired; rows that not all logs have are left out and counted (compare.md and one warning line);
+#             logs with no image in common are compared unpaired, and compare.md says so. The Monte Carlo noise
+#             of certification is inside each image's value, so the spread over images carries it.
+#   test-set  the expectation on these very images over the certification's votes (a paper's fixed test set).
+#             Each image's value is a function of its count; its variance is bounded by the largest it takes
+#             over a 99.9 % Clopper-Pearson interval of the image's probability (1/4 for a 0/1 value whose
+#             count is unknown: an abstention in a log without nA). N from the log or its sidecar, alpha from
+#             the sidecar, else --N / --alpha; unknown means refused. The logged class cA stays (the N0
+#             selection draws are not redrawn); grid logs and per-row sigma logs have no count model: refused.
+# One model a side: a 0/1 row gets a score interval, Tango's (1998) for paired images, Newcombe's (1998)
+# hybrid Wilson score for unpaired ones; ACR a t interval. None has zero width.
+# Training seeds: the k seed means of a side vary by sigma_seed^2 + sigma_c^2 / n (sigma_c^2: the seed-by-
+# image interaction, read off the two-way layout's residual mean square), so s^2 / k with k - 1 degrees of
+# freedom estimates the seed part of the variance of d exactly, and the spread over images, less the
+# interaction it also holds, gives the image part (n - 1 degrees of freedom). Each part keeps its own critical
+# value (the seeds' t at their Welch-Satterthwaite degrees of freedom, the images' t or z) and the half-width
+# is sqrt(sum of critical^2 x variance) (MOVER); 0/1 rows are widened to at least the one-model score interval
+# on the seed means.
+# A side with one log has no seed term: its verdict is about that model, not its training method.
+# Multiplicity: Bonferroni over every row tested (rows where both sides certify nothing are tested but not
+# shown), each at level 1 - (1 - level) / m, so all intervals hold together with probability >= level under
+# any dependence between rows. A best-over-sigma row takes the hull of its per-sigma intervals: max_s b_s -
+# max_s a_s lies between min_s (b_s - a_s) and max_s (b_s - a_s), so it needs no share of the error.
+# A row is `higher` or `lower` when its interval excludes 0, else `within noise`. Coverage, false alarms and
+# power against known truths: scripts/compare_calibration.py (results/compare_calibration/).
 
-def compare_metrics(radius, correct, pA_all, radii, with_acr):
-    """{metric: values} of one log, vectorised over leading axes (replicates); rows on the last axis."""
-    out = {"clean accuracy": correct.mean(-1)}
-    for r in radii:
-        out[f"certified accuracy r={r:g}"] = (correct & (radius >= r)).mean(-1)
-    if with_acr:
-        out["ACR"] = np.where(correct, radius, 0.0).mean(-1)
-    if pA_all is not None:
-        for name, test in SHARES:
-            out[name] = test(pA_all).mean(-1)
-    return out
+COMPARE_OVER = ("images", "test-set")
+VOTE_LEVEL = 0.999   # the Clopper-Pearson interval of an image's probability over which test-set bounds its variance
 
 
 def semi_elastic(log):
@@ -1278,58 +1306,232 @@ def z_table(N, alpha):
     return np.where(z >= 0, z, -np.inf)
 
 
-def mc_model(log):
-    """What certification noise of a log can be redrawn: a dict with the rows to redraw ('free'), their votes,
-    N, whether a redrawn certificate would be right, sigma per row and the z table; None where nothing can
-    (grid logs, or a log whose sigma is unknown)."""
-    if log.get("grid") or (log["sigma"] is None and "sigma_x" not in log):
-        return None
-    sigma = log["sigma_x"] if "sigma_x" in log else np.full(len(log["radius"]), log["sigma"])
-    if "nA" in log:
-        N, nA = int(log["N"].max()), log["nA"]
-        alpha = float(log["sidecar"].get("alpha", PAPER_ALPHA))
-        free = log["N"] == N                           # rows stopped early (--early-abstain) stay as they are
-    else:                                              # Cohen's columns only: the count behind each radius
-        N, alpha = log_budget(log, None, None)
-        nA = np.minimum(min_count(log["radius"], N, alpha, log["sigma"]), N)
-        free = log["predict"] >= 0                     # an abstention's count is unknown
-    right = log["correct"].copy()                      # cA is the true label
-    if "nY" in log:
-        right |= (log["predict"] < 0) & (log["nY"] == nA)
-    if semi_elastic(log) and semi_elastic(log)["r"] > 0:
-        # a semi-elastic radius is not sigma z: redraw it as Cohen's at the redrawn count times the row's observed
-        # ratio to Cohen's (about 0.98 at r = 0.01 on CIFAR-10, slowly varying in pA); rows without one (abstained
-        # or radius 0) take the median ratio. An approximation of the Monte Carlo noise only, not of a certificate.
-        cohen = sigma * np.maximum(z_table(N, alpha)[np.minimum(nA, N)], 0)
-        ratio = np.where((log["radius"] > 0) & (cohen > 0), log["radius"] / np.where(cohen > 0, cohen, 1), np.nan)
-        sigma = sigma * np.where(np.isfinite(ratio), ratio, np.nanmedian(ratio) if np.isfinite(ratio).any() else 1)
-    return {"free": free, "N": N, "nA": nA.astype(np.int64), "right": right, "sigma": sigma,
-            "coupled": "nY" in log and (log["nY"] == nA), "z": z_table(N, alpha)}
+def image_values(log, radii, with_acr, with_pA):
+    """{row: per-image values} of one log: 0/1 for accuracies and shares of pA, the radius for ACR."""
+    radius, correct = log["radius"], log["correct"]
+    out = {"clean accuracy": correct.astype(float)}
+    for r in radii:
+        out[f"certified accuracy r={r:g}"] = (correct & (radius >= r)).astype(float)
+    if with_acr:
+        out["ACR"] = np.where(correct, radius, 0.0)
+    if with_pA:
+        for name, test in SHARES:
+            out[name] = test(log["nY"] / log["N"]).astype(float)
+    return out
 
 
-def redraw_log(log, model, B, rng):
-    """(radius, correct, pA_all) arrays of shape (B, n): the log's rows with their votes redrawn."""
+def tango_interval(x12, x21, n, z):
+    """Tango's (1998) score interval for p_B - p_A from n paired 0/1 outcomes: x12 images where only B is 1,
+    x21 where only A is. The deltas whose score statistic lies within +-z; the statistic falls in delta, so
+    each end is found by bisection."""
+    def score(delta):
+        b = (2 * n - x12 + x21) * delta - x12 - x21
+        c = -x21 * delta * (1 - delta)
+        p21 = (-b + math.sqrt(max(b * b - 8 * n * c, 0.0))) / (4 * n)   # constrained MLE of P(only A is 1)
+        num = x12 - x21 - n * delta
+        return 0.0 if num == 0 else num / math.sqrt(max(n * (2 * p21 + delta * (1 - delta)), 1e-300))
+
+    d = (x12 - x21) / n
+    low, high = -1.0, 1.0
+    if score(-1.0) > z:                     # the lower end: score(low) = z
+        lo, hi = -1.0, d
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if score(mid) > z else (lo, mid)
+        low = hi
+    if score(1.0) < -z:                     # the upper end: score(high) = -z
+        lo, hi = d, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if score(mid) >= -z else (lo, mid)
+        high = lo
+    return low, high
+
+
+def wilson(p, n, z):
+    """Wilson's score interval for a proportion p of n (p may be a mean of 0/1 values, not a count / n)."""
+    centre, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+def newcombe_interval(pa, na, pb, nb, z):
+    """Newcombe's (1998) hybrid score interval for p_B - p_A from independent shares pa of na and pb of nb."""
+    (la, ua), (lb, ub), d = wilson(pa, na, z), wilson(pb, nb, z), pb - pa
+    return d - math.hypot(pb - lb, ua - pa), d + math.hypot(ub - pb, pa - la)
+
+
+def seed_layout(f):
+    """A side's (k seeds, n images) values: (s^2 / k of the seed means, its degrees of freedom, and the
+    interaction's share sigma_c^2 / (n k) of it, from the two-way residual mean square); zeros for k = 1."""
+    k, n = f.shape
+    if k == 1:
+        return 0.0, 0, 0.0
+    means = f.mean(1)
+    resid = f - f.mean(0) - means[:, None] + f.mean()
+    return float(means.var(ddof=1)) / k, k - 1, float((resid ** 2).sum()) / ((n - 1) * (k - 1)) / (n * k)
+
+
+def satterthwaite(terms):
+    """Welch-Satterthwaite degrees of freedom of a sum of variance estimates [(v, df)] (df inf: known)."""
+    total = sum(v for v, _ in terms)
+    denom = sum(v * v / df for v, df in terms if v > 0 and math.isfinite(df))
+    return math.inf if denom == 0 else total * total / denom
+
+
+def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
+    """(d, low, high, critical value) for one row: fa, fb the (seeds, images) values of each side (the same
+    images in the same order where paired), binary for 0/1 rows, a the row's two-sided error. vote_a / vote_b: (seeds, images)
+    bounds on each value's variance over the votes (--over test-set), else None (--over images)."""
+    d = float(fb.mean() - fa.mean())
+    (ea, dfa, ca), (eb, dfb, cb) = seed_layout(fa), seed_layout(fb)
+    one_model = fa.shape[0] == fb.shape[0] == 1
+    if vote_a is not None:                 # test-set: the votes' variance (k = 1) or the seeds' spread (k > 1)
+        known = [float(v.sum()) / v.size ** 2 for f, v in ((fa, vote_a), (fb, vote_b)) if f.shape[0] == 1]
+        images = [(sum(known), math.inf)]
+    else:
+        ma, mb = fa.mean(0), fb.mean(0)    # per-image means over seeds
+        if paired and one_model and binary:
+            x12, x21 = int(np.sum((mb > ma))), int(np.sum((ma > mb)))
+            return (d, *tango_interval(x12, x21, len(ma), norm.isf(a / 2)), norm.isf(a / 2))
+        if not paired and one_model and binary:
+            return (d, *newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), norm.isf(a / 2)),
+                    norm.isf(a / 2))
+        if paired:
+            images = [(max(float(np.var(mb - ma, ddof=1)) / len(ma) - ca - cb, 0.0), len(ma) - 1)]
+        else:
+            images = [(max(float(np.var(m, ddof=1)) / len(m) - c, 0.0), len(m) - 1) for m, c in ((ma, ca), (mb, cb))]
+    seeds = [(e, df) for f, e, df in ((fa, ea, dfa), (fb, eb, dfb)) if df > 0]
+    # each independent part keeps its own critical value (Zou and Donner's MOVER): the images' (or votes')
+    # with their many degrees of freedom, the seeds' with their Welch-Satterthwaite ones; one pooled
+    # Satterthwaite t is liberal when a 1-2 df seed part meets a well-known image part (measured: up to 4.7x
+    # the error at k = 2), this is not (tests/test_compare.py)
+    crit = lambda terms: (norm.isf(a / 2) if math.isinf(df := satterthwaite(terms)) else student_t.isf(a / 2, df))
+    v_img, v_seed = sum(v for v, _ in images), sum(v for v, _ in seeds)
+    half = math.sqrt((crit(images) ** 2 * v_img if v_img > 0 else 0.0) +
+                     (crit(seeds) ** 2 * v_seed if v_seed > 0 else 0.0))
+    t = half / math.sqrt(v_img + v_seed) if v_img + v_seed > 0 else norm.isf(a / 2)
+    low, high = d - half, d + half
+    if binary and vote_a is None:          # never narrower than the one-model score interval on the seed means
+        z = norm.isf(a / 2)
+        ma, mb = fa.mean(0), fb.mean(0)
+        floor = (tango_interval(float(np.maximum(mb - ma, 0).sum()), float(np.maximum(ma - mb, 0).sum()), len(ma), z)
+                 if paired else newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), z))
+        low, high = min(low, floor[0]), max(high, floor[1])
+    return d, low, high, t
+
+
+def count_threshold(test, N):
+    """The smallest count c of N with test(c / N) true (test false below it, true from it on); N + 1: never."""
+    hits = np.flatnonzero(test(np.arange(N + 1) / N))
+    return int(hits[0]) if len(hits) else N + 1
+
+
+def budget_for_votes(log, N_flag, alpha_flag):
+    """(N, alpha) for --over test-set: N from the log's N column (its largest: rows below it stopped early) or
+    sidecar, alpha from the sidecar, else the flags; a UserError where either stays unknown or they disagree."""
+    path, side = log["path"], log.get("sidecar") or {}
+    own_N = int(log["N"].max()) if "N" in log else side.get("N")
+    own_alpha = side.get("alpha")
+    for name, own, flag in (("N", own_N, N_flag), ("alpha", own_alpha, alpha_flag)):
+        common.check(own is None or flag is None or float(own) == float(flag),
+                     f"{path}: the log was certified with {name} = {own}, but --{name} {flag} was given")
+        common.check(own is not None or flag is not None,
+                     f"{path}: {name} unknown (no column, no sidecar {path}.json): --over test-set redraws the "
+                     f"votes, so it needs the budget; pass --{name}")
+    N = int(own_N if own_N is not None else N_flag)
+    alpha = float(own_alpha if own_alpha is not None else alpha_flag)
+    common.check(N >= 1 and 0 < alpha < 1, f"{path}: need N >= 1 and 0 < alpha < 1 (got N = {N}, alpha = {alpha})")
+    return N, alpha
+
+
+def radius_moments(p, N, z, sigma, chunk=256):
+    """(mean, variance) of sigma * max(z[count], 0) over count ~ Binomial(N, p), for each p of an array; z is
+    z_table(N, alpha). Summed over the counts within 7 standard deviations (the rest weighs < 3e-12)."""
+    p = np.asarray(p, dtype=float)
+    mean, var = np.zeros(len(p)), np.zeros(len(p))
+    for start in range(0, len(p), chunk):
+        q = p[start:start + chunk]
+        half = int(np.ceil(7 * np.sqrt(N * q * (1 - q)).max())) + 2
+        counts = np.round(N * q).astype(np.int64)[:, None] + np.arange(-half, half + 1)[None]
+        inside = (counts >= 0) & (counts <= N)
+        counts = np.clip(counts, 0, N)
+        w = np.where(inside, binom.pmf(counts, N, q[:, None]), 0.0)
+        w /= w.sum(1, keepdims=True)
+        r = sigma * np.maximum(z[counts], 0.0)
+        m = (w * r).sum(1)
+        mean[start:start + chunk], var[start:start + chunk] = m, np.maximum((w * (r - m[:, None]) ** 2).sum(1), 0)
+    return mean, var
+
+
+def vote_variances(log, radii, with_acr, with_pA, N_flag, alpha_flag):
+    """{row: per-image bound on the variance of the row's value when the image's votes are drawn again}
+    (--over test-set; see the comment above compare's functions)."""
+    path = log["path"]
+    common.check(not log.get("grid"), f"{path}: a grid log (certify.py --radii) records no vote counts to redraw; "
+                                      f"compare it with --over images")
+    common.check("sigma_x" not in log and not semi_elastic(log),
+                 f"{path}: a ddrs.py log (per-row sigma or semi-elastic radius); --over test-set models CERTIFY's "
+                 f"radius only: compare it with --over images")
+    N, alpha = budget_for_votes(log, N_flag, alpha_flag)
+    sigma = need_sigma(log)
     n = len(log["radius"])
-    radius, correct = np.broadcast_to(log["radius"], (B, n)), np.broadcast_to(log["correct"], (B, n))
-    pA_all = None if "nY" not in log else np.broadcast_to(log["nY"] / log["N"], (B, n))
-    if model is None:
-        return radius, correct, pA_all
-    N, free = model["N"], model["free"]
-    nA = rng.binomial(N, model["nA"] / N, size=(B, n))
-    z = model["z"][nA]
-    radius = np.where(free, np.where(model["right"], model["sigma"] * z, -np.inf), radius)
-    correct = np.where(free, model["right"] & np.isfinite(z), correct)
-    if pA_all is not None:
-        nY = np.where(model["coupled"], nA, rng.binomial(N, log["nY"] / N, size=(B, n)))
-        pA_all = np.where(free, nY / N, pA_all)
-    return radius, correct, pA_all
+    if "nA" in log:
+        count, known = log["nA"], log["N"] == N                # rows stopped early (--early-abstain): unknown
+    else:                                                      # Cohen's columns: the count behind each radius
+        count = np.minimum(min_count(log["radius"], N, alpha, sigma), N)
+        known = log["predict"] >= 0                            # an abstention's count is unknown
+    right = log["correct"] | bool(log.get("label_mode")) | (
+        (log["predict"] < 0) & (log["nY"] == log["nA"]) if "nY" in log and "nA" in log else False)
+    count = np.where(known, count, 0)
+    tail = (1 - VOTE_LEVEL) / 2
+    p_low = np.atleast_1d(common.clopper_pearson_lower(count, N, tail))
+    p_high = np.atleast_1d(common.clopper_pearson_upper(count, N, tail))
+
+    def bernoulli(t, c_low, c_high):           # the largest q (1 - q) of q = P(count >= t) over [c_low, c_high]
+        q_low, q_high = binom.sf(t - 1, N, c_low), binom.sf(t - 1, N, c_high)
+        inside = (q_low <= 0.5) & (q_high >= 0.5)
+        return np.where(inside, 0.25, np.maximum(q_low * (1 - q_low), q_high * (1 - q_high)))
+
+    ones = lambda t: np.where(known, np.where(right, bernoulli(t, p_low, p_high), 0.0), 0.25)
+    out = {"clean accuracy": ones(min_count(0.0, N, alpha, sigma))}
+    for r in radii:
+        out[f"certified accuracy r={r:g}"] = ones(min_count(r, N, alpha, sigma))
+    if with_acr:
+        z = z_table(N, alpha)
+        edge = np.full(n, min(min_count(0.0, N, alpha, sigma), N) / N)   # unknown rows: the worst below abstaining
+        need = ~known | right                                  # a known wrong row's radius stays 0
+        worst = np.zeros(n)
+        worst[need] = np.max([radius_moments(np.where(known, p, edge)[need], N, z, sigma)[1]
+                              for p in (p_low, count / N, p_high)], axis=0)
+        out["ACR"] = worst
+    if with_pA:
+        n_row = log["N"]
+        y_low = np.atleast_1d(common.clopper_pearson_lower(log["nY"], n_row, tail))
+        y_high = np.atleast_1d(common.clopper_pearson_upper(log["nY"], n_row, tail))
+        for name, test in SHARES:
+            out[name] = np.where(n_row == N, bernoulli(count_threshold(test, N) if not name.startswith("P(pA<") else
+                                                       count_threshold(lambda p: ~test(p), N), y_low, y_high), 0.25)
+    return out
+
+
+def shared_images(logs):
+    """Rows of each log on the images all logs certified (the same idx and label), in one order: {log id: rows},
+    the number of shared images, and {path: rows left out} for logs with more."""
+    keys = [list(zip(log["idx"].tolist(), log["y"].tolist())) for log in logs]
+    shared = sorted(set.intersection(*map(set, keys)))
+    rows = {}
+    for log, own in zip(logs, keys):
+        where = {key: i for i, key in enumerate(own)}
+        rows[id(log)] = np.array([where[key] for key in shared], dtype=np.int64)
+    left = {log["path"]: len(own) - len(shared) for log, own in zip(logs, keys) if len(own) > len(shared)}
+    return rows, len(shared), left
 
 
 def side_groups(logs):
     """{sigma: [logs]} of one side (sigma None for logs of unknown sigma)."""
     groups = {}
     for log in logs:
-        groups.setdefault(log["sigma"], []).append(log)
+        groups.setdefault(log.get("sigma"), []).append(log)
     return groups
 
 
@@ -1346,99 +1548,75 @@ def compare_scope(side_a, side_b):
     return ga, gb, sigmas, with_acr, with_pA
 
 
-def side_values(groups, sigmas, draws, radii, with_acr, with_pA, seed_draws):
-    """{row: (B,) values} of one side: per sigma the mean over its seeds of each metric (seed_draws: the
-    seeds drawn per replicate, or None for the point estimate), then the best-over-sigma envelope."""
-    rows = {}
-    for s in sigmas:
-        per_log = []
-        for log in groups[s]:
-            radius, correct, pA_all = draws[id(log)]
-            per_log.append(compare_metrics(radius, correct, pA_all if with_pA else None, radii, with_acr))
-        prefix = f"σ={fmt_sigma(s)} " if len(sigmas) > 1 else ""
-        for name in per_log[0]:
-            values = np.stack([m[name] for m in per_log])            # (k, B)
-            k = len(per_log)
-            mean = values.mean(0)
-            if seed_draws is not None and k > 1:
-                drawn = np.take_along_axis(values, seed_draws[s], axis=0).mean(0)
-                mean = mean + math.sqrt(k / (k - 1)) * (drawn - mean)
-            rows[prefix + name] = mean
-    if len(sigmas) > 1:
-        for r in radii:
-            rows[f"best over σ r={r:g}"] = np.max([rows[f"σ={fmt_sigma(s)} certified accuracy r={r:g}"]
-                                                   for s in sigmas], axis=0)
-    return rows
-
-
-def image_sets(logs):
-    """Logs that certified the same images (equal idx and labels, in any order) share one bootstrap draw:
-    {log id: (set number, order that sorts the log by idx)}, and the number of sets."""
-    keys, out = [], {}
-    for log in logs:
-        order = np.argsort(log["idx"], kind="stable")
-        key = (log["idx"][order].tobytes(), log["y"][order].tobytes())
-        if key not in keys:
-            keys.append(key)
-        out[id(log)] = (keys.index(key), order)
-    return out, len(keys)
-
-
-COMPARE_OVER = ("images", "test-set")
-
-
-def compare_sides(side_a, side_b, radii, level, replicates, seed, over="images", chunk=250):
-    """Rows (metric, a, b, diff, low, high, verdict) comparing side B with side A (diff = b - a), the
-    simultaneous band at `level`, and facts for the report. See the comment above for what the band holds."""
+def compare_sides(side_a, side_b, radii, level=0.95, over="images", N=None, alpha=None):
+    """Rows (metric, a, b, diff, low, high, verdict) comparing side B with side A (diff = b - a), intervals that
+    hold together with probability >= level, and facts for the report. side_a, side_b: lists of logs as
+    common.read_certification_log returns them ('sigma' and 'sidecar' optional: one sigma group without);
+    N, alpha: the budget for --over test-set where a log does not record it. See the comment above."""
     common.check(0 < level < 1, f"--level must lie in (0, 1) (got {level})")
-    common.check(replicates >= 100, f"--replicates must be >= 100 (got {replicates})")
     common.check(over in COMPARE_OVER, f"--over must be one of {', '.join(COMPARE_OVER)} (got {over!r})")
     ga, gb, sigmas, with_acr, with_pA = compare_scope(side_a, side_b)
     logs = side_a + side_b
-    sets, n_sets = image_sets(logs)
-    models = {id(log): mc_model(log) if over == "test-set" else None for log in logs}
-    point = {id(log): redraw_log(log, None, 1, None) for log in logs}
-    pa = side_values(ga, sigmas, point, radii, with_acr, with_pA, None)
-    pb = side_values(gb, sigmas, point, radii, with_acr, with_pA, None)
-    names = [name for name in pa if " r=" not in name or pa[name][0] > 0 or pb[name][0] > 0]  # no 0-vs-0 radii
-    rng = np.random.default_rng(seed)
-    diffs = []
-    for start in range(0, replicates, chunk):
-        B = min(chunk, replicates - start)
-        picks = [None] * n_sets
-        draws = {}
-        for log in logs:
-            k, order = sets[id(log)]
-            if picks[k] is None:   # test-set: the images stay
-                picks[k] = (rng.integers(0, len(order), size=(B, len(order))) if over == "images" else
-                            np.broadcast_to(np.arange(len(order)), (B, len(order))))
-            rows = order[picks[k]]                                   # (B, n): resampled rows of this log
-            radius, correct, pA_all = redraw_log(log, models[id(log)], B, rng)
-            draws[id(log)] = tuple(None if a is None else np.take_along_axis(a, rows, axis=1)
-                                   for a in (radius, correct, pA_all))
-        seeds = lambda groups: {s: rng.integers(0, len(g), size=(len(g), B)) for s, g in groups.items()}
-        va = side_values(ga, sigmas, draws, radii, with_acr, with_pA, seeds(ga))
-        vb = side_values(gb, sigmas, draws, radii, with_acr, with_pA, seeds(gb))
-        diffs.append(np.stack([vb[name] - va[name] for name in names], axis=1))
-    diffs = np.concatenate(diffs)                                    # (replicates, rows)
-    d = np.array([pb[name][0] - pa[name][0] for name in names])
-    se = diffs.std(axis=0, ddof=1)
-    live = se > 0
-    t = np.abs(diffs[:, live] - d[live]) / se[live]
-    c = float(np.quantile(t.max(axis=1), level)) if live.any() else 0.0
-    low, high = d - c * se, d + c * se
-    verdict = np.where(low > 0, "higher", np.where(high < 0, "lower", "within noise"))
-    rows = [(name, float(pa[name][0]), float(pb[name][0]), float(d[i]), float(low[i]), float(high[i]), verdict[i])
-            for i, name in enumerate(names)]
-    facts = {"c": c, "paired": n_sets == 1, "n_sets": n_sets, "with_acr": with_acr, "with_pA": with_pA,
-             "sigmas": sigmas, "seeds": ({s: len(g) for s, g in ga.items()}, {s: len(g) for s, g in gb.items()}),
-             "over": over, "fixed": [log["path"] for log in logs if over == "test-set" and models[id(log)] is None]}
+    rows_of, n_shared, left = shared_images(logs)
+    paired = n_shared > 0
+    if not paired:                       # no image in common: each side on its own shared images
+        left = {}
+        for side, name in ((side_a, "A"), (side_b, "B")):
+            own, n_own, own_left = shared_images(side)
+            common.check(n_own > 0, f"the logs of side {name} share no image (idx and label); a side's logs are "
+                                    f"seeds or sigmas of one configuration certified on one test set")
+            rows_of.update(own)
+            left.update(own_left)
+    values, votes = {}, {}
+    for log in logs:
+        rows = rows_of[id(log)]
+        values[id(log)] = {k: v[rows] for k, v in image_values(log, radii, with_acr, with_pA).items()}
+        if over == "test-set":
+            votes[id(log)] = {k: v[rows] for k, v in
+                              vote_variances(log, radii, with_acr, with_pA, N, alpha).items()}
+    names = list(values[id(logs[0])])
+    m = len(names) * len(sigmas)
+    a = (1 - level) / m
+    stack = lambda group, store, name: np.stack([store[id(log)][name] for log in group])
+    out, per_sigma, crits = [], {}, []
+    for s in sigmas:
+        prefix = f"σ={fmt_sigma(s)} " if len(sigmas) > 1 else ""
+        for name in names:
+            fa, fb = stack(ga[s], values, name), stack(gb[s], values, name)
+            va, vb = (stack(ga[s], votes, name), stack(gb[s], votes, name)) if votes else (None, None)
+            d, low, high, crit = row_interval(fa, fb, name != "ACR", paired, a, va, vb)
+            per_sigma[(s, name)] = (d, low, high)
+            crits.append(crit)
+            if " r=" in name and fa.mean() == 0 and fb.mean() == 0:
+                continue                 # tested (counted in m), not shown: both sides certify nothing there
+            out.append((prefix + name, float(fa.mean()), float(fb.mean()), d, low, high))
+    if len(sigmas) > 1:
+        for r in radii:
+            name = f"certified accuracy r={r:g}"
+            best = lambda g: max(float(stack(g[s], values, name).mean()) for s in sigmas)
+            ba, bb = best(ga), best(gb)
+            if ba == 0 and bb == 0:
+                continue
+            out.append((f"best over σ r={r:g}", ba, bb, bb - ba, min(per_sigma[(s, name)][1] for s in sigmas),
+                        max(per_sigma[(s, name)][2] for s in sigmas)))
+    rows = [(name, va, vb, d, lo, hi, "higher" if lo > 0 else "lower" if hi < 0 else "within noise")
+            for name, va, vb, d, lo, hi in out]
+    seeds = ({s: len(g) for s, g in ga.items()}, {s: len(g) for s, g in gb.items()})
+    facts = {"paired": paired, "n": n_shared if paired else {k: len(rows_of[id(g[0])]) for k, g in
+                                                           (("A", side_a), ("B", side_b))},
+             "left": left, "m": m, "z": float(norm.isf(a / 2)), "with_acr": with_acr, "with_pA": with_pA,
+             "sigmas": sigmas, "seeds": seeds, "over": over,
+             "critical": max(crits)}
     return rows, facts
 
 
-def compare_report(side_a, side_b, labels, radii, level, replicates, seed, over, out):
+def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alpha=None):
     """compare.tsv (metric a b diff low high verdict, shares as fractions) and compare.md (the same in %)."""
-    rows, facts = compare_sides(side_a, side_b, radii, level, replicates, seed, over)
+    rows, facts = compare_sides(side_a, side_b, radii, level, over, N, alpha)
+    if facts["left"]:
+        print(f"warning: {sum(facts['left'].values())} rows of {len(facts['left'])} logs are not on images every "
+              f"log certified and are left out (" + ", ".join(f"{p}: {k}" for p, k in facts["left"].items()) + ")",
+              file=sys.stderr)
     number = lambda v: f"{v:.6g}"
     write_text(out, "compare.tsv", tsv(["metric", "a", "b", "diff", "low", "high", "verdict"],
                                        [[m, number(a), number(b), number(d), number(lo), number(hi), v]
@@ -1447,14 +1625,14 @@ def compare_report(side_a, side_b, labels, radii, level, replicates, seed, over,
     table = markdown(["metric", labels[0], labels[1], "diff", f"{100 * level:g} % interval", "verdict"],
                      [[m, show(m, a), show(m, b), show(m, d), f"[{show(m, lo)}, {show(m, hi)}]", v]
                       for m, a, b, d, lo, hi, v in rows])
-    md = f"# {labels[1]} against {labels[0]}\n\n" + compare_words(rows, facts, labels, level, replicates) + \
+    md = f"# {labels[1]} against {labels[0]}\n\n" + compare_words(rows, facts, labels, level) + \
          "\n\nShares and their differences in points (%), ACR in radius units; diff = " + \
          f"{labels[1]} − {labels[0]}.\n\n" + table
     write_text(out, "compare.md", md)
     return md
 
 
-def compare_words(rows, facts, labels, level, replicates):
+def compare_words(rows, facts, labels, level):
     """compare.md's sentences: what differs beyond noise, the design, and what the interval accounts for."""
     found = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v != "within noise"]
     lines = [f"- Beyond noise: {'; '.join(found)}." if found else "- Every row is within noise."]
@@ -1464,20 +1642,31 @@ def compare_words(rows, facts, labels, level, replicates):
                   for i in (0, 1))
     lines.append(f"- Training seeds per sigma ({k})." + (
         f" With one seed ({', '.join(one)}), the verdict is about these models, not their training methods."
-        if one else " The interval includes the spread between seeds (hierarchical bootstrap)."))
+        if one else " The interval includes the spread between seeds (its s² / k, with a t critical value at "
+                    "its Welch-Satterthwaite degrees of freedom)."))
+    if facts["critical"] > 2 * facts["z"]:
+        lines.append(f"- Few seeds: the seed term has few degrees of freedom, so the widest interval reaches "
+                     f"{facts['critical']:.1f} standard errors (against {facts['z']:.2f} with many seeds); with "
+                     f"this many seeds only a difference many times the seed spread can show, and a verdict "
+                     f"within noise says little.")
+    left = facts["left"]
+    shared = ("" if not left else f" {sum(left.values())} rows of {len(left)} logs are on images not every log "
+              f"certified and are left out (" + ", ".join(f"{os.path.basename(p)}: {k}" for p, k in left.items())
+              + ").")
     if facts["over"] == "images":
         lines.append("- The truth estimated: the expectation over test images (--over images). " + (
-            "Paired bootstrap over the same images" if facts["paired"] else
-            f"The logs cover {facts['n_sets']} different image sets, each resampled on its own (unpaired)") +
-            "; each image's Monte Carlo noise of certification is part of the spread it resamples.")
+            f"Paired over the {facts['n']} images every log certified." if facts["paired"] else
+            f"Unpaired: the sides share no image (A {facts['n']['A']}, B {facts['n']['B']} images).") + shared +
+            " Each image's Monte Carlo noise of certification is part of the spread over images.")
     else:
-        lines.append("- The truth estimated: the expectation on these images (--over test-set): the images "
-                     "stay, every image's votes are redrawn from Binomial(N, nA/N)" + (
-                         f", except in {', '.join(facts['fixed'])} (grid logs, or sigma unknown), held fixed."
-                         if facts["fixed"] else "."))
-    lines.append(f"- Multiplicity: one simultaneous {100 * level:g} % band over all {len(rows)} rows "
-                 f"(max-|t| over {replicates} bootstrap replicates, c = {facts['c']:.2f} standard errors), so "
-                 f"the family-wise error is about {100 * (1 - level):g} %." +
+        lines.append("- The truth estimated: the expectation on these very images over the certification's votes "
+                     "(--over test-set): each image's variance is bounded over a 99.9 % Clopper-Pearson interval of "
+                     "its probability (1/4 where its count is unknown); the class cA and the images stay fixed." +
+                     shared)
+    lines.append(f"- Multiplicity: Bonferroni over the {facts['m']} rows tested (rows where both sides certify "
+                 f"nothing are not shown), each at {100 * (1 - (1 - level) / facts['m']):.2f} % "
+                 f"(z = {facts['z']:.2f}), so all hold together with probability at least {100 * level:g} %; "
+                 f"0/1 rows by score intervals (Tango's paired, Newcombe's unpaired), ACR by t." +
                  ("" if facts["with_acr"] else " No ACR row: grid logs certify grid radii only."))
     return "\n".join(lines)
 
@@ -1502,12 +1691,12 @@ def main(argv=None):
         side_a, side_b = (args.logs, args.vs) if args.vs else (args.logs[:1], args.logs[1:])
         common.check(args.vs or len(args.logs) == 2, f"compare takes two logs (A B), or A's logs then --vs and "
                                                       f"B's logs; got {len(args.logs)} logs and no --vs")
-        logs = load_logs(side_a + side_b)
+        logs = load_logs(side_a + side_b, sigmas=args.sigmas)
         labels = args.labels or [label_from_path(side_a[0]), label_from_path(side_b[0])]
         if labels[0] == labels[1]:
             labels = [f"A ({labels[0]})", f"B ({labels[1]})"]
-        text = compare_report(logs[:len(side_a)], logs[len(side_a):], labels, args.radii, args.level,
-                              args.replicates, args.seed, args.over, args.out)
+        text = compare_report(logs[:len(side_a)], logs[len(side_a):], labels, args.radii, args.level, args.over,
+                              args.out, args.N, args.alpha)
     elif c == "budget":
         logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log)
         text = budget_report(logs, args.N, args.alpha, args.radii, args.log_N, args.log_alpha, args.out)

@@ -648,8 +648,8 @@ def report_main(args):
 
 def report_intervals(fixed, logs, radii):
     """report.md's second table: each log minus the fixed sigma_0, with analyze.py compare's intervals (its
-    defaults: paired bootstrap over the images, simultaneous 95 % band over its rows, seed 0), so the numbers
-    are those of `analyze.py compare FIXED LOG`."""
+    defaults: paired over the images, 95 % for all of its rows at once), so the numbers are those of
+    `analyze.py compare FIXED LOG`."""
     import analyze
     wanted = ["clean accuracy", "ACR"] + [f"certified accuracy r={r:g}" for r in radii if r > 0]
     header = ["log"] + [w.replace("certified accuracy ", "") for w in wanted]
@@ -658,7 +658,7 @@ def report_intervals(fixed, logs, radii):
         a = analyze.parse_args(["compare", fixed, path])
         loaded = analyze.load_logs([fixed, path])
         found = {m: (d, lo, hi) for m, _, _, d, lo, hi, _ in
-                 analyze.compare_sides(loaded[:1], loaded[1:], a.radii, a.level, a.replicates, a.seed, a.over)[0]}
+                 analyze.compare_sides(loaded[:1], loaded[1:], a.radii, a.level, a.over)[0]}
         show = lambda m, v: f"{v:+.3f}" if m == "ACR" else f"{100 * v:+.1f}"
         rows.append([os.path.basename(path)] + [f"{show(m, found[m][0])} [{show(m, found[m][1])}, "
                                                 f"{show(m, found[m][2])}]" if m in found else "0 (both 0)"

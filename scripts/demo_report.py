@@ -56,7 +56,7 @@ def compare(s, ref):
     worst = int(np.argmin(gap))
     compared = analyze.ECDF_GRID <= PMAX + 1e-12
     better, _ = analyze.dominance({s["label"]: s["ecdf"][compared], ref["label"]: ref["ecdf"][compared]})
-    rows, _ = analyze.compare_sides([ref["log"]], [s["log"]], RADII[1:], 0.95, 1000, 0)
+    rows, _ = analyze.compare_sides([ref["log"]], [s["log"]], RADII[1:], 0.95)
     rows = {m: (d, lo, hi, v) for m, _, _, d, lo, hi, v in rows}
     return {"rows": rows, "acr_up": rows["ACR"][3] == "higher", "clean_down": rows["clean accuracy"][3] == "lower",
             "hard_up": rows.get("P(pA<0.5)", (0, 0, 0, ""))[3] == "higher",

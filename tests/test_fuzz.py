@@ -170,7 +170,7 @@ def digits_ckpt(tmp_path_factory):
                                        ["--radii", "nan"], ["--radii", "-1"], ["--sigmas", "0.25"],
                                        ["--sigmas", "0"], ["--labels", "a/b", "c d"], ["--group-by-seed"],
                                        ["--replicates", "20"], ["--replicates", "0"], ["--level", "2"],
-                                       ["--N", "1000"], ["--alpha", "0"], ["--pt", "0.5"],
+                                       ["--N", "1000"], ["--alpha", "0"], ["--pt", "0.5"], ["--over", "test-set"],
                                        ["--parts", "discard"]]), max_size=1),
        out=st.sampled_from(["outdir"] * 4 + ["none"] * 2 + ["input", "notes", "fifo", "link", "file-as-dir"]))
 def test_analyze_keeps_its_promises_on_any_log(logs, command, flags, out):

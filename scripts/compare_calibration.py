@@ -1,0 +1,259 @@
+"""Calibration of `analyze.py compare` against known truths: false alarms under the null, simultaneous and per-row
+coverage of the true difference, and power, in scenarios that vary what the intervals must handle.
+
+Each scenario simulates certification logs as CERTIFY writes them: an image's probability pA of its true class
+under noise is sigmoid(logit(p0) + shift + seed + interaction), p0 from a scenario's distribution, shift 0 for A
+and for B under the null, `shift` for B under the alternative; a training seed adds a shift ~ N(0, tau^2) to all
+images and an interaction ~ N(0, omega^2) to each; the votes are nY ~ Binomial(N, pA); the class is the true
+one when pA > 1/2 (else a wrong one, certified from its own votes), and the radius is Cohen's. The truth of a
+row is its expectation over images, seeds and votes (--over images: 2,000,000 simulated images with the exact
+vote probabilities), or over the votes on the fixed images of the scenario (--over test-set: exact).
+
+    python scripts/compare_calibration.py --runs 300 --out results/compare_calibration
+"""
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+
+import numpy as np
+from scipy.special import expit, logit
+from scipy.stats import beta as beta_dist, binom
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import analyze  # noqa: E402
+
+ALPHA, SIGMA, RADII, LEVEL = 0.001, 0.5, [0.25, 0.5, 0.75, 1.0, 1.5], 0.95
+P0 = {   # the distribution of p0 (pA before the shifts)
+    "u-shaped": lambda rng, n: rng.beta(0.2, 0.2, n),
+    "near-half": lambda rng, n: rng.beta(30, 30, n),
+    "mostly-one": lambda rng, n: rng.beta(8, 0.3, n),
+}
+
+# name: (p0, paired, counts, N, seeds, images, over, tau, omega, shift under the alternative)
+SCENARIOS = {
+    "cifar paired": ("cifar", True, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
+    "u-shaped paired": ("u-shaped", True, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
+    "near-half paired N=1e4": ("near-half", True, True, 10 ** 4, 1, 500, "images", 0, 0.5, 0.3),
+    "mostly-one paired (rare rows)": ("mostly-one", True, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
+    "cifar unpaired": ("cifar", False, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
+    "cifar paired, Cohen columns only": ("cifar", True, False, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
+    "cifar paired, 2 seeds": ("cifar", True, True, 10 ** 5, 2, 500, "images", 0.15, 0.5, 0.5),
+    "cifar paired, 3 seeds": ("cifar", True, True, 10 ** 5, 3, 500, "images", 0.15, 0.5, 0.5),
+    "cifar paired, 5 seeds": ("cifar", True, True, 10 ** 5, 5, 500, "images", 0.15, 0.5, 0.5),
+    "cifar paired, 10,000 images": ("cifar", True, True, 10 ** 5, 1, 10_000, "images", 0, 0.5, 0.15),
+    "cifar paired, 2 seeds, 10,000 images": ("cifar", True, True, 10 ** 5, 2, 10_000, "images", 0.05, 0.5, 0.3),
+    "test-set: cifar, one model twice": ("cifar", True, True, 10 ** 5, 1, 500, "test-set", 0, 0, 0.1),
+    "test-set: near-half N=1e4, Cohen columns": ("near-half", True, False, 10 ** 4, 1, 500, "test-set", 0, 0, 0.05),
+}
+
+
+def scenario_p0(name, rng, n):
+    """p0 of n images from the scenario's distribution, kept away from 0 and 1 for the logit."""
+    if name == "cifar":
+        kind = rng.choice(3, size=n, p=[0.3, 0.4, 0.3])
+        p = np.select([kind == 0, kind == 1], [rng.beta(0.3, 5, n), rng.beta(5, 0.3, n)], rng.uniform(size=n))
+    else:
+        p = P0[name](rng, n)
+    return np.clip(p, 1e-9, 1 - 1e-9)
+
+
+def pA_of(p0, shift, tau, omega, rng, per_image_seed=False):
+    """pA of each image for one training seed (per_image_seed: a new seed per image, for the truth)."""
+    n = len(p0)
+    seed = rng.normal(0, tau, n if per_image_seed else 1) if tau else 0.0
+    inter = rng.normal(0, omega, n) if omega else 0.0
+    return expit(logit(p0) + shift + seed + inter)
+
+
+def certify_log(pA, N, counts, rng, z, idx, path):
+    """The log CERTIFY writes for images with these pA (see the module's docstring)."""
+    n = len(pA)
+    nY = rng.binomial(N, pA)
+    right = pA > 0.5
+    nA = np.where(right, nY, rng.binomial(N, np.minimum(0.8 * (1 - pA), 0.5)))
+    zz = z[nA]
+    predict = np.where(np.isfinite(zz), np.where(right, 0, 1), -1)
+    log = {"path": path, "idx": idx, "y": np.zeros(n, dtype=np.int64), "predict": predict,
+           "radius": np.round(np.where(np.isfinite(zz), SIGMA * zz, 0.0), 3 if not counts else 12),
+           "correct": predict == 0, "sigma": SIGMA, "sidecar": {"alpha": ALPHA, "N": N}, "grid": False,
+           "label_mode": False}
+    if counts:
+        log.update(nA=nA, N=np.full(n, N), nY=nY)
+    return log
+
+
+def expected_rows(pA, N, counts, z):
+    """{row: mean over these images of the row's expectation over the votes} (exact per image)."""
+    right = pA > 0.5
+    out = {}
+    thresholds = {"clean accuracy": analyze.min_count(0.0, N, ALPHA, SIGMA)}
+    thresholds.update({f"certified accuracy r={r:g}": analyze.min_count(r, N, ALPHA, SIGMA) for r in RADII})
+    for name, t in thresholds.items():
+        out[name] = float(np.mean(np.where(right, binom.sf(t - 1, N, pA), 0.0)))
+    out["ACR"] = float(np.sum(analyze.radius_moments(pA[right], N, z, SIGMA)[0])) / len(pA)
+    if counts:
+        for name, test in analyze.SHARES:
+            t = analyze.count_threshold(test, N) if not name.startswith("P(pA<") else \
+                analyze.count_threshold(lambda p: ~test(p), N)
+            above = binom.sf(t - 1, N, pA)
+            out[name] = float(np.mean(1 - above if name.startswith("P(pA<") else above))
+    return out
+
+
+def truth(spec, z, rng, images=None):
+    """{row: B - A}: over images (a large population, a new seed per image) or on the fixed `images` (p0)."""
+    p0_name, paired, counts, N, k, n, over, tau, omega, shift = spec
+    out = {}
+    for which, s in (("null", 0.0), ("alternative", shift)):
+        if over == "images":
+            rows = {}
+            for _ in range(4):   # 4 x 100,000 images with exact vote probabilities; ACR by votes drawn
+                p0 = scenario_p0(p0_name, rng, 100_000)
+                ra = population_rows(pA_of(p0, 0.0, tau, omega, rng, True), N, counts, z, rng)
+                rb = population_rows(pA_of(p0, s, tau, omega, rng, True), N, counts, z, rng)
+                for key in ra:
+                    rows[key] = rows.get(key, 0.0) + (rb[key] - ra[key]) / 4
+        else:
+            ea, eb = expected_rows(images, N, counts, z), expected_rows(expit(logit(images) + s), N, counts, z)
+            rows = {key: eb[key] - ea[key] for key in ea}
+        out[which] = rows
+    out["null"] = {key: 0.0 for key in out["null"]} if over == "images" else out["null"]
+    return out
+
+
+def population_rows(pA, N, counts, z, rng):
+    """Population means of every row: exact vote probabilities for 0/1 rows, votes drawn for ACR."""
+    right = pA > 0.5
+    out = {}
+    thresholds = {"clean accuracy": analyze.min_count(0.0, N, ALPHA, SIGMA)}
+    thresholds.update({f"certified accuracy r={r:g}": analyze.min_count(r, N, ALPHA, SIGMA) for r in RADII})
+    for name, t in thresholds.items():
+        out[name] = float(np.mean(np.where(right, binom.sf(t - 1, N, pA), 0.0)))
+    nY = rng.binomial(N, pA)
+    out["ACR"] = float(np.mean(np.where(right, SIGMA * np.maximum(z[nY], 0.0), 0.0)))
+    if counts:
+        for name, test in analyze.SHARES:
+            t = analyze.count_threshold(test, N) if not name.startswith("P(pA<") else \
+                analyze.count_threshold(lambda p: ~test(p), N)
+            above = binom.sf(t - 1, N, pA)
+            out[name] = float(np.mean(1 - above if name.startswith("P(pA<") else above))
+    return out
+
+
+def one_run(spec, z, rng, s, images):
+    """analyze.compare_sides on one simulated pair of sides; {row: (low, high, verdict)}."""
+    p0_name, paired, counts, N, k, n, over, tau, omega, shift = spec
+    p0a = images if images is not None else scenario_p0(p0_name, rng, n)
+    p0b = p0a if paired else scenario_p0(p0_name, rng, n)
+    idx_a = np.arange(n)
+    idx_b = idx_a if paired else idx_a + n
+    side_a = [certify_log(pA_of(p0a, 0.0, tau, omega, rng), N, counts, rng, z, idx_a, f"a{j}") for j in range(k)]
+    side_b = [certify_log(pA_of(p0b, s, tau, omega, rng), N, counts, rng, z, idx_b, f"b{j}") for j in range(k)]
+    rows, _ = analyze.compare_sides(side_a, side_b, RADII, LEVEL, over)
+    return {m: (lo, hi, v) for m, _, _, _, lo, hi, v in rows}
+
+
+def run_scenario(name, spec, runs, seed):
+    """Counts of false alarms, misses of the truth (any row and per row) and rejections, under both hypotheses."""
+    rng = np.random.default_rng(seed)
+    N, over = spec[3], spec[6]
+    z = analyze.z_table(N, ALPHA)
+    images = scenario_p0(spec[0], rng, spec[5]) if over == "test-set" else None
+    true = truth(spec, z, rng, images)
+    result = {}
+    for which, s in (("null", 0.0), ("alternative", spec[9])):
+        tally = {"runs": 0, "any_miss": 0, "any_flag": 0, "miss": {}, "flag": {}, "seen": {}}
+        for _ in range(runs):
+            found = one_run(spec, z, rng, s, images)
+            misses = [m for m, (lo, hi, v) in found.items() if m in true[which] and not lo <= true[which][m] <= hi]
+            tally["runs"] += 1
+            tally["any_miss"] += bool(misses)
+            tally["any_flag"] += any(v != "within noise" for _, _, v in found.values())
+            for m, (lo, hi, v) in found.items():
+                tally["seen"][m] = tally["seen"].get(m, 0) + 1
+                tally["miss"][m] = tally["miss"].get(m, 0) + (m in misses)
+                tally["flag"][m] = tally["flag"].get(m, 0) + (v != "within noise")
+        result[which] = tally
+    result["truth"] = true["alternative"]
+    print(f"{name}: done", file=sys.stderr, flush=True)
+    return result
+
+
+def wilson95(k, n):
+    """A 95 % Wilson interval for a rate k / n, in the report's format."""
+    lo, hi = analyze.wilson(k / n, n, 1.959964)
+    return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def report(results, runs, seconds):
+    """report.md: the targets, then per-row coverage and power."""
+    lines = [f"# Calibration of `analyze.py compare` ({runs} runs per scenario and hypothesis)", "",
+             "Command: `python scripts/compare_calibration.py --runs " + f"{runs} --out results/compare_calibration` "
+             f"({seconds / 60:.1f} min with 2 processes on 2 CPU cores). Level 0.95; radii {', '.join(map(str, RADII))}; α = {ALPHA}; "
+             "σ = 0.5. Rates with their 95 % Wilson interval (Monte Carlo error). Targets: family-wise error under "
+             "the null ≤ 0.05, simultaneous coverage of the true difference under the alternative ≥ 0.94.", "",
+             "| scenario | p0 | paired | nA N nY | N | seeds | images | over | family-wise error (null) | "
+             "simultaneous coverage (alternative) | targets |", "|---" * 11 + "|"]
+    holds_all = True
+    for name, r in results.items():
+        p0_name, paired, counts, N, k, n, over, *_ = SCENARIOS[name]
+        null, alt = r["null"], r["alternative"]
+        fwer, cover = null["any_flag"] / null["runs"], 1 - alt["any_miss"] / alt["runs"]
+        holds = fwer <= 0.05 and cover >= 0.94
+        holds_all &= holds
+        lines.append(f"| {name} | {p0_name} | {'yes' if paired else 'no'} | {'yes' if counts else 'no'} | {N:,} | "
+                     f"{k} | {n:,} | {over} | {wilson95(null['any_flag'], null['runs'])} | "
+                     f"{wilson95(alt['runs'] - alt['any_miss'], alt['runs'])} | {'hold' if holds else 'MISSED'} |")
+    lines += ["", f"Every target holds: {'yes' if holds_all else 'no'}.", "",
+              "## Per-row coverage of the true difference under the alternative (each row alone; the family's "
+              "Bonferroni share is 0.95 / rows, so each should be near 1)", ""]
+    rows = list(dict.fromkeys(m for r in results.values() for m in r["alternative"]["seen"]))
+    lines += ["| scenario | " + " | ".join(rows) + " |", "|---" * (len(rows) + 1) + "|"]
+    for name, r in results.items():
+        alt = r["alternative"]
+        cell = lambda m: f"{1 - alt['miss'][m] / alt['seen'][m]:.3f}" if m in alt["seen"] else ""
+        lines.append(f"| {name} | " + " | ".join(cell(m) for m in rows) + " |")
+    lines += ["", "## Power: the share of runs whose row is beyond noise under the alternative (true difference "
+              "in brackets, points; ACR in radius units)", "",
+              "| scenario | " + " | ".join(rows) + " |", "|---" * (len(rows) + 1) + "|"]
+    for name, r in results.items():
+        alt, t = r["alternative"], r["truth"]
+        fmt = lambda m: (f"{t[m]:+.3f}" if m == "ACR" else f"{100 * t[m]:+.1f}") if m in t else "?"
+        cell = lambda m: f"{alt['flag'][m] / alt['seen'][m]:.2f} ({fmt(m)})" if m in alt["seen"] else ""
+        lines.append(f"| {name} | " + " | ".join(cell(m) for m in rows) + " |")
+    lines += ["", "## The null: per-row false-alarm rate", "", "| scenario | " + " | ".join(rows) + " |",
+              "|---" * (len(rows) + 1) + "|"]
+    for name, r in results.items():
+        null = r["null"]
+        cell = lambda m: f"{null['flag'][m] / null['seen'][m]:.3f}" if m in null["seen"] else ""
+        lines.append(f"| {name} | " + " | ".join(cell(m) for m in rows) + " |")
+    return "\n".join(lines) + "\n", holds_all
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=300, help="runs per scenario and hypothesis (default 300)")
+    p.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), help="default: all")
+    p.add_argument("--seed", type=int, default=0, help="base seed (scenario i uses seed + i)")
+    p.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--out", help="folder for report.md")
+    args = p.parse_args(argv)
+    start = time.time()
+    names = args.scenarios or list(SCENARIOS)
+    jobs = [(name, SCENARIOS[name], args.runs, args.seed + list(SCENARIOS).index(name)) for name in names]
+    with multiprocessing.Pool(args.jobs) as pool:   # scenarios are independent: one process each
+        done = pool.starmap(run_scenario, jobs)
+    results = dict(zip(names, done))
+    text, holds = report(results, args.runs, time.time() - start)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "report.md"), "w") as f:
+            f.write(text)
+    print(text)
+    return 0 if holds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
