@@ -9,7 +9,7 @@ one when pA > 1/2 (else a wrong one, certified from its own votes), and the radi
 row is its expectation over images, seeds and votes (--over images: 2,000,000 simulated images with the exact
 vote probabilities), or over the votes on the fixed images of the scenario (--over test-set: exact).
 
-    python scripts/compare_calibration.py --runs 300 --out results/compare_calibration
+    python scripts/compare_calibration.py --out results/compare_calibration
 """
 import argparse
 import multiprocessing
@@ -189,24 +189,31 @@ def wilson95(k, n):
 
 def report(results, runs, seconds):
     """report.md: the targets, then per-row coverage and power."""
-    lines = [f"# Calibration of `analyze.py compare` ({runs} runs per scenario and hypothesis)", "",
-             "Command: `python scripts/compare_calibration.py --runs " + f"{runs} --out results/compare_calibration` "
+    lines = ["# Calibration of `analyze.py compare`", "",
+             "Command: `python scripts/compare_calibration.py " + f"--runs {runs[0]} --heavy-runs {runs[1]} "
+             "--out results/compare_calibration` "
              f"({seconds / 60:.1f} min with 2 processes on 2 CPU cores). Level 0.95; radii {', '.join(map(str, RADII))}; α = {ALPHA}; "
              "σ = 0.5. Rates with their 95 % Wilson interval (Monte Carlo error). Targets: family-wise error under "
-             "the null ≤ 0.05, simultaneous coverage of the true difference under the alternative ≥ 0.94.", "",
-             "| scenario | p0 | paired | nA N nY | N | seeds | images | over | family-wise error (null) | "
-             "simultaneous coverage (alternative) | targets |", "|---" * 11 + "|"]
+             "the null ≤ 0.05, simultaneous coverage of the true difference under the alternative ≥ 0.94: `hold` "
+             "where both estimates meet them, `hold within Monte Carlo error` where an estimate misses but its 95 % "
+             "interval contains the target, `MISSED` where the interval excludes it. The Bonferroni construction "
+             "promises at least 0.95 coverage, so estimates scatter around 0.95-0.99 by design.", "",
+             "| scenario | p0 | paired | nA N nY | N | seeds | images | over | runs | family-wise error (null) | "
+             "simultaneous coverage (alternative) | targets |", "|---" * 12 + "|"]
     holds_all = True
     for name, r in results.items():
         p0_name, paired, counts, N, k, n, over, *_ = SCENARIOS[name]
         null, alt = r["null"], r["alternative"]
         fwer, cover = null["any_flag"] / null["runs"], 1 - alt["any_miss"] / alt["runs"]
-        holds = fwer <= 0.05 and cover >= 0.94
-        holds_all &= holds
+        fwer_low = analyze.wilson(fwer, null["runs"], 1.959964)[0]
+        cover_high = analyze.wilson(cover, alt["runs"], 1.959964)[1]
+        word = ("hold" if fwer <= 0.05 and cover >= 0.94 else "hold within Monte Carlo error"
+                if fwer_low <= 0.05 and cover_high >= 0.94 else "MISSED")
+        holds_all &= word != "MISSED"
         lines.append(f"| {name} | {p0_name} | {'yes' if paired else 'no'} | {'yes' if counts else 'no'} | {N:,} | "
-                     f"{k} | {n:,} | {over} | {wilson95(null['any_flag'], null['runs'])} | "
-                     f"{wilson95(alt['runs'] - alt['any_miss'], alt['runs'])} | {'hold' if holds else 'MISSED'} |")
-    lines += ["", f"Every target holds: {'yes' if holds_all else 'no'}.", "",
+                     f"{k} | {n:,} | {over} | {null['runs']} | {wilson95(null['any_flag'], null['runs'])} | "
+                     f"{wilson95(alt['runs'] - alt['any_miss'], alt['runs'])} | {word} |")
+    lines += ["", f"No target missed beyond Monte Carlo error: {'yes' if holds_all else 'no'}.", "",
               "## Per-row coverage of the true difference under the alternative (each row alone; the family's "
               "Bonferroni share is 0.95 / rows, so each should be near 1)", ""]
     rows = list(dict.fromkeys(m for r in results.values() for m in r["alternative"]["seen"]))
@@ -234,7 +241,9 @@ def report(results, runs, seconds):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, default=300, help="runs per scenario and hypothesis (default 300)")
+    p.add_argument("--runs", type=int, default=1000, help="runs per scenario and hypothesis (default 1000)")
+    p.add_argument("--heavy-runs", type=int, default=300, help="the same for the slow scenarios, 10,000 images "
+                                                                 "or --over test-set (default 300)")
     p.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), help="default: all")
     p.add_argument("--seed", type=int, default=0, help="base seed (scenario i uses seed + i)")
     p.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
@@ -242,11 +251,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     start = time.time()
     names = args.scenarios or list(SCENARIOS)
-    jobs = [(name, SCENARIOS[name], args.runs, args.seed + list(SCENARIOS).index(name)) for name in names]
+    heavy = lambda spec: spec[5] > 1000 or spec[6] == "test-set"      # 10,000 images or votes bounded per image
+    jobs = [(name, SCENARIOS[name], args.heavy_runs if heavy(SCENARIOS[name]) else args.runs,
+             args.seed + list(SCENARIOS).index(name)) for name in names]
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i][2] * jobs[i][1][5], reverse=True)   # longest first
     with multiprocessing.Pool(args.jobs) as pool:   # scenarios are independent: one process each
-        done = pool.starmap(run_scenario, jobs)
-    results = dict(zip(names, done))
-    text, holds = report(results, args.runs, time.time() - start)
+        done = pool.starmap(run_scenario, [jobs[i] for i in order], chunksize=1)
+    results = {names[i]: r for i, r in sorted(zip(order, done))}
+    text, holds = report(results, (args.runs, args.heavy_runs), time.time() - start)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "report.md"), "w") as f:
