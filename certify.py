@@ -72,7 +72,7 @@ SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last"
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
 # removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, docs/certification.md):
 # at 0.2, 21 % fewer evaluations than at beta = alpha for 0.04-0.06 points of certified accuracy (4-6 of 10,000
-# runs; session 11's curve, with the selection prior).
+# runs; the curve of the selection-prior rule).
 DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
@@ -210,7 +210,7 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precis
 # cap saves 6-9 % of the evaluations; the extra looks cost nothing in alpha beyond what grid_plan accounts.
 LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 32, 1.25, 500
 # The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones
-# (session 10's logs say "one-sided KT": the same tests with the KT prior for every example).
+# (older logs say "one-sided KT": the same tests with the KT prior for every example).
 GRID_TEST = "one-sided, prior from the selection votes"
 
 
@@ -236,13 +236,13 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0
 
     The tests. Level j is certified when the one-sided mixture against pA <= tau_j reaches 1 / alpha_seq and
     ruled out when the one against pA >= tau_j reaches 1 / beta (common.one_sided_log_wealth; one_sided=False:
-    the two-sided wealth for both, the rule before session 10, which needs 3-9 % more draws at pA 0.6 to 0.99
+    the two-sided wealth for both, the earlier two-sided rule, which needs 3-9 % more draws at pA 0.6 to 0.99
     in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md).
 
     The mixture's prior. With selection_prior (the default), an example whose candidate cA got k0 of the N0
     selection votes is tested with the prior Beta(k0 + 1/2, N0 - k0 + 1/2) (job_tables), the KT
     posterior of those votes: it centres the mixture near pA, so the wealth grows about as fast as if pA were
-    known to within sqrt(pA (1 - pA) / N0) (session 11: 1.2-1.65x fewer draws than the KT prior at pA 0.6 to
+    known to within sqrt(pA (1 - pA) / N0) (1.2-1.65x fewer draws than the KT prior at pA 0.6 to
     0.99 in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md). Valid because the estimation draws are independent of the
     selection draws: given the selection (cA and k0), the prior is fixed before the test's first draw, and
     every statement below holds conditionally on it, hence also on average. Without selection draws (label

@@ -1121,7 +1121,7 @@ def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True,
     A / t > tau_j and log W+_t(tau_j) >= log(1 / alpha_seq)), and ruled out once A <= upper[j, i] (the largest
     A with A / t < tau_j and log W-_t(tau_j) >= log(1 / beta)); unreachable entries are t + 1 and -1. W+ and W-
     are one_sided_log_wealth's one-sided mixtures of `prior` (one_sided=False: the two-sided wealth for both,
-    the rule before session 10). Both tables are then made non-decreasing over j (a level is certified only with every
+    the earlier two-sided rule). Both tables are then made non-decreasing over j (a level is certified only with every
     level below it, ruled out with every level above it), which only removes certificates. final[j]: the
     smallest A whose Clopper-Pearson bound at alpha_fin over N_max draws exceeds tau_j (>= for j > 0; > 1/2 for
     tau_0 = 1/2), N_max + 1 if none. The wealths grow with A above t tau and fall below it, so each threshold

@@ -1,4 +1,4 @@
-"""The level beta of certify.py --radii, chosen by measurement (ADAPTIVE.md §2; issue: beta by measurement).
+"""The level beta of certify.py --radii, chosen by measurement (ADAPTIVE.md §2).
 
 beta sets the upper confidence bound that rules radii out and stops sampling early. It never enters the
 guarantee (ruling out only removes certificates), so it is a pure cost trade-off: a larger beta stops
@@ -73,8 +73,8 @@ def decide(plan, tables, pp, rng):
 
 
 def previous_plan(radii, sigma, N, batch, alpha):
-    """The rule before looks were counted in draws (session 7): a look at every pass end, beta = alpha, and
-    alpha split alpha / 10 (sequence) and 0.9 alpha (final look) without exact accounting (session 7)."""
+    """The per-pass rule (before looks were counted in draws): a look at every pass end, beta = alpha, and
+    alpha split alpha / 10 (sequence) and 0.9 alpha (final look) without exact accounting."""
     from scipy.stats import norm
     levels = sorted({0.0, *map(float, radii)})
     checks = [int(c) for c in np.cumsum(common.pass_sizes(N, batch))]
@@ -86,23 +86,23 @@ def previous_plan(radii, sigma, N, batch, alpha):
 
 
 def draws_at(pAs, radii, sigma, N, N0, batch, alpha, reps, seed):
-    """Mean estimation draws per example at each true pA: the rules of sessions 7, 9 and 10 against today's."""
-    plans = {"session 7": previous_plan(radii, sigma, N, batch, alpha),
-             "session 9": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True,
+    """Mean estimation draws per example at each true pA: the per-pass, two-sided and one-sided KT rules against the selection-prior rule."""
+    plans = {"per-pass": previous_plan(radii, sigma, N, batch, alpha),
+             "two-sided": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True,
                                             one_sided=False, selection_prior=False),
-             "session 10": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True,
+             "one-sided KT": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True,
                                              selection_prior=False),
              "now": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True)}
     rows = [(p, *[simulate(plan, np.array([p]), np.array([True]), reps, seed, N0)[0] for plan in plans.values()])
             for p in pAs]
     return (f"Estimation draws per example (the N0 = {N0} selection draws not included) of --radii "
             f"{' '.join(f'{r:g}' for r in radii)} at sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, {reps} simulated "
-            f"runs per pA. Session 7's rule: a look per pass of {batch}, beta = alpha, the two-sided KT sequence at "
-            f"alpha / 10 and 0.9 alpha on the final look. Session 9's: looks from 32 draws growing by 25 %, at most "
+            f"runs per pA. The per-pass rule: a look per pass of {batch}, beta = alpha, the two-sided KT sequence at "
+            f"alpha / 10 and 0.9 alpha on the final look. The two-sided rule: looks from 32 draws growing by 25 %, at most "
             f"500 apart, beta = {certify.DEFAULT_BETA:g}, the two-sided KT sequence at alpha with exact accounting. "
-            f"Session 10's: the same with one-sided tests. Now: the one-sided tests with the prior from the "
+            f"The one-sided KT rule: the same with one-sided tests. The selection-prior rule: the one-sided tests with the prior from the "
             f"selection votes ({certify.GRID_TEST}; each run draws its k0 ~ Binomial(N0, pA)).\n\n"
-            "| pA | session 7 | session 9 | session 10 | now | x fewer than session 7 | x fewer than session 10 |\n"
+            "| pA | per-pass | two-sided | one-sided KT | selection prior | x fewer than per-pass | x fewer than one-sided KT |\n"
             "|---|---|---|---|---|---|---|\n" +
             "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {d:,.0f} | {a / d:.2f} | {c / d:.2f} |\n"
                     for p, a, b, c, d in rows))
@@ -151,7 +151,8 @@ def main(argv=None):
                    "F x alpha for each F (certify.grid_plan's seq_level; the final look gets what it leaves), at the "
                    "default beta (--out: seq_level.md)")
     p.add_argument("--at-pA", type=float, nargs="+", metavar="P", help="instead: mean draws at these true pA, the "
-                   "rules of sessions 7, 9 and 10 against today's (the log is then unused but for its sigma; --out: draws_at_pA.md)")
+                   "per-pass, two-sided and one-sided KT rules against the selection-prior rule (the log is then "
+                   "unused but for its sigma; --out: draws_at_pA.md)")
     args = p.parse_args(argv)
     if args.at_pA:
         common.check(all(0 <= q <= 1 for q in args.at_pA), "--at-pA values must lie in [0, 1]")

@@ -357,3 +357,22 @@ def test_no_committed_text_names_an_absolute_path_of_a_machine():
                 if pattern.search(f.read()):
                     found.append(os.path.relpath(file, ROOT))
     assert not found, found
+
+
+def test_the_project_speaks_of_itself_as_it_is_now():
+    """No history of its own making in code, docs or results: no session numbers, no issue numbers."""
+    pattern = re.compile(r"\bsessions? \d+|\bsession \d|\bissue #?\d+|\(#\d+\)|\bissue:|\bthis session\b", re.I)
+    found = []
+    for folder, _, names in os.walk(ROOT):
+        rel = os.path.relpath(folder, ROOT)
+        if rel.split(os.sep)[0] in (".git", "runs", "data", ".hypothesis", ".pytest_cache") or "__pycache__" in rel:
+            continue
+        for name in names:
+            if not name.endswith((".py", ".md", ".sh", ".txt", ".tsv", ".json", ".tex", "Makefile")):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, errors="replace") as f:
+                for i, line in enumerate(f, 1):
+                    if pattern.search(line) and "re.compile" not in line:
+                        found.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()[:80]}")
+    assert not found, found

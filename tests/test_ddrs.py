@@ -233,7 +233,7 @@ def test_ds_training_learns_stores_sigmas_resumes_exactly_and_certifies(method, 
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The class sigma_x is optimised for (issue: DDRS as published, part 1)
+# The class sigma_x is optimised for (DDRS as published)
 # ----------------------------------------------------------------------------------------------------------
 
 def test_smoothed_class_is_the_prediction_of_the_model_smoothed_at_sigma0(ckpt):

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of every script's entry point (issue: nothing lost, no traceback, by construction).
+"""Property-based fuzzing of every script's entry point (nothing lost, no traceback, by construction).
 
 Strategies build certification logs, sidecars, checkpoint dictionaries, args.json files, image folders and
 command lines, valid and corrupted, and run the entry points in this process as their command lines do

@@ -1,4 +1,4 @@
-"""The output guard and the readers are the only ways the scripts touch files (issue: one guard, one reader).
+"""The output guard and the readers are the only ways the scripts touch files (one guard, one reader).
 
 A grep over every script outside common.py: no file is opened, saved, dumped, replaced or removed except
 through common.write_output / open_append / remove_output, and no format is parsed outside common.py's
@@ -130,7 +130,7 @@ def test_sigterm_exits_143_in_one_line_and_leaves_the_files_valid(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Regression tests of cases found while building the readers (each a sibling of an issue's example)
+# Regression tests of cases found while building the readers (each a sibling of a reported example)
 # ----------------------------------------------------------------------------------------------------------
 
 def run_analyze(argv, capsys):
