@@ -954,7 +954,8 @@ def plot_ecdf(logs, out, name):
             axes[1, j].hist(log["pA_all"], bins=np.linspace(0, 1, 21), density=True, histtype="step",
                             label=log["label"])
         axes[0, j].set(title=f"σ = {fmt_sigma(sigma)}", xlabel="p", ylabel="P(pA ≥ p)", xlim=(0, 1))
-        axes[1, j].set(xlabel="pA", ylabel="density", xlim=(0, 1))
+        # a log axis: one bin near pA = 1 often holds most inputs and would flatten the mass at low pA (§4.3)
+        axes[1, j].set(xlabel="pA", ylabel="density (log scale)", xlim=(0, 1), yscale="log")
         for ax in axes[:, j]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)

@@ -779,7 +779,8 @@ def machine_line(device):
         cpu += f"; GPU {torch.cuda.get_device_name(device)}"
     load = " ".join(f"{v:.1f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     return (f"machine: {cpu}, {os.cpu_count()} logical CPUs, load average {load}; python {platform.python_version()}, "
-            f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, device {device}")
+            f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, device {device}\n"
+            f"environment: {common.environment_line()}")
 
 
 class Tee(io.StringIO):

@@ -926,7 +926,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
                 "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
                 "final_look": args.final_look if plan else None, "grid_test": GRID_TEST if plan else None,
-                "columns": list(columns), "ddrs": None,
+                "columns": list(columns), "ddrs": None, "environment": common.environment(),
                 **(extra_settings or {})}
     if prepare is not None:
         prepare(settings, dataset_name)

@@ -940,6 +940,51 @@ def data_fingerprint(name, split, data_dir=None):
     return digest.hexdigest()[:16]
 
 
+def environment():
+    """The software and the machine a result is made with, recorded in every sidecar, args.json and report
+    header: floating point differs between CPUs (vector extensions, native bf16) and library versions, so a
+    retrained model or a rerun can differ in its last digits, and this says with what each file was made."""
+    import importlib.metadata
+    import platform
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
+    for name in ("torchvision", "scipy"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        versions["numpy_blas"] = f"{blas.get('name')} {blas.get('version', '')}".strip()
+    except Exception:       # older numpy: no dict form; the record is informative only
+        versions["numpy_blas"] = None
+    cpu, flags = platform.processor() or platform.machine(), []
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+        flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    except OSError:
+        pass
+    wanted = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+    versions["cpu"] = {"model": cpu, "logical_cpus": os.cpu_count(), "extensions": [f for f in wanted if f in flags],
+                       "torch_capability": torch.backends.cpu.get_cpu_capability()}
+    if torch.cuda.is_available():
+        versions["gpu"] = torch.cuda.get_device_name(0)
+    return versions
+
+
+def environment_line(env=None):
+    """environment() (or one read from a sidecar: any missing part shows as ?) in one line, for report headers."""
+    env = env if isinstance(env, dict) else environment()
+    cpu = env.get("cpu") if isinstance(env.get("cpu"), dict) else {}
+    get = lambda d, key: str(d.get(key)) if d.get(key) is not None else "?"
+    ext = " ".join(map(str, cpu["extensions"])) if isinstance(cpu.get("extensions"), list) else "?"
+    return (f"python {get(env, 'python')}, torch {get(env, 'torch')}, torchvision {get(env, 'torchvision')}, "
+            f"numpy {get(env, 'numpy')} ({get(env, 'numpy_blas')}), scipy {get(env, 'scipy')}; {get(cpu, 'model')}, "
+            f"{get(cpu, 'logical_cpus')} logical CPUs, {ext or 'no listed extensions'} (torch: "
+            f"{get(cpu, 'torch_capability')})" + (f"; {env['gpu']}" if env.get("gpu") else ""))
+
+
 def run_identity(script, dataset, data_dir=None):
     """What a run is, beyond its settings: the script that runs it and the data it trains and tests on."""
     return {"script": script, "data": {split: data_fingerprint(dataset, split, data_dir)
@@ -1323,6 +1368,22 @@ def check_precision(precision, device):
     check(precision != "fp16" or device.type == "cuda", "fp16 needs a CUDA device; use bf16 on the CPU")
     check(precision != "bf16" or device.type != "cuda" or torch.cuda.is_bf16_supported(),
           "this GPU does not support bf16; use fp16")
+    if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:
+        print("warning: bf16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): it is "
+              "emulated and slower than fp32 here (10x in certification on an AVX2-only AMD EPYC, "
+              "results/speed/bf16_cpu.txt); fp32 is faster on this machine", file=sys.stderr)
+
+
+def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
+    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if it has not, None where unknown
+    (no /proc/cpuinfo: not Linux). Without them torch emulates bf16 with fp32 conversions, which costs more
+    than fp32 itself."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
 def autocast(device_type, precision="fp32"):

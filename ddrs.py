@@ -566,7 +566,8 @@ def ds_train(s, hp, device):
                      f"trains {s.arch} on {s.dataset} (pass --arch)")
         model.load_state_dict(loaded.state_dict())
     sigmas = state.get("sigmas", torch.full((len(train_set),), float(s.sigma))).cpu().float()
-    common.write_json(vars(s), os.path.join(s.outdir, "args.json"), "settings of a run")
+    common.write_json({**vars(s), "environment": common.environment()}, os.path.join(s.outdir, "args.json"),
+                      "settings of a run")
     print(f"DS2 training {s.arch} with {s.method} on {s.dataset}, sigma_0 {s.sigma}, {s.warmup} fixed epochs, "
           f"then K_train {s.K_train}; writing {s.outdir}")
     log, run_start = common.open_train_log(s.outdir, first), time.time()

@@ -749,7 +749,8 @@ def train(args, device):
                                       args.trust_checkpoint, vars(args))
     model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
-        common.write_json(vars(args), os.path.join(args.outdir, "args.json"), "settings of a run")
+        common.write_json({**vars(args), "environment": common.environment()}, os.path.join(args.outdir, "args.json"),
+                          "settings of a run")
         if args.note:
             print(f"note: {args.note} hyper-parameters (override them with flags)")
         print(f"training {args.arch} with {args.method} on {args.dataset}, sigma {args.sigma}, m {args.m}, "

@@ -117,7 +117,8 @@ def train(args, device):
                                       args.resume, expect, args.trust_checkpoint, vars(args))
     model = common.wrap_model(model, device, args.sync_bn)
     if common.is_main_process():
-        common.write_json(vars(args), os.path.join(args.outdir, "args.json"), "settings of a run")
+        common.write_json({**vars(args), "environment": common.environment()}, os.path.join(args.outdir, "args.json"),
+                          "settings of a run")
         print(f"training {args.arch} on {args.dataset}, sigma {args.sigma}, m {args.m}; writing {args.outdir}")
     log, run_start = common.open_train_log(args.outdir, first), time.time()
 

@@ -250,7 +250,8 @@ def train(args, device):
     model = common.wrap_model(model, device, args.sync_bn)
     start = args.Et if args.discard else 0   # without discarding every part starts at epoch 0 (official code)
     if common.is_main_process():
-        common.write_json(vars(args), os.path.join(args.outdir, "args.json"), "settings of a run")
+        common.write_json({**vars(args), "environment": common.environment()}, os.path.join(args.outdir, "args.json"),
+                          "settings of a run")
         print(f"training {args.arch} on {args.dataset}, sigma {args.sigma}, m {args.m}, discard {args.discard} "
               f"(Et {start}, pt {args.pt}), reweight {args.reweight}, attack T {args.T} eps {args.eps} "
               f"{args.attack}; writing {args.outdir}")

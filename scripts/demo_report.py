@@ -129,10 +129,12 @@ def report(logs, reference, claim_label, seconds):
                 claim, claim_ref, claim_cmp = s, ref, c
     N, alpha = analyze.log_budget(logs[0], None, None)
     took = f" The demo took {seconds / 60:.1f} minutes." if seconds is not None else ""
+    env = (logs[0].get("sidecar") or {}).get("environment")   # what certified the logs (certify.py records it)
     return "\n".join([
         "# Demo: ACR against the distribution of pA on 8x8 digits", "",
         f"{len(stats)} models, each certified on {stats[0]['n']} test digits with CERTIFY at N = {N:,}, "
         f"α = {alpha:g} (the paper: N = 100,000 on CIFAR-10 and ImageNet).{took}", "",
+        f"Made with: {common.environment_line(env if isinstance(env, dict) else None)}.", "",
         verdict(claim, claim_ref, claim_cmp), "",
         "ACR, clean accuracy (certified accuracy at r = 0), the share of hard inputs P(pA < 0.5) over all test "
         "digits (pA = nY / N, the true label's votes: wrong and abstained ones too; §4.3) and P(pA ≥ p) over "

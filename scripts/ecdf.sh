@@ -2,13 +2,16 @@
 # Figures 3, 7 and 9 (and App. B.3's dominance orders): the ECDF of pA of every CIFAR-10 model, from the
 # certification logs of Table 3.
 #
-# Usage: bash scripts/ecdf.sh                  (or: make ecdf; after make table3 SIGMA=0.25, 0.5 and 1.0)
+# Usage: bash scripts/ecdf.sh                  (or: make ecdf; after make table3 SIGMA=0.25, 0.5 and 1.0;
+#                                               without our logs, the published ones in $PUBLISHED if there)
 #        ROOT=acr-weakness/data bash scripts/ecdf.sh     (the paper's published logs instead of ours)
 # ROOT holds certify/cifar10/<method>/noise_<sigma>.tsv (default $RUNS); missing logs are left out. Writes
 # $RUNS/figures/ecdf_cifar10/ (Figures 3 and 9: every method and sigma) and $RUNS/figures/figure7/ (sigma 1.0:
 # Gaussian, Consistency, CAT-RS, ours). Other settings: scripts/lib.sh.
 source "$(dirname "$0")/lib.sh"
+ROOT_GIVEN=${ROOT:+1}
 ROOT=${ROOT:-$RUNS}
+PUBLISHED=${PUBLISHED:-../shared/reference/acr-weakness}   # the paper's logs, where this workspace has them
 
 # logs METHODS SIGMAS: the logs under ROOT that exist (all of them on a dry run), into the array `found`.
 logs() {
@@ -19,8 +22,17 @@ logs() {
             if [ "$DRY_RUN" = 1 ] || [ -f "$log" ]; then found+=("$log"); fi
         done
     done
+    if [ ${#found[@]} = 0 ] && [ -z "$ROOT_GIVEN" ] && [ -d "$PUBLISHED/certify/cifar10" ]; then
+        echo "ecdf.sh: no logs of ours under $ROOT/certify/cifar10 (make table3 makes them); using the paper's" \
+             "published logs in $PUBLISHED" >&2
+        ROOT=$PUBLISHED ROOT_GIVEN=1
+        logs "$1" "$2"
+        return
+    fi
     if [ ${#found[@]} = 0 ]; then
-        echo "ecdf.sh: no logs $ROOT/certify/cifar10/<method>/noise_<sigma>.tsv; run make table3 first" >&2
+        echo "ecdf.sh: no logs $ROOT/certify/cifar10/<method>/noise_<sigma>.tsv; make them with make table3" \
+             "SIGMA=... DATA_DIR=..., or point ROOT= at the paper's published logs (the data/ folder of" \
+             "its repository)" >&2
         exit 2
     fi
 }

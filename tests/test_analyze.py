@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from scipy.stats import norm
 
 import analyze
 import common
@@ -569,21 +570,20 @@ def test_full_range_ecdf_and_shares_equal_a_brute_force_count_of_the_votes(tmp_p
 def test_section_4_3_sentence_says_whether_a_method_has_more_mass_near_0_and_1(tmp_path, capsys):
     N = 100
     # gaussian: everything in the middle; ours: half at pA = 0, half at pA = 1 (the paper's pattern)
-    g = write_full_log(tmp_path / "gaussian_sigma0.5.tsv", 1, [1] * 10, [70] * 10, [70] * 10, N)
-    o = write_full_log(tmp_path / "ours_sigma0.5.tsv", 1, [1] * 5 + [2] * 5, [100] * 10, [100] * 5 + [0] * 5, N)
-    m = write_full_log(tmp_path / "macer_sigma0.5.tsv", 1, [1] * 10, [60] * 10, [60] * 10, N)
-    # one easy input more than gaussian of ten: +10 points, far inside the noise of ten paired images
-    one = write_full_log(tmp_path / "one_sigma0.5.tsv", 1, [1] * 10, [100] + [70] * 9, [100] + [70] * 9, N)
+    g = write_full_log(tmp_path / "gaussian_sigma0.5.tsv", 1, [1] * 20, [70] * 20, [70] * 20, N)
+    o = write_full_log(tmp_path / "ours_sigma0.5.tsv", 1, [1] * 10 + [2] * 10, [100] * 20, [100] * 10 + [0] * 10, N)
+    m = write_full_log(tmp_path / "macer_sigma0.5.tsv", 1, [1] * 20, [60] * 20, [60] * 20, N)
+    # one easy input more than gaussian of twenty: +5 points, far inside the noise of twenty paired images
+    one = write_full_log(tmp_path / "one_sigma0.5.tsv", 1, [1] * 20, [100] + [70] * 19, [100] + [70] * 19, N)
     code, out, _ = run_main(["ecdf", g, o, m, one], capsys)
     assert code == 0
-    # paired: the per-image differences are 1 on five images and 0 on five (se 0.167), z = Phi^-1(1 - 0.05/4)
-    half = 2.2414 * np.sqrt(0.25 * 10 / 9 / 10)
+    # paired: 10 of 20 images differ, all one way: Tango's score interval at z = Phi^-1(1 - 0.05/4)
+    low, high = analyze.tango_interval(10, 0, 20, norm.isf(0.05 / 4))
     assert "ours vs gaussian: more mass near 0 and near 1: §4.3's pattern" in out
-    assert (f"P(pA<0.1) 50.0 vs 0.0 %, +50.0 [{100 * (0.5 - half):+.1f}, {100 * (0.5 + half):+.1f}] points, "
-            f"higher") in out
+    assert f"P(pA<0.1) 50.0 vs 0.0 %, +50.0 [{100 * low:+.1f}, {100 * high:+.1f}] points, higher" in out
     assert "macer vs gaussian: no more mass near 0 or near 1 beyond noise" in out
     assert "one vs gaussian: no more mass near 0 or near 1 beyond noise" in out
-    assert "P(pA≥0.99) 10.0 vs 0.0 %, +10.0" in out and out.count("within noise") >= 4
+    assert "P(pA≥0.99) 5.0 vs 0.0 %, +5.0" in out and out.count("within noise") >= 4
 
 
 def test_logs_without_true_label_votes_fall_back_to_the_upper_half_with_a_note(tmp_path, capsys):

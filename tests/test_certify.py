@@ -16,7 +16,7 @@ from scipy.stats import beta, norm
 
 import certify
 import common
-from helpers import digits_checkpoint
+from helpers import digits_checkpoint, run_main
 from torchrun_util import failure_report, run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -515,3 +515,41 @@ def test_bad_input_in_a_real_process_has_no_traceback(digits_ckpt, tmp_path):
                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and len(res.stderr.splitlines()) == 1 and "--alpha" in res.stderr
     assert not (tmp_path / "x.tsv").exists()
+
+
+def test_logs_and_runs_record_the_environment_they_were_made_with(tmp_path):
+    """The versions and the CPU (its vector extensions decide floating point and bf16 speed) in the sidecar of a
+    log and in a run's args.json, and in one line for report headers (a sidecar's broken record shows as ?)."""
+    env = common.environment()
+    assert env["torch"] == torch.__version__ and env["numpy"] == np.__version__ and env["python"].startswith("3.")
+    assert isinstance(env["cpu"]["extensions"], list) and env["cpu"]["logical_cpus"] >= 1
+    ckpt = digits_checkpoint(tmp_path / "m.pth.tar", steps=5)
+    out = tmp_path / "log.tsv"
+    assert run_main(certify.main, ["--checkpoint", ckpt, "--N0", 10, "--N", 100, "--max", 2, "--device", "cpu",
+                                   "--outfile", out]) == 0
+    assert json.loads((tmp_path / "log.tsv.json").read_text())["environment"] == json.loads(json.dumps(env))
+    run = tmp_path / "run"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "train_gaussian.py", "--dataset", "digits", "--sigma", "0.25", "--epochs",
+                           "1", "--max-batches", "1", "--workers", "0", "--outdir", str(run)], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run / "args.json").read_text())["environment"]["torch"] == torch.__version__
+    line = common.environment_line()
+    assert f"torch {torch.__version__}" in line and env["cpu"]["model"] in line
+    assert common.environment_line({"cpu": "broken"}).startswith("python ?")
+
+
+def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_cost(tmp_path, capsys):
+    flags = tmp_path / "cpuinfo"
+    flags.write_text("model name\t: Some CPU\nflags\t\t: fpu sse4_2 avx avx2 fma\n")
+    assert common.cpu_has_native_bf16(str(flags)) is False
+    flags.write_text("flags\t\t: avx2 avx512f avx512_bf16\n")
+    assert common.cpu_has_native_bf16(str(flags)) is True
+    assert common.cpu_has_native_bf16(str(tmp_path / "none")) is None
+    native = common.cpu_has_native_bf16()
+    common.check_precision("bf16", "cpu")
+    err = capsys.readouterr().err
+    assert ("warning: bf16 on a CPU without native bf16" in err) == (native is False)
+    common.check_precision("fp32", "cpu")
+    assert capsys.readouterr().err == ""
