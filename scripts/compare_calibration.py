@@ -23,6 +23,7 @@ from scipy.stats import beta as beta_dist, binom
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import analyze  # noqa: E402
+import common  # noqa: E402
 
 ALPHA, SIGMA, RADII, LEVEL = 0.001, 0.5, [0.25, 0.5, 0.75, 1.0, 1.5], 0.95
 P0 = {   # the distribution of p0 (pA before the shifts)
@@ -187,7 +188,7 @@ def wilson95(k, n):
     return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def report(results, runs, seconds):
+def calibration_report(results, runs, seconds):
     """report.md: the targets, then per-row coverage and power."""
     lines = ["# Calibration of `analyze.py compare`", "",
              "Command: `python scripts/compare_calibration.py " + f"--runs {runs[0]} --heavy-runs {runs[1]} "
@@ -258,11 +259,9 @@ def main(argv=None):
     with multiprocessing.Pool(args.jobs) as pool:   # scenarios are independent: one process each
         done = pool.starmap(run_scenario, [jobs[i] for i in order], chunksize=1)
     results = {names[i]: r for i, r in sorted(zip(order, done))}
-    text, holds = report(results, (args.runs, args.heavy_runs), time.time() - start)
+    text, holds = calibration_report(results, (args.runs, args.heavy_runs), time.time() - start)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "report.md"), "w") as f:
-            f.write(text)
+        common.write_text_output(os.path.join(args.out, "report.md"), "compare calibration", text)
     print(text)
     return 0 if holds else 1
 

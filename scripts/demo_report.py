@@ -60,6 +60,8 @@ def compare(s, ref):
     rows = {m: (d, lo, hi, v) for m, _, _, d, lo, hi, v in rows}
     return {"rows": rows, "acr_up": rows["ACR"][3] == "higher", "clean_down": rows["clean accuracy"][3] == "lower",
             "hard_up": rows.get("P(pA<0.5)", (0, 0, 0, ""))[3] == "higher",
+            "easy_up": rows.get("P(pA≥0.99)", (0, 0, 0, ""))[3] == "higher",
+            "hard_helped": rows["clean accuracy"][3] == "higher" or rows.get("P(pA<0.5)", (0, 0, 0, ""))[3] == "lower",
             "low_down": gap[worst] < 0, "gap": gap[worst], "gap_p": analyze.ECDF_GRID[low][worst],
             "order": f"{better[0][0]} > {better[0][1]}" if better else "incomparable"}
 
@@ -87,17 +89,27 @@ def comparison_line(s, ref, c):
 
 
 def verdict(claim, ref, c):
-    """The paper's claim, checked on the method it is about."""
+    """The paper's claim, checked on the method it is about: ACR rises beyond noise, the rise comes from easy
+    inputs (P(pA >= 0.99) higher beyond noise), and hard inputs are not helped (neither clean accuracy higher
+    nor P(pA < 0.5) lower beyond noise). Each part is a verdict that sits clear of the noise at this scale on
+    any machine (results/demo/seeds.md reruns it with other training seeds); whether clean accuracy falls
+    beyond noise is reported but not required: with 360 digits and one model a side it can land on either side."""
     if claim is None or ref is None:
         return "The claim cannot be checked: the logs hold no pair of the method and Gaussian at one σ."
-    holds = c["acr_up"] and (c["clean_down"] or c["hard_up"])
-    hard = f"; P(pA < 0.5) {difference(c, 'P(pA<0.5)')}" if "P(pA<0.5)" in c["rows"] else ""
-    return (f"**The paper's claim {'shows' if holds else 'does not show beyond noise'} at this scale.** At σ = "
-            f"{analyze.fmt_sigma(claim['sigma'])}, the paper's method against Gaussian training (95 % intervals, "
-            f"simultaneous, paired over the digits; one model each): ACR {claim['acr']:.3f} against "
-            f"{ref['acr']:.3f}, {difference(c, 'ACR', points=False)}; clean accuracy {pct(claim['clean'])} % "
-            f"against {pct(ref['clean'])} %, {difference(c, 'clean accuracy')}{hard}." +
-            (" ACR ranks it above Gaussian training although it does worse on hard inputs: ACR rewards pushing "
+    parts = {"ACR rises beyond noise": c["acr_up"], "the rise comes from easy inputs": c["easy_up"],
+             "hard inputs are not helped": not c["hard_helped"]}
+    holds = all(parts.values())
+    rows = c["rows"]
+    hard = f", P(pA < 0.5) {difference(c, 'P(pA<0.5)')}" if "P(pA<0.5)" in rows else ""
+    easy = f"P(pA ≥ 0.99) {difference(c, 'P(pA≥0.99)')}" if "P(pA≥0.99)" in rows else "P(pA ≥ 0.99) not recorded"
+    failed = [name for name, ok in parts.items() if not ok]
+    return (f"**The paper's claim {'shows' if holds else 'does not show'} at this scale**" +
+            ("" if holds else f" (not shown: {'; '.join(failed)})") + f". At σ = {analyze.fmt_sigma(claim['sigma'])}, "
+            f"the paper's method against Gaussian training (95 % intervals, simultaneous, paired over the digits; "
+            f"one model each): ACR {claim['acr']:.3f} against {ref['acr']:.3f}, {difference(c, 'ACR', points=False)}; "
+            f"the easy end {easy}; the hard end: clean accuracy {pct(claim['clean'])} % against "
+            f"{pct(ref['clean'])} %, {difference(c, 'clean accuracy')}{hard}." +
+            (" ACR ranks it above Gaussian training although it does no better on hard inputs: ACR rewards pushing "
              "easy inputs towards pA = 1 (§4.2), which is the paper's point." if holds else ""))
 
 
@@ -134,7 +146,8 @@ def report(logs, reference, claim_label, seconds):
         "# Demo: ACR against the distribution of pA on 8x8 digits", "",
         f"{len(stats)} models, each certified on {stats[0]['n']} test digits with CERTIFY at N = {N:,}, "
         f"α = {alpha:g} (the paper: N = 100,000 on CIFAR-10 and ImageNet).{took}", "",
-        f"Made with: {common.environment_line(env if isinstance(env, dict) else None)}.", "",
+        "Made with: " + (common.environment_line(env) if isinstance(env, dict) else
+                         "not recorded (the logs' sidecars predate the record)") + ".", "",
         verdict(claim, claim_ref, claim_cmp), "",
         "ACR, clean accuracy (certified accuracy at r = 0), the share of hard inputs P(pA < 0.5) over all test "
         "digits (pA = nY / N, the true label's votes: wrong and abstained ones too; §4.3) and P(pA ≥ p) over "

@@ -9,9 +9,7 @@
 # $RUNS/figures/ecdf_cifar10/ (Figures 3 and 9: every method and sigma) and $RUNS/figures/figure7/ (sigma 1.0:
 # Gaussian, Consistency, CAT-RS, ours). Other settings: scripts/lib.sh.
 source "$(dirname "$0")/lib.sh"
-ROOT_GIVEN=${ROOT:+1}
-ROOT=${ROOT:-$RUNS}
-PUBLISHED=${PUBLISHED:-../shared/reference/acr-weakness}   # the paper's logs, where this workspace has them
+default_root
 
 # logs METHODS SIGMAS: the logs under ROOT that exist (all of them on a dry run), into the array `found`.
 logs() {
@@ -22,13 +20,6 @@ logs() {
             if [ "$DRY_RUN" = 1 ] || [ -f "$log" ]; then found+=("$log"); fi
         done
     done
-    if [ ${#found[@]} = 0 ] && [ -z "$ROOT_GIVEN" ] && [ -d "$PUBLISHED/certify/cifar10" ]; then
-        echo "ecdf.sh: no logs of ours under $ROOT/certify/cifar10 (make table3 makes them); using the paper's" \
-             "published logs in $PUBLISHED" >&2
-        ROOT=$PUBLISHED ROOT_GIVEN=1
-        logs "$1" "$2"
-        return
-    fi
     if [ ${#found[@]} = 0 ]; then
         echo "ecdf.sh: no logs $ROOT/certify/cifar10/<method>/noise_<sigma>.tsv; make them with make table3" \
              "SIGMA=... DATA_DIR=..., or point ROOT= at the paper's published logs (the data/ folder of" \

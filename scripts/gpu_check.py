@@ -47,11 +47,12 @@ def parse_args():
     return p.parse_args()
 
 
-def environment(device):
-    """One line: the GPU (or CPU), torch, CUDA and cuDNN versions."""
+def device_line(device):
+    """One line: the GPU (or CPU), torch, CUDA and cuDNN versions, then the environment (common.environment)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "CPU")
     return (f"device {name}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
-            f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}")
+            f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}; "
+            f"{common.environment_line()}")
 
 
 def cuda_tests():
@@ -148,8 +149,8 @@ def main():
     args = parse_args()
     device = common.get_device(args.device)
     start = time.time()
-    print(environment(device), flush=True)
-    summary = [environment(device)]
+    print(device_line(device), flush=True)
+    summary = [device_line(device)]
     if not args.no_tests:
         print("\n1. CUDA tests (pytest -m cuda)", flush=True)
         summary.append(f"CUDA tests: {cuda_tests()}")

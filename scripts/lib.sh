@@ -60,6 +60,20 @@ certify() {
         "$@" "${EXTRA_CERTIFY_ARGS[@]}"
 }
 
+
+# default_root: the folder of certification logs to read: $ROOT where given; else $RUNS, or the paper's
+# published logs ($PUBLISHED, default ../shared/reference/acr-weakness) where $RUNS has none (with a note).
+PUBLISHED=${PUBLISHED:-../shared/reference/acr-weakness}
+default_root() {
+    if [ -n "${ROOT:-}" ]; then return; fi
+    ROOT=$RUNS
+    if [ "$DRY_RUN" != 1 ] && [ ! -d "$RUNS/certify/cifar10" ] && [ -d "$PUBLISHED/certify/cifar10" ]; then
+        echo "$(basename "$0"): no logs of ours in $RUNS/certify/cifar10 (make table3 makes them); using the" \
+             "paper's published logs in $PUBLISHED" >&2
+        ROOT=$PUBLISHED
+    fi
+}
+
 # need FILE HINT: stop with a one-line error when FILE (made by another experiment) is missing.
 need() {
     if [ "$DRY_RUN" != 1 ] && [ ! -e "$1" ]; then
