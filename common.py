@@ -1370,7 +1370,7 @@ def check_precision(precision, device):
           "this GPU does not support bf16; use fp16")
     if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:
         print("warning: bf16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): it is "
-              "emulated and slower than fp32 here (10x in certification on an AVX2-only AMD EPYC, "
+              "emulated and slower than fp32 here (8x in certification on an AVX2-only AMD EPYC, "
               "results/speed/bf16_cpu.txt); fp32 is faster on this machine", file=sys.stderr)
 
 

@@ -95,13 +95,13 @@ def test_report_numbers_equal_analyze_on_the_same_logs(demo):
 
 
 def write_log(path, nA, sigma, N=1000, alpha=0.001):
-    """A certify.py-style log from the count nA of the true class (label 0) of each example."""
-    lines = ["idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN"]
+    """A certify.py-style log from the count nA of the true class (label 0) of each example (nY = nA)."""
+    lines = ["idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN\tnY"]
     for i, k in enumerate(nA):
         lower = common.clopper_pearson_lower(k, N, alpha)
         certified = lower >= 0.5
         radius = float(common.certified_radius(lower, sigma)) if certified else 0.0
-        lines.append(f"{i}\t0\t{0 if certified else -1}\t{radius:.6}\t{int(certified)}\t0:00:01\t{k}\t{N}")
+        lines.append(f"{i}\t0\t{0 if certified else -1}\t{radius:.6}\t{int(certified)}\t0:00:01\t{k}\t{N}\t{k}")
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
@@ -112,28 +112,37 @@ def report(paths):
     return demo_report.report(logs, "gaussian", "ours", None)
 
 
-def test_verdict_says_the_claim_shows_when_acr_rises_and_clean_accuracy_falls(tmp_path):
+def test_verdict_says_the_claim_shows_when_acr_rises_from_easy_inputs_and_hard_ones_are_not_helped(tmp_path):
     # ours: certified at pA = 1 on 70 of 100, abstains on 30; Gaussian: pA = 0.8 on all (higher clean accuracy)
     gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [800] * 100, 0.5)
     ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 70 + [100] * 30, 0.5)
     text = report([gaussian, ours])
-    assert "**The paper's claim shows at this scale.**" in text
-    assert "clean accuracy 70.0 % against 100.0 %, -30.0 [" in text and "points, lower" in text
+    assert "**The paper's claim shows at this scale**." in text
+    assert "P(pA ≥ 0.99) +70.0 [" in text and "clean accuracy 70.0 % against 100.0 %, -30.0 [" in text
 
 
-def test_verdict_says_within_noise_when_the_same_pattern_rests_on_ten_digits(tmp_path):
-    # the pattern above on 10 digits: ACR and clean accuracy move, but not beyond the noise of 10 images
+def test_verdict_says_the_claim_does_not_show_when_the_pattern_rests_on_ten_digits(tmp_path):
+    # the pattern above on 10 digits: ACR and the shares move, but not beyond the noise of 10 images
     gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [800] * 10, 0.5)
     ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 8 + [100] * 2, 0.5)
     text = report([gaussian, ours])
-    assert "**The paper's claim does not show beyond noise at this scale.**" in text
-    assert "points, within noise" in text
+    assert "**The paper's claim does not show at this scale** (not shown: the rise comes from easy inputs)" in text
+    assert "P(pA ≥ 0.99) +80.0 [" in text and "points, within noise" in text
 
 
 def test_verdict_says_the_claim_does_not_show_when_acr_does_not_rise(tmp_path):
     gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [1000] * 10, 0.5)
     ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 7 + [100] * 3, 0.5)
-    assert "**The paper's claim does not show beyond noise at this scale.**" in report([gaussian, ours])
+    assert "**The paper's claim does not show at this scale** (not shown: ACR rises beyond noise" in \
+        report([gaussian, ours])
+
+
+def test_verdict_says_the_claim_does_not_show_when_hard_inputs_are_helped(tmp_path):
+    # ours raises ACR and the mass at pA = 1, but also rescues 40 hard inputs: not the paper's pattern
+    gaussian = write_log(tmp_path / "gaussian_sigma0.5.tsv", [800] * 100 + [100] * 100, 0.5)
+    ours = write_log(tmp_path / "ours_sigma0.5.tsv", [1000] * 100 + [800] * 40 + [100] * 60, 0.5)
+    text = report([gaussian, ours])
+    assert "**The paper's claim does not show at this scale** (not shown: hard inputs are not helped)" in text
 
 
 def test_demo_refuses_a_folder_it_did_not_make(tmp_path):
