@@ -14,6 +14,7 @@ vote probabilities), or over the votes on the fixed images of the scenario (--ov
 import argparse
 import multiprocessing
 import os
+import shlex
 import sys
 import time
 
@@ -188,12 +189,11 @@ def wilson95(k, n):
     return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def calibration_report(results, runs, seconds):
+def calibration_report(results, command, seconds, jobs):
     """report.md: the targets, then per-row coverage and power."""
     lines = ["# Calibration of `analyze.py compare`", "",
-             "Command: `python scripts/compare_calibration.py " + f"--runs {runs[0]} --heavy-runs {runs[1]} "
-             "--out results/compare_calibration` "
-             f"({seconds / 60:.1f} min with 2 processes on 2 CPU cores). Level 0.95; radii {', '.join(map(str, RADII))}; α = {ALPHA}; "
+             f"Command: `{command}` ({seconds / 60:.1f} min with {jobs} process{'es' if jobs > 1 else ''} on "
+             f"{os.cpu_count()} CPU cores). Level 0.95; radii {', '.join(map(str, RADII))}; α = {ALPHA}; "
              "σ = 0.5. Rates with their 95 % Wilson interval (Monte Carlo error). Targets: family-wise error under "
              "the null ≤ 0.05, simultaneous coverage of the true difference under the alternative ≥ 0.94: `hold` "
              "where both estimates meet them, `hold within Monte Carlo error` where an estimate misses but its 95 % "
@@ -259,7 +259,8 @@ def main(argv=None):
     with multiprocessing.Pool(args.jobs) as pool:   # scenarios are independent: one process each
         done = pool.starmap(run_scenario, [jobs[i] for i in order], chunksize=1)
     results = {names[i]: r for i, r in sorted(zip(order, done))}
-    text, holds = calibration_report(results, (args.runs, args.heavy_runs), time.time() - start)
+    command = "python scripts/compare_calibration.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    text, holds = calibration_report(results, command, time.time() - start, args.jobs)
     if args.out:
         common.write_text_output(os.path.join(args.out, "report.md"), "compare calibration", text)
     print(text)
