@@ -1410,6 +1410,9 @@ def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
     v_img, v_seed = sum(v for v, _ in images), sum(v for v, _ in seeds)
     half = math.sqrt((crit(images) ** 2 * v_img if v_img > 0 else 0.0) +
                      (crit(seeds) ** 2 * v_seed if v_seed > 0 else 0.0))
+    if not binary and v_img + v_seed == 0:   # no spread at all (a log against itself): never zero width. With
+        reach = float(max(np.abs(fa).max(), np.abs(fb).max()))   # |differences| <= R, n of them all 0 has
+        half = max(half, reach * (1 - (a / 2) ** (1 / fa.shape[1])))   # probability <= (1 - |delta| / R)^n
     t = half / math.sqrt(v_img + v_seed) if v_img + v_seed > 0 else norm.isf(a / 2)
     low, high = d - half, d + half
     if binary and vote_a is None:          # never narrower than the one-model score interval on the seed means
@@ -1588,7 +1591,7 @@ def compare_sides(side_a, side_b, radii, level=0.95, over="images", N=None, alph
             d, low, high, crit = row_interval(fa, fb, name != "ACR", paired, a, va, vb)
             per_sigma[(s, name)] = (d, low, high)
             crits.append(crit)
-            if " r=" in name and fa.mean() == 0 and fb.mean() == 0:
+            if (" r=" in name or name == "ACR") and fa.mean() == 0 and fb.mean() == 0:
                 continue                 # tested (counted in m), not shown: both sides certify nothing there
             out.append((prefix + name, float(fa.mean()), float(fb.mean()), d, low, high))
     if len(sigmas) > 1:

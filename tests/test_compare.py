@@ -191,6 +191,15 @@ def test_a_row_without_discordant_images_gets_an_interval_of_positive_width():
     assert d == 0 and lo < -0.005 and hi > 0.005 and v == "within noise"
 
 
+def test_a_log_against_itself_gets_intervals_of_positive_width_in_every_row():
+    """No image differs, in any row (ACR included): every interval still has positive width around 0."""
+    rng = np.random.default_rng(13)
+    log = certify_log(rng, latent(rng, 500))
+    rows, _ = verdicts([log], [log])
+    assert rows and all(d == 0 and lo < 0 < hi and v == "within noise" for d, lo, hi, v in rows.values())
+    assert rows["ACR"][2] > 0.001
+
+
 def test_over_test_set_the_band_covers_the_expectation_on_these_images():
     rng = np.random.default_rng(7)
     pY = latent(rng, 500)
