@@ -32,6 +32,10 @@ from scipy.stats import binom, norm
 from scipy.stats import t as student_t
 
 import common
+for module in (common,):   # a student's own common.py earlier on sys.path is not ours
+    if getattr(module, "PROJECT", None) != "acr-weakness":
+        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
+                          f"on sys.path; rename it or put this project's folder first")
 
 PAPER_N, PAPER_ALPHA = 100_000, 0.001               # the certification budget of every table in the paper
 COHEN_COLUMNS, GRADNORM_COLUMNS = common.COHEN_COLUMNS, common.GRADNORM_COLUMNS

@@ -56,6 +56,10 @@ import torch
 
 import certify
 import common
+for module in (certify, common):   # a student's own certify.py or common.py earlier on sys.path is not ours
+    if getattr(module, "PROJECT", None) != "acr-weakness":
+        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
+                          f"on sys.path; rename it or put this project's folder first")
 import train_baselines
 import train_ours
 

@@ -50,6 +50,12 @@ import torch
 from scipy.stats import binomtest, norm
 
 import common
+for module in (common,):   # a student's own common.py earlier on sys.path is not ours
+    if getattr(module, "PROJECT", None) != "acr-weakness":
+        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
+                          f"on sys.path; rename it or put this project's folder first")
+
+PROJECT = "acr-weakness"   # ddrs.py and bench.py check it: a student's own certify.py is not this one
 
 CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "nY")
 PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N", "nY")
@@ -155,12 +161,14 @@ def parse_args(argv=None, parser=None):
 # CERTIFY and PREDICT on one input (Cohen et al. 2019, Alg. "certify" and "predict")
 # ----------------------------------------------------------------------------------------------------------
 
-def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision="fp32", early_abstain=None,
+@common.in_eval_mode
+def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, precision="fp32", early_abstain=None,
             sound=None, candidate=None, radius_fn=None):
     """CERTIFY of Cohen et al.: pick cA on N0 noisy copies, lower-bound pA on N fresh ones.
 
     x: one input (C, H, W) in [0, 1] on the model's device; generator: a torch.Generator on that device (the
-    selection draws come first, then the estimation draws). With probability >= 1 - alpha, a returned radius
+    selection draws come first, then the estimation draws; default torch's global generator). The model is
+    evaluated in eval mode and handed back in the mode it came in (common.in_eval_mode). With probability >= 1 - alpha, a returned radius
     is a true l2 robustness radius of the smoothed classifier at x. Returns a dict: predict (cA, or -1 when
     the lower bound on pA is below 1/2: abstain), radius (sigma * Phi^-1(pA_lower), 0.0 on abstention),
     nA (votes for cA among the estimation draws), N (the number of estimation draws made) and counts (the
@@ -227,7 +235,7 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
     return looks + [int(N_max)]
 
 
-def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0, one_sided=True,
+def grid_plan(radii, sigma, N_max, batch, alpha, beta=None, final_look=True, seq_level=1.0, one_sided=True,
               selection_prior=True, zero_level=True):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ... (no r_0 = 0
     with zero_level False: --no-zero-level), their thresholds tau_j = Phi(r_j / sigma), the check times
@@ -258,7 +266,9 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta, final_look, seq_level=1.0
     sampling): P(certified radius wrong | selection) <= spent + alpha_fin = alpha. Without final_look there is
     no final look (the sequence's Ville bound alone). seq_level 1 was chosen by simulation on results/grid_cpu's
     pA (scripts/beta_curve.py --seq-levels): lower levels leave more to the final look but stop later.
+    beta defaults to DEFAULT_BETA, final_look to True (certify.py's defaults).
     """
+    beta = DEFAULT_BETA if beta is None else beta
     radii = sorted({0.0, *map(float, radii)} if zero_level else set(map(float, radii)))
     common.check(len(radii) > 0, "--radii needs at least one radius")
     checks = look_schedule(N_max)
@@ -321,9 +331,12 @@ def decided_levels(tables, A, i, final=False):
     return (int(certified.max()) if len(certified) else -1), int(np.sum(A > tables["upper"][:, i])) - 1
 
 
-def grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision="fp32", sound=None,
+def grid_certify(model, x, sigma, N0, batch, num_classes, generator=None, plan=None, precision="fp32", sound=None,
                  candidate=None):
-    """GRID-CS on one input (grid_certify_many with one example): see there."""
+    """GRID-CS on one input (grid_certify_many with one example): see there. plan: grid_plan(...), required
+    (after generator, which defaults to torch's global generator)."""
+    if plan is None:
+        raise TypeError("grid_certify() needs plan= (certify.grid_plan(radii, sigma, N, batch, alpha))")
     return grid_certify_many(model, [(x, generator, candidate)], sigma, N0, batch, num_classes, plan, precision,
                              sound)[0]
 
@@ -397,6 +410,7 @@ class GridJob:
                 "N": T, "pA_lower": L, "pA_upper": U, "stop": self.stop, "counts": self.counts[:-1].tolist()}
 
 
+@common.in_eval_mode
 def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, precision="fp32", sound=None):
     """GRID-CS on several inputs at once: cA from N0 draws (or a given candidate), then estimation draws until
     each example's certified level is decided, with the draws of all examples packed into full batches.
@@ -476,7 +490,8 @@ def abstain_rule(cA, N, batch, alpha):
     return stop
 
 
-def predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision="fp32", sound=None):
+@common.in_eval_mode
+def predict(model, x, sigma, N, alpha, batch, num_classes, generator=None, precision="fp32", sound=None):
     """PREDICT of Cohen et al.: the top class of N noisy copies, unless a two-sided binomial test cannot tell it
     from the runner-up at level alpha (then abstain: -1). x: (C, H, W). Returns a dict: predict, nA (votes for
     the top class), N, the test's pvalue and counts (every class's votes, a list of ints). The smoothed

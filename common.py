@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from scipy.stats import beta as beta_dist
 from scipy.stats import norm
 
+PROJECT = "acr-weakness"   # the scripts check it: a student's own common.py earlier on sys.path is not this one
+
 DATASETS = ("cifar10", "imagenet", "digits")
 ARCHS = ("cifar_resnet20", "cifar_resnet110", "resnet50", "lenet", "digits_cnn")
 DEFAULT_ARCH = {"cifar10": "cifar_resnet110", "imagenet": "resnet50", "digits": "digits_cnn"}
@@ -1399,6 +1401,29 @@ def pass_sizes(n, per_pass):
         return []
     q, r = divmod(n, passes)
     return [q + 1] * r + [q] * (passes - r)
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """The model in eval mode for a block (BatchNorm's running statistics, no dropout), then every module back in
+    the mode it came in: certification evaluates one fixed classifier and leaves the caller's model as it was."""
+    modes = [(m, m.training) for m in model.modules()] if isinstance(model, torch.nn.Module) else []
+    if modes:
+        model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:   # parents before children (modules() is pre-order)
+            module.train(training)
+
+
+def in_eval_mode(fn):
+    """Decorator: fn(model, ...) runs with eval_mode(model)."""
+    @functools.wraps(fn)
+    def wrapper(model, *args, **kwargs):
+        with eval_mode(model):
+            return fn(model, *args, **kwargs)
+    return wrapper
 
 
 def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, *, precision="fp32", stop=None,

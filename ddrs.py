@@ -49,6 +49,10 @@ import torch.nn.functional as F
 
 import certify
 import common
+for module in (certify, common):   # a student's own certify.py or common.py earlier on sys.path is not ours
+    if getattr(module, "PROJECT", None) != "acr-weakness":
+        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
+                          f"on sys.path; rename it or put this project's folder first")
 
 SIGMA_STREAM = 1   # (seed, idx, stream): the optimisation noise is independent of the certification noise
 CLASS_STREAM = 2   # and so is the noise that picks the class sigma_x is optimised for (smoothed_class)

@@ -21,6 +21,10 @@ import time
 import torch
 
 import common
+for module in (common,):   # a student's own common.py earlier on sys.path is not ours
+    if getattr(module, "PROJECT", None) != "acr-weakness":
+        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
+                          f"on sys.path; rename it or put this project's folder first")
 
 
 def parse_args():

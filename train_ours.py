@@ -35,6 +35,10 @@ import torch.nn.functional as F
 from scipy.stats import norm
 
 import common
+for module in (common,):   # a student's own common.py earlier on sys.path is not ours
+    if getattr(module, "PROJECT", None) != "acr-weakness":
+        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
+                          f"on sys.path; rename it or put this project's folder first")
 
 # Paper Table 6 (CIFAR-10) and Table 7 (ImageNet), per sigma. digits: our CPU demo (not in the paper),
 # scaled to its 20-epoch schedule.

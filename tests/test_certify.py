@@ -553,3 +553,28 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_cost(tmp_path
     assert ("warning: bf16 on a CPU without native bf16" in err) == (native is False)
     common.check_precision("fp32", "cpu")
     assert capsys.readouterr().err == ""
+
+
+def test_certify_predict_and_grid_evaluate_in_eval_mode_and_hand_the_model_back_as_it_came():
+    """A BatchNorm model handed in train mode: the certificate is the eval-mode one (same counts as a model put
+    in eval mode first), its running statistics are untouched, and it comes back in train mode; the generator
+    has a default."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 6 * 6, 3))
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+    x = torch.rand(1, 8, 8)
+    reference = certify.certify(model.eval(), x, 0.5, 20, 500, 0.001, 100, 3, common.example_generator(0, 0))
+    model.train()
+    stats = model[1].running_mean.clone()
+    out = certify.certify(model, x, 0.5, 20, 500, 0.001, 100, 3, common.example_generator(0, 0))
+    assert out["counts"] == reference["counts"] and out["nA"] == reference["nA"]
+    assert model.training and model[1].training and torch.equal(model[1].running_mean, stats)
+    assert certify.predict(model, x, 0.5, 200, 0.001, 100, 3)["N"] == 200       # default generator
+    plan = certify.grid_plan([0.25], 0.5, 2000, 100, 0.001)
+    certify.grid_certify(model, x, 0.5, 20, 100, 3, plan=plan)
+    assert model.training and torch.equal(model[1].running_mean, stats)
+    model[1].eval()                                  # a mixed model comes back mixed
+    certify.certify(model, x, 0.5, 20, 200, 0.001, 100, 3)
+    assert model.training and not model[1].training

@@ -376,3 +376,18 @@ def test_the_project_speaks_of_itself_as_it_is_now():
                     if pattern.search(line) and "re.compile" not in line:
                         found.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()[:80]}")
     assert not found, found
+
+
+@pytest.mark.parametrize("shadow, module", [("common", "train_ours"), ("common", "certify"), ("certify", "ddrs"),
+                                            ("common", "analyze")])
+def test_a_students_own_module_of_the_same_name_earlier_on_sys_path_is_one_clear_line_at_import(tmp_path, shadow,
+                                                                                              module):
+    (tmp_path / f"{shadow}.py").write_text("def helper():\n    return 1\n")
+    code = f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {ROOT!r}]; import {module}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:") and f"{shadow}.py shadows this project's module" in last, done.stderr
+    ok = subprocess.run([sys.executable, "-c", f"import sys; sys.path[:0] = [{ROOT!r}]; import {module}"],
+                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
