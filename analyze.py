@@ -1567,12 +1567,14 @@ def compare_sides(side_a, side_b, radii, level=0.95, over="images", N=None, alph
     logs = side_a + side_b
     rows_of, n_shared, left = shared_images(logs)
     paired = n_shared > 0
+    common.check(n_shared != 1, "the logs share one image: an interval needs at least 2 (the spread over images)")
     if not paired:                       # no image in common: each side on its own shared images
         left = {}
         for side, name in ((side_a, "A"), (side_b, "B")):
             own, n_own, own_left = shared_images(side)
-            common.check(n_own > 0, f"the logs of side {name} share no image (idx and label); a side's logs are "
-                                    f"seeds or sigmas of one configuration certified on one test set")
+            common.check(n_own > 1, f"the logs of side {name} share {'no image' if n_own == 0 else 'one image'} "
+                                    f"(idx and label); a side's logs are seeds or sigmas of one configuration "
+                                    f"certified on one test set, and an interval needs at least 2 images")
             rows_of.update(own)
             left.update(own_left)
     values, votes = {}, {}

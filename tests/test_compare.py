@@ -11,6 +11,7 @@ from scipy.stats import t as student_t
 
 import analyze
 import certify
+import common
 from helpers import digits_checkpoint, run_main
 
 N, ALPHA, SIGMA, RADII = 1000, 0.001, 0.5, [0.25, 0.5, 0.75, 1.0]
@@ -198,6 +199,16 @@ def test_a_log_against_itself_gets_intervals_of_positive_width_in_every_row():
     rows, _ = verdicts([log], [log])
     assert rows and all(d == 0 and lo < 0 < hi and v == "within noise" for d, lo, hi, v in rows.values())
     assert rows["ACR"][2] > 0.001
+
+
+def test_logs_that_share_one_image_are_refused_in_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(14)
+    a, b = certify_log(rng, latent(rng, 1), "a.tsv"), certify_log(rng, latent(rng, 1), "b.tsv")
+    with pytest.raises(common.UserError, match="at least 2"):
+        analyze.compare_sides([a, a], [b, b], RADII)
+    b["idx"] = b["idx"] + 5
+    with pytest.raises(common.UserError, match="at least 2"):
+        analyze.compare_sides([a], [b], RADII)
 
 
 def test_over_test_set_the_band_covers_the_expectation_on_these_images():

@@ -49,10 +49,12 @@ def tiny(words):
     return words
 
 
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory):
-    """A folder that looks like a fresh clone (the project's files, linked) with nothing made yet."""
-    folder = tmp_path_factory.mktemp("clone")
+@pytest.fixture
+def clone(tmp_path):
+    """A folder that looks like a fresh clone (the project's files, linked) with nothing made yet: one per page,
+    since every page starts from nothing (two pages train the same run folder)."""
+    folder = tmp_path / "clone"
+    folder.mkdir()
     for name in os.listdir(ROOT):
         if name in (".git", "runs", ".hypothesis", ".pytest_cache") or name.startswith("__"):
             continue
