@@ -1408,7 +1408,7 @@ def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
     seeds = [(e, df) for f, e, df in ((fa, ea, dfa), (fb, eb, dfb)) if df > 0]
     # each independent part keeps its own critical value (Zou and Donner's MOVER): the images' (or votes')
     # with their many degrees of freedom, the seeds' with their Welch-Satterthwaite ones; one pooled
-    # Satterthwaite t is liberal when a 1-2 df seed part meets a well-known image part (measured: up to 4.7x
+    # Satterthwaite t is liberal when a 1-2 df seed part meets a well-known image part (3.7x
     # the error at k = 2), this is not (tests/test_compare.py)
     crit = lambda terms: (norm.isf(a / 2) if math.isinf(df := satterthwaite(terms)) else student_t.isf(a / 2, df))
     v_img, v_seed = sum(v for v, _ in images), sum(v for v, _ in seeds)
