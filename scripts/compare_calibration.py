@@ -86,15 +86,19 @@ def certify_log(pA, N, counts, rng, z, idx, path):
     return log
 
 
-def expected_rows(pA, N, counts, z):
-    """{row: mean over these images of the row's expectation over the votes} (exact per image)."""
+def expected_rows(pA, N, counts, z, rng=None):
+    """{row: mean over these images of the row's expectation over the votes}: exact vote probabilities for the
+    0/1 rows; ACR exact per image, or from one draw of votes per image with `rng` (a large population)."""
     right = pA > 0.5
     out = {}
     thresholds = {"clean accuracy": analyze.min_count(0.0, N, ALPHA, SIGMA)}
     thresholds.update({f"certified accuracy r={r:g}": analyze.min_count(r, N, ALPHA, SIGMA) for r in RADII})
     for name, t in thresholds.items():
         out[name] = float(np.mean(np.where(right, binom.sf(t - 1, N, pA), 0.0)))
-    out["ACR"] = float(np.sum(analyze.radius_moments(pA[right], N, z, SIGMA)[0])) / len(pA)
+    if rng is None:
+        out["ACR"] = float(np.sum(analyze.radius_moments(pA[right], N, z, SIGMA)[0])) / len(pA)
+    else:
+        out["ACR"] = float(np.mean(np.where(right, SIGMA * np.maximum(z[rng.binomial(N, pA)], 0.0), 0.0)))
     if counts:
         for name, test in analyze.SHARES:
             t = analyze.count_threshold(test, N) if not name.startswith("P(pA<") else \
@@ -113,8 +117,8 @@ def truth(spec, z, rng, images=None):
             rows = {}
             for _ in range(4):   # 4 x 100,000 images with exact vote probabilities; ACR by votes drawn
                 p0 = scenario_p0(p0_name, rng, 100_000)
-                ra = population_rows(pA_of(p0, 0.0, tau, omega, rng, True), N, counts, z, rng)
-                rb = population_rows(pA_of(p0, s, tau, omega, rng, True), N, counts, z, rng)
+                ra = expected_rows(pA_of(p0, 0.0, tau, omega, rng, True), N, counts, z, rng)
+                rb = expected_rows(pA_of(p0, s, tau, omega, rng, True), N, counts, z, rng)
                 for key in ra:
                     rows[key] = rows.get(key, 0.0) + (rb[key] - ra[key]) / 4
         else:
@@ -122,25 +126,6 @@ def truth(spec, z, rng, images=None):
             rows = {key: eb[key] - ea[key] for key in ea}
         out[which] = rows
     out["null"] = {key: 0.0 for key in out["null"]} if over == "images" else out["null"]
-    return out
-
-
-def population_rows(pA, N, counts, z, rng):
-    """Population means of every row: exact vote probabilities for 0/1 rows, votes drawn for ACR."""
-    right = pA > 0.5
-    out = {}
-    thresholds = {"clean accuracy": analyze.min_count(0.0, N, ALPHA, SIGMA)}
-    thresholds.update({f"certified accuracy r={r:g}": analyze.min_count(r, N, ALPHA, SIGMA) for r in RADII})
-    for name, t in thresholds.items():
-        out[name] = float(np.mean(np.where(right, binom.sf(t - 1, N, pA), 0.0)))
-    nY = rng.binomial(N, pA)
-    out["ACR"] = float(np.mean(np.where(right, SIGMA * np.maximum(z[nY], 0.0), 0.0)))
-    if counts:
-        for name, test in analyze.SHARES:
-            t = analyze.count_threshold(test, N) if not name.startswith("P(pA<") else \
-                analyze.count_threshold(lambda p: ~test(p), N)
-            above = binom.sf(t - 1, N, pA)
-            out[name] = float(np.mean(1 - above if name.startswith("P(pA<") else above))
     return out
 
 
