@@ -21,6 +21,7 @@ Usage: python analyze.py theory --out figures
        python analyze.py paper --root ../shared/reference/acr-weakness --out figures
 """
 import argparse
+import functools
 import glob
 import math
 import os
@@ -32,7 +33,8 @@ from scipy.stats import binom, norm
 from scipy.stats import t as student_t
 
 import common
-for module in (common,):   # a student's own common.py earlier on sys.path is not ours
+import machinery
+for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
                           f"on sys.path; rename it or put this project's folder first")
@@ -52,8 +54,8 @@ PARTS = ("discard", "weight", "attack")             # Table 5: §5.1, §5.2, §5
 
 
 def parse_args(argv=None):
-    p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, parser_class=common.ArgumentParser)
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=machinery.ArgumentParser)
 
     def logs_command(name, help_text, logs_help="certification TSVs (Cohen's columns, optionally nA N)"):
         s = sub.add_parser(name, help=help_text, description=help_text)
@@ -245,8 +247,8 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_log):
 
 def need_sigma(log):
     """sigma of a log where a conversion needs it; a UserError saying how to give it otherwise."""
-    common.check(log["sigma"] is not None, f"{log['path']}: sigma unknown (not in the path nor in a <log>.json); "
-                                           f"pass --sigmas")
+    common.check(log.get("sigma") is not None, f"{log['path']}: sigma unknown (not in the path nor in a <log>.json); "
+                                               f"pass --sigmas")
     return log["sigma"]
 
 
@@ -493,8 +495,8 @@ def write_text(out, name, text):
     """<out>/<name> (when --out was given) through the output guard, announced on stderr so stdout stays
     Markdown. name may hold a label from a file: it is made safe for a file name first (safe_name)."""
     if out:
-        path = os.path.join(common.make_outdir(out), safe_name(name))
-        common.write_text_output(path, "analyze.py output", text + "\n")
+        path = os.path.join(machinery.make_outdir(out), safe_name(name))
+        machinery.write_text_output(path, "analyze.py output", text + "\n")
         print(f"wrote {path}", file=sys.stderr)
 
 
@@ -515,12 +517,12 @@ def pyplot():
 def save_figure(fig, out, name):
     """figures as <out>/<name>.png and .pdf, the same bytes for the same figure (no date in the PDF), so that
     a rerun on the same logs changes no committed file."""
-    common.make_outdir(out)
+    machinery.make_outdir(out)
     for ext in ("png", "pdf"):
         path = os.path.join(out, f"{safe_name(name)}.{ext}")
         metadata = {"CreationDate": None} if ext == "pdf" else None
-        common.write_output(path, "analyze.py figure", lambda f: fig.savefig(f, format=ext, dpi=150,
-                                                                             bbox_inches="tight", metadata=metadata))
+        machinery.write_output(path, "analyze.py figure", lambda f: fig.savefig(f, format=ext, dpi=150,
+                                                                                bbox_inches="tight", metadata=metadata))
         print(f"wrote {path}", file=sys.stderr)
     pyplot().close(fig)
 
@@ -1384,9 +1386,8 @@ def satterthwaite(terms):
 
 
 def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
-    """(d, low, high, critical value) for one row: fa, fb the (seeds, images) values of each side (the same
-    images in the same order where paired), binary for 0/1 rows, a the row's two-sided error. vote_a / vote_b: (seeds, images)
-    bounds on each value's variance over the votes (--over test-set), else None (--over images)."""
+    """(d, low, high, critical value) of one row: fa, fb each side's (seeds, images) values (paired: one image
+    order), binary for 0/1 values, a its two-sided error; vote_a, vote_b: votes' variance bounds (or None)."""
     d = float(fb.mean() - fa.mean())
     (ea, dfa, ca), (eb, dfb, cb) = seed_layout(fa), seed_layout(fb)
     one_model = fa.shape[0] == fb.shape[0] == 1
@@ -1406,10 +1407,8 @@ def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
         else:
             images = [(max(float(np.var(m, ddof=1)) / len(m) - c, 0.0), len(m) - 1) for m, c in ((ma, ca), (mb, cb))]
     seeds = [(e, df) for f, e, df in ((fa, ea, dfa), (fb, eb, dfb)) if df > 0]
-    # each independent part keeps its own critical value (Zou and Donner's MOVER): the images' (or votes')
-    # with their many degrees of freedom, the seeds' with their Welch-Satterthwaite ones; one pooled
-    # Satterthwaite t is liberal when a 1-2 df seed part meets a well-known image part (3.7x
-    # the error at k = 2), this is not (tests/test_compare.py)
+    # each independent part keeps its own critical value (Zou and Donner's MOVER): a pooled Satterthwaite t is
+    # liberal when a 1-2 df seed part meets a well-known image part (3.7x the error at k = 2, test_compare.py)
     crit = lambda terms: (norm.isf(a / 2) if math.isinf(df := satterthwaite(terms)) else student_t.isf(a / 2, df))
     v_img, v_seed = sum(v for v, _ in images), sum(v for v, _ in seeds)
     half = math.sqrt((crit(images) ** 2 * v_img if v_img > 0 else 0.0) +
@@ -1471,9 +1470,16 @@ def radius_moments(p, N, z, sigma, chunk=256):
     return mean, var
 
 
-def vote_variances(log, radii, with_acr, with_pA, N_flag, alpha_flag):
+def test_set_votes(N=None, alpha=None, sigma=None):
+    """compare_sides's `votes` for intervals over the fixed test set (--over test-set): vote_variances with the
+    budget N, alpha and the sigma of logs that record none."""
+    return functools.partial(vote_variances, N_flag=N, alpha_flag=alpha, sigma=sigma)
+
+
+def vote_variances(log, radii, with_acr, with_pA, N_flag=None, alpha_flag=None, sigma=None):
     """{row: per-image bound on the variance of the row's value when the image's votes are drawn again}
-    (--over test-set; see the comment above compare's functions)."""
+    (--over test-set; see the comment above compare's functions). N_flag, alpha_flag, sigma: for a log that
+    does not record them (its N column or sidecar, load_logs's sigma)."""
     path = log["path"]
     common.check(not log.get("grid"), f"{path}: a grid log (certify.py --radii) records no vote counts to redraw; "
                                       f"compare it with --over images")
@@ -1481,7 +1487,10 @@ def vote_variances(log, radii, with_acr, with_pA, N_flag, alpha_flag):
                  f"{path}: a ddrs.py log (per-row sigma or semi-elastic radius); --over test-set models CERTIFY's "
                  f"radius only: compare it with --over images")
     N, alpha = budget_for_votes(log, N_flag, alpha_flag)
-    sigma = need_sigma(log)
+    own = log.get("sigma")
+    common.check(own is None or sigma is None or float(own) == float(sigma),
+                 f"{path}: the log was certified at sigma {own}, but sigma {sigma} was given")
+    sigma = need_sigma(log) if sigma is None else float(sigma)
     n = len(log["radius"])
     if "nA" in log:
         count, known = log["nA"], log["N"] == N                # rows stopped early (--early-abstain): unknown
@@ -1556,13 +1565,13 @@ def compare_scope(side_a, side_b):
     return ga, gb, sigmas, with_acr, with_pA
 
 
-def compare_sides(side_a, side_b, radii, level=0.95, over="images", N=None, alpha=None):
+def compare_sides(side_a, side_b, radii, level=0.95, votes=None):
     """Rows (metric, a, b, diff, low, high, verdict) comparing side B with side A (diff = b - a), intervals that
-    hold together with probability >= level, and facts for the report. side_a, side_b: lists of logs as
-    common.read_certification_log returns them ('sigma' and 'sidecar' optional: one sigma group without);
-    N, alpha: the budget for --over test-set where a log does not record it. See the comment above."""
+    hold together with probability >= level, and facts for the report. side_a, side_b: lists of logs (one a
+    model, or one a training seed) as common.read_certification_log returns them; logs with a 'sigma' (as
+    load_logs adds) are compared per sigma. votes: None, intervals over images (the test set a sample of the
+    population), or over the fixed test set: test_set_votes(N, alpha, sigma). See the comment above."""
     common.check(0 < level < 1, f"--level must lie in (0, 1) (got {level})")
-    common.check(over in COMPARE_OVER, f"--over must be one of {', '.join(COMPARE_OVER)} (got {over!r})")
     ga, gb, sigmas, with_acr, with_pA = compare_scope(side_a, side_b)
     logs = side_a + side_b
     rows_of, n_shared, left = shared_images(logs)
@@ -1572,28 +1581,26 @@ def compare_sides(side_a, side_b, radii, level=0.95, over="images", N=None, alph
         left = {}
         for side, name in ((side_a, "A"), (side_b, "B")):
             own, n_own, own_left = shared_images(side)
-            common.check(n_own > 1, f"the logs of side {name} share {'no image' if n_own == 0 else 'one image'} "
-                                    f"(idx and label); a side's logs are seeds or sigmas of one configuration "
-                                    f"certified on one test set, and an interval needs at least 2 images")
+            common.check(n_own > 1, f"the logs of side {name} share {'no image' if n_own == 0 else 'one image'} (idx, "
+                                    f"label): a side's logs certify one test set, and an interval needs 2 images")
             rows_of.update(own)
             left.update(own_left)
-    values, votes = {}, {}
+    values, variances = {}, {}
     for log in logs:
         rows = rows_of[id(log)]
         values[id(log)] = {k: v[rows] for k, v in image_values(log, radii, with_acr, with_pA).items()}
-        if over == "test-set":
-            votes[id(log)] = {k: v[rows] for k, v in
-                              vote_variances(log, radii, with_acr, with_pA, N, alpha).items()}
+        if votes is not None:
+            variances[id(log)] = {k: v[rows] for k, v in votes(log, radii, with_acr, with_pA).items()}
     names = list(values[id(logs[0])])
     m = len(names) * len(sigmas)
     a = (1 - level) / m
     stack = lambda group, store, name: np.stack([store[id(log)][name] for log in group])
     out, per_sigma, crits = [], {}, []
     for s in sigmas:
-        prefix = f"σ={fmt_sigma(s)} " if len(sigmas) > 1 else ""
+        prefix = f"σ={'?' if s is None else float(s)} " if len(sigmas) > 1 else ""   # as fmt_sigma
         for name in names:
             fa, fb = stack(ga[s], values, name), stack(gb[s], values, name)
-            va, vb = (stack(ga[s], votes, name), stack(gb[s], votes, name)) if votes else (None, None)
+            va, vb = (stack(ga[s], variances, name), stack(gb[s], variances, name)) if votes else (None, None)
             d, low, high, crit = row_interval(fa, fb, name != "ACR", paired, a, va, vb)
             per_sigma[(s, name)] = (d, low, high)
             crits.append(crit)
@@ -1615,14 +1622,15 @@ def compare_sides(side_a, side_b, radii, level=0.95, over="images", N=None, alph
     facts = {"paired": paired, "n": n_shared if paired else {k: len(rows_of[id(g[0])]) for k, g in
                                                            (("A", side_a), ("B", side_b))},
              "left": left, "m": m, "z": float(norm.isf(a / 2)), "with_acr": with_acr, "with_pA": with_pA,
-             "sigmas": sigmas, "seeds": seeds, "over": over,
+             "sigmas": sigmas, "seeds": seeds, "over": "images" if votes is None else "test-set",
              "critical": max(crits)}
     return rows, facts
 
 
 def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alpha=None):
     """compare.tsv (metric a b diff low high verdict, shares as fractions) and compare.md (the same in %)."""
-    rows, facts = compare_sides(side_a, side_b, radii, level, over, N, alpha)
+    common.check(over in COMPARE_OVER, f"--over must be one of {', '.join(COMPARE_OVER)} (got {over!r})")
+    rows, facts = compare_sides(side_a, side_b, radii, level, None if over == "images" else test_set_votes(N, alpha))
     if facts["left"]:
         print(f"warning: {sum(facts['left'].values())} rows of {len(facts['left'])} logs are not on images every "
               f"log certified and are left out (" + ", ".join(f"{p}: {k}" for p, k in facts["left"].items()) + ")",
@@ -1686,8 +1694,8 @@ def compare_words(rows, facts, labels, level):
 def main(argv=None):
     args = parse_args(argv)
     c = args.command
-    common.set_inputs([p for p in (getattr(args, "logs", None) or []) + (getattr(args, "vs", None) or []) +
-                       (getattr(args, "acr", None) or []) + [getattr(args, "root", None)] if p not in (None, "-")])
+    machinery.set_inputs([p for p in (getattr(args, "logs", None) or []) + (getattr(args, "vs", None) or []) +
+                          (getattr(args, "acr", None) or []) + [getattr(args, "root", None)] if p not in (None, "-")])
     if c == "theory":
         text = theory_report(args.N, args.alpha, args.sigma, args.pA, args.Nmax, args.out)
     elif c == "paper":
@@ -1759,4 +1767,4 @@ PAPER_FIGURES = [
 ]
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

@@ -56,7 +56,8 @@ import torch
 
 import certify
 import common
-for module in (certify, common):   # a student's own certify.py or common.py earlier on sys.path is not ours
+import machinery
+for module in (certify, common, machinery):   # a student's module of one of these names is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
                           f"on sys.path; rename it or put this project's folder first")
@@ -69,7 +70,7 @@ BATCH = 1000     # noisy inputs per forward pass (certify.py's default)
 
 
 def parse_args(argv=None):
-    p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes, no torch.compile: a smoke run")
     p.add_argument("--report", help="also write everything printed to this file at the end (through the guard)")
     p.add_argument("--reps", type=int, help="repetitions of every comparison (default 5, training 3; --quick 2)")
@@ -209,8 +210,8 @@ def ceiling_fn(model, device, precision, channels_last, passes):
 
 def certify_fn(model, x, sigma, N0, N, precision):
     def run():
-        certify.certify(model, x, sigma, N0, N, 0.001, BATCH, 10, common.example_generator(0, 0, x.device),
-                        precision)
+        certify.certify(common.in_precision(model, precision), x, sigma, N0, N, 0.001, BATCH, 10,
+                        common.example_generator(0, 0, x.device))
     return run
 
 
@@ -448,7 +449,7 @@ def train_digits_models(folder, epochs, sigmas=(0.5, 1.0)):
                        check=True, stdout=subprocess.DEVNULL)
         print(f"  trained digits_cnn with train_gaussian.py, sigma {sigma}, {epochs} epochs, "
               f"in {time.time() - start:.0f} s", flush=True)
-        paths.append(os.path.join(outdir, common.CHECKPOINT))
+        paths.append(os.path.join(outdir, machinery.CHECKPOINT))
     return paths
 
 
@@ -488,15 +489,15 @@ def bench_sound(device, reps, passes):
 
         def float_noise():
             for _ in range(passes):
-                x.unsqueeze(0) + common.gaussian_noise((BATCH, 1, *shape), sigma, device, g)
+                common.gaussian_copies(x.unsqueeze(0), BATCH, sigma, g)
 
         def sound_noise():
             for _ in range(passes):
                 common.sound_noisy_inputs(a, BATCH, sigma, g, levels=levels)
 
         def counts(sound):
-            return lambda: common.sample_counts(model, x.unsqueeze(0), sigma, passes * BATCH, BATCH, 10, g,
-                                                sound=levels if sound else None)
+            copies = common.sound_copies(levels) if sound else common.gaussian_copies
+            return lambda: common.sample_counts(model, x.unsqueeze(0), sigma, passes * BATCH, BATCH, 10, g, copies)
 
         items = passes * BATCH
         rates = interleaved({"forward pass (the ceiling)": (forward, items), "float noise: randn + add":
@@ -517,7 +518,7 @@ def bench_sound(device, reps, passes):
 def trained_model(path, device, data_dir, examples, trust=False):
     """A trained checkpoint as (d), (g) and (h) use it: a dict with the model on the fast path (folded,
     channels-last), ckpt, sigma, dataset_name, classes, the test set and `picked`, examples spread over it."""
-    model, ckpt = common.load_model(path, device=device, trust=trust)
+    model, ckpt = machinery.load_model(path, device=device, trust=trust)
     common.check(ckpt.get("sigma") and ckpt.get("dataset"), f"{path!r} stores no sigma or dataset")
     dataset = common.get_dataset(ckpt["dataset"], "test", data_dir, train_transform=False)
     return {"model": certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True),
@@ -784,7 +785,7 @@ def machine_line(device):
     load = " ".join(f"{v:.1f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     return (f"machine: {cpu}, {os.cpu_count()} logical CPUs, load average {load}; python {platform.python_version()}, "
             f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, device {device}\n"
-            f"environment: {common.environment_line()}")
+            f"environment: {machinery.environment_line()}")
 
 
 class Tee(io.StringIO):
@@ -805,12 +806,12 @@ class Tee(io.StringIO):
 def main():
     args = parse_args()
     if args.report:   # checked before the work: a report may not replace a file this project did not write
-        problem = common.output_problem(args.report, "benchmark report", args.grid_logs or [])
+        problem = machinery.output_problem(args.report, "benchmark report", args.grid_logs or [])
         common.check(problem is None, problem)
         tee = Tee(sys.stdout)
         with contextlib.redirect_stdout(tee):
             run_sections(args)
-        common.write_text_output(args.report, "benchmark report", tee.getvalue(), args.grid_logs or [])
+        machinery.write_text_output(args.report, "benchmark report", tee.getvalue(), args.grid_logs or [])
         return
     run_sections(args)
 
@@ -826,7 +827,7 @@ def run_sections(args):
                                                                           f"'abcdefgh', got {args.sections!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = common.get_device(args.device)
+    device = machinery.get_device(args.device)
     if args.probe:
         return probe(device, args.probe, 1000)
     quick = args.quick
@@ -887,4 +888,4 @@ def run_sections(args):
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

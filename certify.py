@@ -38,6 +38,7 @@ Several processes (`--` keeps torchrun from reading --max as its own --max-resta
 import argparse
 import contextlib
 import datetime
+import functools
 import glob
 import math
 import os
@@ -50,7 +51,8 @@ import torch
 from scipy.stats import binomtest, norm
 
 import common
-for module in (common,):   # a student's own common.py earlier on sys.path is not ours
+import machinery
+for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
                           f"on sys.path; rename it or put this project's folder first")
@@ -87,7 +89,7 @@ EARLY_ABSTAIN_ALPHA = 0.001
 
 def build_parser(description=__doc__):
     """certify.py's flags (ddrs.py certify adds its own to them)."""
-    p = common.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = machinery.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", choices=common.DATASETS, help="default: the checkpoint's 'dataset' entry")
     p.add_argument("--data-dir", default=None, help="dataset folder (default: $RS_DATA_DIR or ./data)")
     p.add_argument("--split", default="test", choices=("train", "test"), help="which split to certify")
@@ -161,52 +163,80 @@ def parse_args(argv=None, parser=None):
 # CERTIFY and PREDICT on one input (Cohen et al. 2019, Alg. "certify" and "predict")
 # ----------------------------------------------------------------------------------------------------------
 
-@common.in_eval_mode
-def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, precision="fp32", early_abstain=None,
-            sound=None, candidate=None, radius_fn=None):
-    """CERTIFY of Cohen et al.: pick cA on N0 noisy copies, lower-bound pA on N fresh ones.
-
-    x: one input (C, H, W) in [0, 1] on the model's device; generator: a torch.Generator on that device (the
-    selection draws come first, then the estimation draws; default torch's global generator). The model is
-    evaluated in eval mode and handed back in the mode it came in (common.in_eval_mode). With probability >= 1 - alpha, a returned radius
-    is a true l2 robustness radius of the smoothed classifier at x. Returns a dict: predict (cA, or -1 when
-    the lower bound on pA is below 1/2: abstain), radius (sigma * Phi^-1(pA_lower), 0.0 on abstention),
-    nA (votes for cA among the estimation draws), N (the number of estimation draws made) and counts (the
-    votes of every class among those draws, a list of ints).
-    early_abstain: None, or the alpha of early abstention (see abstain_rule): the estimation may then stop
-    early and abstain, with N < the N asked for. Unstopped, the result is exactly that of the full run.
-    sound: None, or the number of levels of x's grid (255 for 8-bit images): the exact integer sampler
-    (common.sound_noisy_inputs). The radius then holds, in exact arithmetic, for the smoothed classifier of
-    f composed with the grid mapping; failed draws (about 1e-16 per coordinate) count as votes against cA
-    within the full N, which keeps the bound valid.
-    candidate: None (select cA on N0 draws), or a class to certify without selection draws (--label-mode: the
-    true label). The bound on pA(candidate) holds as before; the answer is then about that class only, so
-    it measures certified accuracy, not what the smoothed classifier predicts.
-    radius_fn: None (Cohen's sigma Phi^-1(pA_lower)), or callable(pA_lower, sigma) -> radius, for a certificate
-    of another form from the same bound (ddrs.py --semi-elastic).
-    """
-    cA = candidate if candidate is not None else int(common.sample_counts(
-        model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator, precision=precision,
-        sound=sound)[0].argmax())   # first class on ties, as numpy's argmax in Cohen's code
-    stopped_at = []   # the draws made when early abstention stopped (none: the full N)
-    rule = None if early_abstain is None else abstain_rule(cA, N, batch, early_abstain)
-
-    def stop(counts, drawn):
-        if rule(counts, drawn):
-            stopped_at.append(drawn)
-            return True
-        return False
-    counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator,
-                                  precision=precision, stop=stop if rule else None, sound=sound)[0].cpu()
-    nA = int(counts[cA])
-    if stopped_at:  # stopped early: abstain
-        drawn = stopped_at[0]
-        return {"predict": -1, "radius": 0.0, "nA": nA, "N": drawn, "counts": counts.tolist()}
+def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, sample=common.sample_counts,
+            candidate=None):
+    """CERTIFY of Cohen et al. (2019): select cA on N0 noisy copies of x (C, H, W), lower-bound pA on N fresh
+    ones. With probability >= 1 - alpha a returned radius is a true l2 robustness radius of the smoothed
+    classifier at x. Returns {predict: cA or -1 (abstain), radius (0.0 on abstention), pA_lower, nA, N, counts
+    (every class's votes among the N)}. The model runs in eval mode and is handed back as it came; noise comes
+    from generator (default torch's global one), selection first. sample: the vote counter (certify.py passes
+    one with its options: sampler_of). candidate: a class to certify without selection draws (--label-mode: the
+    true label), which measures certified accuracy, not what the smoothed classifier predicts."""
+    with common.eval_mode(model):
+        if candidate is None:   # first class on ties, as numpy's argmax in Cohen's code
+            candidate = int(sample(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator)[0].argmax())
+        counts = sample(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0].cpu()
+    nA = int(counts[candidate])
     pA_lower = common.clopper_pearson_lower(nA, N, alpha)
-    if pA_lower < 0.5:
-        return {"predict": -1, "radius": 0.0, "nA": nA, "N": N, "counts": counts.tolist()}
-    radius = common.certified_radius(pA_lower, sigma) if radius_fn is None else radius_fn(pA_lower, sigma)
-    return {"predict": cA, "radius": float(radius), "nA": nA, "N": N, "counts": counts.tolist()}
+    abstain = pA_lower < 0.5
+    return {"predict": -1 if abstain else candidate, "radius": 0.0 if abstain else float(sigma * norm.ppf(pA_lower)),
+            "pA_lower": pA_lower, "nA": nA, "N": N, "counts": counts.tolist()}
+
+
+def predict(model, x, sigma, N, alpha, batch, num_classes, generator=None, sample=common.sample_counts):
+    """PREDICT of Cohen et al. (2019): the top class of N noisy copies of x, unless a two-sided binomial test
+    cannot tell it from the runner-up at level alpha (then abstain: -1). x: (C, H, W); the model is evaluated
+    in eval mode and handed back as it came. Returns a dict: predict, nA (votes for the top class), N, the
+    test's pvalue and counts (every class's votes, a list of ints). The smoothed classifier's answer is wrong
+    with probability at most alpha. sample: as in certify.
+    """
+    with common.eval_mode(model):
+        counts = sample(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0].cpu()
+    order = np.argsort(-counts.numpy(), kind="stable")  # ties: the lower class first
+    nA, nB = int(counts[order[0]]), int(counts[order[1]]) if len(order) > 1 else 0
+    pvalue = binomtest(nA, nA + nB, 0.5).pvalue
+    return {"predict": int(order[0]) if pvalue <= alpha else -1, "nA": nA, "N": N, "pvalue": pvalue,
+            "counts": counts.tolist()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# certify.py's options around the plain path: the sound sampler, reduced precision, early abstention
+# ----------------------------------------------------------------------------------------------------------
+# Each keeps CERTIFY's guarantee, for the classifier it names: --sound certifies f composed with the grid
+# mapping (common.sound_copies; its failed draws vote for no class, within the full N); --precision certifies
+# the reduced-precision classifier (common.in_precision); --early-abstain only ever abstains (abstain_rule).
+
+
+class EarlyAbstention:
+    """certify()'s `sample` with early abstention (--early-abstain): the selection draws as they are, then
+    estimation draws that stop once abstain_rule says that pA(cA) < 1/2. A stopped example has nA < N / 2,
+    so certify's bound abstains on it, as the full count would have with probability >= 1 - alpha; stopped_at
+    is then the number of draws made (None: not stopped). Unstopped, the result is that of the full run."""
+
+    def __init__(self, sample, alpha, candidate=None):
+        self.sample, self.alpha, self.cA, self.stopped_at = sample, alpha, candidate, None
+
+    def __call__(self, model, x, sigma, n, batch, num_classes, generator=None):
+        if self.cA is None:   # the selection draws: remember the class certify() selects from them
+            counts = self.sample(model, x, sigma, n, batch, num_classes, generator)
+            self.cA = int(counts[0].argmax())
+            return counts
+        rule = abstain_rule(self.cA, n, batch, self.alpha)
+
+        def stop(counts, drawn):
+            if rule(counts, drawn):
+                self.stopped_at = drawn
+                return True
+            return False
+        return self.sample(model, x, sigma, n, batch, num_classes, generator, stop=stop)
+
+
+def sampler_of(sound=None, early_abstain=None, candidate=None):
+    """The `sample` of certify / predict for certify.py's options: common.sample_counts with the sound
+    sampler's copies (sound: the grid's levels), wrapped in EarlyAbstention (early_abstain: its alpha)."""
+    sample = functools.partial(common.sample_counts, copies=common.sound_copies(sound)) if sound \
+        else common.sample_counts
+    return sample if early_abstain is None else EarlyAbstention(sample, early_abstain, candidate)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -282,11 +312,10 @@ def grid_plan(radii, sigma, N_max, batch, alpha, beta=None, final_look=True, seq
 
 
 def prior_tables(plan, prior):
-    """The tables of grid_plan's tests with the mixture Beta(prior), cached in the plan: lower and upper
-    (common.grid_tables), reach (per level and check: votes needed beyond all-cA draws, suffix minima, for
-    curtailing) and final_bound, the final look's thresholds at the whole alpha (at most the true ones, so
-    curtailing on them never ends a run that could still be certified). The exact accounting, which the
-    final look alone needs, is final_look_tables's: only examples that reach the budget pay for it."""
+    """The tables of grid_plan's tests with the mixture Beta(prior), cached in the plan: lower, upper
+    (common.grid_tables), reach (votes needed beyond all-cA draws, suffix minima: curtailing) and final_bound
+    (the final look's thresholds at the whole alpha: curtailing on them never ends a run that could still be
+    certified). The exact accounting is final_look_tables's, done only when an example reaches the budget."""
     key = (float(prior[0]), float(prior[1]))
     if key not in plan["cache"]:
         checks = plan["checks"]
@@ -300,9 +329,8 @@ def prior_tables(plan, prior):
 
 
 def final_look_tables(plan, tables):
-    """Completes prior_tables's tables with the exact alpha accounting (grid_plan), once: spent, the sequence's
-    exact worst-level error (common.crossing_probability at pA = tau_j), alpha_fin = alpha - spent for the
-    final Clopper-Pearson look at N_max (0 without final_look) and final, its thresholds. Returns the tables."""
+    """Adds the exact alpha accounting to prior_tables's tables, once (grid_plan): spent (the sequence's error at
+    pA = tau_j, worst level), alpha_fin = alpha - spent (0 without final_look) and final, its look's thresholds."""
     if "final" not in tables:
         alpha, checks = plan["alpha"], plan["checks"]
         spent = max(common.crossing_probability(tables["lower"][j], checks, tau) for j, tau in enumerate(plan["taus"]))
@@ -314,9 +342,8 @@ def final_look_tables(plan, tables):
 
 
 def job_tables(plan, k0, N0):
-    """The tables that decide an example whose candidate got k0 of N0 selection votes (grid_plan): those of the
-    posterior Beta(k0 + 1/2, N0 - k0 + 1/2) (prior_tables), or the plan's own (KT's prior) without selection
-    draws or without selection_prior."""
+    """The tables for a candidate with k0 of N0 selection votes: the posterior Beta(k0 + 1/2, N0 - k0 + 1/2)'s
+    (prior_tables), or the plan's own (KT's prior) without selection draws or selection_prior (grid_plan)."""
     if not plan["selection_prior"] or not N0:
         return plan
     return prior_tables(plan, (k0 + 0.5, N0 - k0 + 0.5))
@@ -331,26 +358,20 @@ def decided_levels(tables, A, i, final=False):
     return (int(certified.max()) if len(certified) else -1), int(np.sum(A > tables["upper"][:, i])) - 1
 
 
-def grid_certify(model, x, sigma, N0, batch, num_classes, generator=None, plan=None, precision="fp32", sound=None,
+def grid_certify(model, x, sigma, N0, batch, num_classes, generator=None, plan=None, copies=common.gaussian_copies,
                  candidate=None):
-    """GRID-CS on one input (grid_certify_many with one example): see there. plan: grid_plan(...), required
-    (after generator, which defaults to torch's global generator)."""
+    """GRID-CS on one input (grid_certify_many, see there). plan: grid_plan(...), required."""
     if plan is None:
         raise TypeError("grid_certify() needs plan= (certify.grid_plan(radii, sigma, N, batch, alpha))")
-    return grid_certify_many(model, [(x, generator, candidate)], sigma, N0, batch, num_classes, plan, precision,
-                             sound)[0]
+    return grid_certify_many(model, [(x, generator, candidate)], sigma, N0, batch, num_classes, plan, copies)[0]
 
 
 class GridJob:
-    """One example of grid_certify_many: its noise generator, its draws cut into chunks, votes and levels.
+    """One example of grid_certify_many: its generator, votes, levels, and its draws cut into chunks of at most
+    `batch` (selection, then each gap between looks), so its noise does not depend on the other examples."""
 
-    The chunks depend on the example alone: N0 selection draws, then the draws between consecutive looks,
-    each cut into pieces of at most `batch` (common.pass_sizes). So an example's noise, and with it its
-    line, does not depend on which other examples share its forward passes."""
-
-    def __init__(self, x, generator, candidate, N0, batch, num_classes, plan, sound):
+    def __init__(self, x, generator, candidate, N0, batch, num_classes, plan):
         self.x, self.generator, self.cA, self.plan = x, generator, candidate, plan
-        self.a = common.grid_levels(x.unsqueeze(0), sound) if sound else None
         select = [] if candidate is not None else [("select", k) for k in common.pass_sizes(N0, batch)]
         ends = np.diff(np.concatenate([[0], plan["checks"]])).astype(int)
         self.chunks = select + [(i, k) for i, gap in enumerate(ends) for k in common.pass_sizes(int(gap), batch)]
@@ -359,14 +380,9 @@ class GridJob:
         self.counts = np.zeros(num_classes + 1, np.int64)    # + a column of failed sound draws
         self.jL, self.jU, self.stop, self.done = -1, len(plan["radii"]) - 1, "budget", False
 
-    def draw(self, sigma, sound):
-        """The noisy inputs of the next chunk, from this example's generator."""
-        k = self.chunks[self.next][1]
-        if self.a is not None:
-            noisy, failed = common.sound_noisy_inputs(self.a, k, sigma, self.generator, levels=sound)
-            return noisy.flatten(0, 1), failed.flatten()
-        return self.x.unsqueeze(0) + common.gaussian_noise((k, *self.x.shape), sigma, self.x.device,
-                                                          self.generator), None
+    def draw(self, sigma, copies):
+        """The noisy inputs of the next chunk (k, C, H, W), from this example's generator, and which failed."""
+        return copies(self.x.unsqueeze(0), self.chunks[self.next][1], sigma, self.generator)
 
     def add(self, votes):
         """Count one chunk's votes (class indices; num_classes for a failed draw), then look if it ends a gap."""
@@ -410,51 +426,41 @@ class GridJob:
                 "N": T, "pA_lower": L, "pA_upper": U, "stop": self.stop, "counts": self.counts[:-1].tolist()}
 
 
-@common.in_eval_mode
-def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, precision="fp32", sound=None):
-    """GRID-CS on several inputs at once: cA from N0 draws (or a given candidate), then estimation draws until
-    each example's certified level is decided, with the draws of all examples packed into full batches.
+def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=common.gaussian_copies):
+    """GRID-CS on several inputs: cA from N0 draws (or the given candidate), then estimation draws until each
+    example's certified level is decided, the draws of all examples packed into full batches of `batch`.
 
-    items: (x (C, H, W) on the model's device, its generator, candidate class or None) per example. Every
-    forward pass takes the next chunk of as many examples as fit in `batch` draws, so the model evaluates
-    full batches while each example looks at its own schedule (look_schedule: after 32 draws, then every 25 %
-    more). After each look (A votes for cA after t draws) the integer tables give the highest certified level
-    jL (it never falls) and the highest level not ruled out jU; an example stops when jL >= jU (decided),
-    when level jL + 1 can no longer be reached even if every remaining draw votes cA (curtailed), or at
-    N_max (budget), where the final Clopper-Pearson look applies too. Guarantee, per example and whatever the
-    stopping or packing: the certified radius is wrong with probability at most alpha (grid_plan; each
-    example's tests mix over the posterior of its own selection votes, KT's prior in label mode). Returns
-    one dict per item: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (estimation draws
-    made), the anytime-valid interval pA_lower, pA_upper (not the biased nA / N), stop and counts. The
-    interval is the two-sided betting sequence with the example's prior (alpha_seq below, beta above; at the
-    budget the lower end is raised to the final look's bound): it holds with probability at least
-    1 - alpha_seq - alpha_fin - beta. The level
-    comes from the sharper one-sided tests (grid_plan), so r_jL may exceed sigma Phi^-1(pA_lower).
+    items: (x (C, H, W) on the model's device, its generator, candidate or None) per example. After each of
+    its looks (plan["checks"]) an example stops when its level is decided, when the next level can no longer
+    be reached (curtailed) or at N_max (budget; the final Clopper-Pearson look too). Per example, whatever
+    the stopping or packing, the certified radius is wrong with probability at most alpha (grid_plan).
+    Returns per item: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (draws made), stop,
+    counts, and pA_lower, pA_upper: the betting interval (at level alpha_seq + alpha_fin below, beta above;
+    the level comes from sharper one-sided tests, so r_jL may exceed sigma Phi^-1(pA_lower)). copies: the
+    noise (common.gaussian_copies, or common.sound_copies). The model runs in eval mode, handed back as it came.
     """
-    jobs = [GridJob(x, g, c, N0, batch, num_classes, plan, sound) for x, g, c in items]
+    jobs = [GridJob(x, g, c, N0, batch, num_classes, plan) for x, g, c in items]
     active = list(jobs)
-    with torch.inference_mode():
+    with torch.inference_mode(), common.eval_mode(model):
         while active:
             room, taken, inputs, failures = batch, [], [], []
             for job in active:   # one chunk per example per pass: its next look may depend on this one
                 k = job.chunks[job.next][1]
                 if k <= room:
-                    noisy, failed = job.draw(sigma, sound)
+                    noisy, failed = job.draw(sigma, copies)
                     taken.append((job, k))
                     inputs.append(noisy)
                     failures.append(failed)
                     room -= k
                 if room == 0:
                     break
-            with common.autocast(inputs[0].device.type, precision):
-                logits = model(torch.cat(inputs))
+            logits = model(torch.cat(inputs))
             pred = torch.where(torch.isfinite(logits).all(1), logits.argmax(1), -1)
-            if sound:
+            if failures[0] is not None:   # the sound sampler's failed draws vote for no class
                 pred = torch.where(torch.cat(failures), num_classes, pred)
             pred = pred.cpu().numpy()   # one transfer per pass
-            common.check(bool((pred >= 0).all()), f"the model gave non-finite outputs on noisy inputs (sigma "
-                                                   f"{sigma}, precision {precision}); no certificate is written "
-                                                   f"from them: lower --sigma or use fp32")
+            common.check(bool((pred >= 0).all()), f"the model gave non-finite outputs on noisy inputs (sigma {sigma}); "
+                                                   f"no certificate from them: lower --sigma, or use fp32 (--precision)")
             start = 0
             for job, k in taken:
                 job.add(pred[start:start + k])
@@ -490,45 +496,35 @@ def abstain_rule(cA, N, batch, alpha):
     return stop
 
 
-@common.in_eval_mode
-def predict(model, x, sigma, N, alpha, batch, num_classes, generator=None, precision="fp32", sound=None):
-    """PREDICT of Cohen et al.: the top class of N noisy copies, unless a two-sided binomial test cannot tell it
-    from the runner-up at level alpha (then abstain: -1). x: (C, H, W). Returns a dict: predict, nA (votes for
-    the top class), N, the test's pvalue and counts (every class's votes, a list of ints). The smoothed
-    classifier's answer is wrong w.p. at most alpha (sound: at most alpha plus the chance that any of the N
-    draws fails, N * d * 2.5e-16 at sigma = 0.5, since a failed draw votes for no class).
-    """
-    counts = common.sample_counts(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator,
-                                  precision=precision, sound=sound)[0].cpu()
-    order = np.argsort(-counts.numpy(), kind="stable")  # ties: the lower class first
-    nA = int(counts[order[0]])
-    nB = int(counts[order[1]]) if len(order) > 1 else 0
-    pvalue = binomtest(nA, nA + nB, 0.5).pvalue
-    return {"predict": int(order[0]) if pvalue <= alpha else -1, "nA": nA, "N": N, "pvalue": pvalue,
-            "counts": counts.tolist()}
-
-
 def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, seed, use_predict,
                  precision="fp32", early_abstain=None, columns=None, counts_out=None, sound=None, plan=None,
                  label_mode=False, radius_fn=None):
     """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline).
 
+    precision, sound, early_abstain: certify.py's options (common.in_precision, sampler_of).
     plan: a grid_plan for anytime-valid certification at its radii (--radii) instead of CERTIFY.
     columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; LEGACY_COLUMNS for an old log).
     counts_out: optional list; every class's votes among the estimation draws are appended to it.
     label_mode: certify the true label (no selection draws); the line's `candidate` column says so.
-    radius_fn: CERTIFY's radius from its bound (see certify); None: Cohen's.
+    radius_fn: None (Cohen's radius), or callable(pA_lower, sigma) -> the radius of a certified example, a
+    certificate of another form from the same bound (ddrs.py --semi-elastic).
     """
     candidate = label if label_mode else None
     generator = common.example_generator(seed, idx, x.device)
+    model = common.in_precision(model, precision)
     start = time.time()
     if use_predict:
-        out = predict(model, x, sigma, N, alpha, batch, num_classes, generator, precision, sound)
+        out = predict(model, x, sigma, N, alpha, batch, num_classes, generator, sampler_of(sound))
     elif plan is not None:
-        out = grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, precision, sound, candidate)
+        copies = common.sound_copies(sound) if sound else common.gaussian_copies
+        out = grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, copies, candidate)
     else:
-        out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, precision, early_abstain,
-                      sound, candidate, radius_fn)
+        sample = sampler_of(sound, early_abstain, candidate)
+        out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, sample, candidate)
+        if getattr(sample, "stopped_at", None) is not None:   # stopped early: abstained, after fewer draws
+            out["N"] = sample.stopped_at
+        elif radius_fn is not None and out["predict"] >= 0:
+            out["radius"] = float(radius_fn(out["pA_lower"], sigma))
     if counts_out is not None:
         counts_out.append(out["counts"])
     columns = columns or (PREDICT_COLUMNS if use_predict else GRID_COLUMNS if plan else CERTIFY_COLUMNS)
@@ -607,34 +603,34 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
     """Single writer (rank 0): start or resume the outfile; returns the set of idx already done in any file.
 
     --overwrite removes the outfile, its parts and sidecar (only files certify.py wrote as such, by the
-    output record: common.remove_output). Otherwise torn last lines are cut off. The sidecar is written
+    output record: machinery.remove_output). Otherwise torn last lines are cut off. The sidecar is written
     before the TSV, so a TSV without one was not written by us. counts: optional (path, columns) of the
     --save-counts file, started or resumed alike (the TSV decides what is done). Every write goes through
-    the guard (common.write_output, common.open_append).
+    the guard (machinery.write_output, machinery.open_append).
     """
     files = [(outfile, columns, "certification log")] + ([(*counts, "vote counts")] if counts else [])
     claimed = sidecar_claims(outfile)
     for main_path, cols, kind in files:   # check every file before changing any
         for path in [main_path] + part_files(main_path):
-            problem = common.output_problem(path, kind, inputs, append=True, claimed=claimed)
+            problem = machinery.output_problem(path, kind, inputs, append=True, claimed=claimed)
             common.check(problem is None, problem)
-    sidecar_problem = common.output_problem(outfile + ".json", "settings of a log", inputs, claimed=claimed)
+    sidecar_problem = machinery.output_problem(outfile + ".json", "settings of a log", inputs, claimed=claimed)
     common.check(sidecar_problem is None, sidecar_problem)
     done = set()
     for main_path, cols, kind in files:
         for path in [main_path] + part_files(main_path):
             if overwrite:
-                common.remove_output(path, kind, claimed)
+                machinery.remove_output(path, kind, claimed)
             elif os.path.exists(path):
                 rows, keep = read_rows(path, cols)
                 os.truncate(path, keep)
                 if main_path == outfile:
                     done.update(int(row.split("\t", 1)[0]) for row in rows)
-    common.write_json(settings, outfile + ".json", "settings of a log", inputs, claimed)
+    machinery.write_json(settings, outfile + ".json", "settings of a log", inputs, claimed)
     for path, cols, kind in files:
         open_tsv(path, cols, kind, inputs, claimed).close()
         for part in part_files(path):   # recorded now: every rank appends to its own part later
-            common.open_append(part, kind, "\t".join(cols), inputs, claimed).close()
+            machinery.open_append(part, kind, "\t".join(cols), inputs, claimed).close()
     return done
 
 
@@ -661,7 +657,7 @@ def sidecar_claims(outfile):
 def open_tsv(path, columns, kind="certification log", inputs=(), claimed=False):
     """Open a TSV for appending through the guard; a new or empty file gets the header first. prepare_outputs
     has checked (and, for a log copied here, recorded) every file before this is called."""
-    return common.open_append(path, kind, "\t".join(columns), inputs, claimed)
+    return machinery.open_append(path, kind, "\t".join(columns), inputs, claimed)
 
 
 def merge_parts(outfile, columns, kind="certification log"):
@@ -679,9 +675,9 @@ def merge_parts(outfile, columns, kind="certification log"):
             for row in read_rows(path, columns)[0]:
                 rows.setdefault(int(row.split("\t", 1)[0]), row)
     text = "".join(line + "\n" for line in ["\t".join(columns)] + [rows[i] for i in sorted(rows)])
-    common.write_output(outfile, kind, lambda f: f.write(text.encode("utf-8")), append=True)
+    machinery.write_output(outfile, kind, lambda f: f.write(text.encode("utf-8")), append=True)
     for path in parts:
-        common.remove_output(path, kind)
+        machinery.remove_output(path, kind)
     return len(rows)
 
 
@@ -714,13 +710,13 @@ def resolve_seed(seed, sidecar):
 
 
 def check_args(args):
-    """Bad flag values: one line naming the problem and the fix (exit 2 through common.run)."""
-    common.check_finite(vars(args))
+    """Bad flag values: one line naming the problem and the fix (exit 2 through machinery.run)."""
+    machinery.check_finite(vars(args))
     if args.sigma is not None:
-        common.check_sigma(args.sigma, precision=args.precision)
+        machinery.check_sigma(args.sigma, precision=args.precision)
     common.check(args.N0 >= 1 and args.N >= 1, f"--N0 and --N must be >= 1 (got N0={args.N0}, N={args.N})")
-    common.check(args.N0 <= common.MAX_DRAWS and args.N <= common.MAX_DRAWS,
-                 f"--N0 and --N must be at most {common.MAX_DRAWS:.0e} (got N0={args.N0}, N={args.N})")
+    common.check(args.N0 <= machinery.MAX_DRAWS and args.N <= machinery.MAX_DRAWS,
+                 f"--N0 and --N must be at most {machinery.MAX_DRAWS:.0e} (got N0={args.N0}, N={args.N})")
     common.check(args.predict or args.N0 <= args.N,
                  f"--N0 ({args.N0}) > --N ({args.N}): N0 only picks the class, N bounds pA; swap them?")
     common.check(0 < args.alpha < 1, f"--alpha must lie in (0, 1) (got {args.alpha}); the paper uses 0.001")
@@ -731,7 +727,7 @@ def check_args(args):
     common.check(args.seed == "random" or args.seed >= 0, f"--seed must be >= 0 or 'random' (got {args.seed})")
     common.check(not (args.label_mode and args.predict), "--label-mode certifies the true label; PREDICT has no "
                                                          "candidate to fix (drop one of them)")
-    common.check_finite(vars(args))
+    machinery.check_finite(vars(args))
     common.check(not (args.early_abstain and args.predict), "--early-abstain applies to CERTIFY, not --predict")
     if args.radii is not None:
         common.check(not args.predict, "--radii certifies (CERTIFY at a grid of radii), it does not --predict")
@@ -756,7 +752,7 @@ def default_outfile(checkpoint, sigma, split, use_predict, folder=None):
     return os.path.join(folder, f"{name}_sigma{sigma:g}{suffix}.tsv")
 
 
-file_sha256 = common.file_sha256
+file_sha256 = machinery.file_sha256
 
 
 def is_convolutional(model):
@@ -857,7 +853,7 @@ class Progress:
     def update(self, done):
         if time.time() - self.last >= self.every or done == self.total:
             self.last = time.time()
-            eta = common.format_eta(done, self.total, self.start)
+            eta = machinery.format_eta(done, self.total, self.start)
             sys.stderr.write(f"{self.prefix}{done}/{self.total} examples, {eta}\n")
 
 
@@ -868,18 +864,18 @@ class Progress:
 def check_outputs(outfile, counts, inputs):
     """The guard's verdict on every output before any work (rank 0): each may be written as what it is."""
     for path in [outfile, outfile + ".json"] + ([counts[0]] if counts else []):
-        problem = common.output_problem(path, "settings of a log" if path.endswith(".json") else
-                                        "vote counts" if counts and path == counts[0] else "certification log",
-                                        inputs, append=not path.endswith(".json"), claimed=sidecar_claims(outfile))
+        problem = machinery.output_problem(path, "settings of a log" if path.endswith(".json") else
+                                           "vote counts" if counts and path == counts[0] else "certification log",
+                                           inputs, append=not path.endswith(".json"), claimed=sidecar_claims(outfile))
         common.check(problem is None, problem)
 
 
 def lock_outputs(locks, outfile):
     """One run per outfile (rank 0): lock <outfile>.lock, and refuse rank files that a live worker of an
     earlier run still holds (under torchrun each rank locks its own <outfile>.rank<r>.lock while it writes)."""
-    locks.enter_context(common.exclusive_lock(outfile + ".lock", f"--outfile {outfile!r}"))
+    locks.enter_context(machinery.exclusive_lock(outfile + ".lock", f"--outfile {outfile!r}"))
     for part in part_files(outfile):
-        common.check(not common.is_locked(part + ".lock"), f"{part!r} is still written by a worker of an "
+        common.check(not machinery.is_locked(part + ".lock"), f"{part!r} is still written by a worker of an "
                                                          f"earlier run; stop it first")
 
 
@@ -898,20 +894,20 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     radius_fn: CERTIFY's radius from its bound (see certify). prepare: optional callable(settings, dataset
     name) run before the resume check, which may add settings (ddrs.py --semi-elastic's sigma function)."""
     rank, world, device_name = distributed_setup(args.device)
-    device = common.get_device(device_name)
-    common.check_precision(args.precision, device)
+    device = machinery.get_device(device_name)
+    machinery.check_precision(args.precision, device)
     if device.type == "cpu":
         keep_freed_memory()
-    model, ckpt = common.load_model(args.checkpoint, args.dataset, args.arch, device, args.trust_checkpoint)
+    model, ckpt = machinery.load_model(args.checkpoint, args.dataset, args.arch, device, args.trust_checkpoint)
     dataset_name = args.dataset or ckpt.get("dataset")
     common.check(dataset_name is not None, f"checkpoint {args.checkpoint!r} names no dataset; pass --dataset")
     sigma = args.sigma if args.sigma is not None else ckpt.get("sigma")
     common.check(sigma is not None, f"checkpoint {args.checkpoint!r} stores no sigma; pass --sigma")
-    common.check_sigma(sigma, f"the sigma stored in {args.checkpoint!r}" if args.sigma is None else "--sigma",
-                       args.precision)
+    machinery.check_sigma(sigma, f"the sigma stored in {args.checkpoint!r}" if args.sigma is None else "--sigma",
+                          args.precision)
     sigma = float(sigma)
     dataset = common.get_dataset(dataset_name, args.split, args.data_dir, train_transform=False)
-    common.check_batch_bytes(min(args.batch, max(args.N, args.N0)), dataset[0][0].shape)
+    machinery.check_batch_bytes(min(args.batch, max(args.N, args.N0)), dataset[0][0].shape)
     outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict,
                                               getattr(args, "default_folder", None))
     columns = PREDICT_COLUMNS if args.predict else GRID_COLUMNS if args.radii is not None else CERTIFY_COLUMNS
@@ -927,7 +923,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     num_classes = common.NUM_CLASSES[dataset_name]
     counts = (outfile + ".counts", counts_columns(num_classes)) if args.save_counts else None
     settings = {"script": getattr(args, "script", "certify.py"),
-                "data": common.data_fingerprint(dataset_name, args.split, args.data_dir),
+                "data": machinery.data_fingerprint(dataset_name, args.split, args.data_dir),
                 "mode": "predict" if args.predict else "grid" if plan else "certify", "dataset": dataset_name,
                 "split": args.split,
                 # relative to the working directory: no machine's path in a published log; the hash identifies it
@@ -941,12 +937,12 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
                 "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
                 "final_look": args.final_look if plan else None, "grid_test": GRID_TEST if plan else None,
-                "columns": list(columns), "ddrs": None, "environment": common.environment(),
+                "columns": list(columns), "ddrs": None, "environment": machinery.environment(),
                 **(extra_settings or {})}
     if prepare is not None:
         prepare(settings, dataset_name)
     inputs = [args.checkpoint]
-    common.set_inputs(inputs)   # files this run reads: never written over (the guard checks every output)
+    machinery.set_inputs(inputs)   # files this run reads: never written over (the guard checks every output)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
     except OSError as e:
@@ -979,7 +975,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         raise common.UserError(todo[0] if rank == 0 else f"rank 0 stopped: {todo[0]}")
     rank_lock = contextlib.ExitStack()   # released before the final barrier: rank 0 then merges the parts
     if world > 1:
-        rank_lock.enter_context(common.exclusive_lock(f"{outfile}.rank{rank}.lock", f"--outfile {outfile!r}"))
+        rank_lock.enter_context(machinery.exclusive_lock(f"{outfile}.rank{rank}.lock", f"--outfile {outfile!r}"))
         # the final barrier may wait for hours (one rank resumed with more left to do): its own long timeout
         final_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
     selected, done, seed = todo[0]   # rank 0's selection, what is done and the seed, on every rank
@@ -1003,8 +999,9 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
             examples = [dataset[i] for i in grp]
             items = [(x.to(device), common.example_generator(seed, i, device), int(y) if args.label_mode else None)
                      for i, (x, y) in zip(grp, examples)]
-            outs = grid_certify_many(model, items, sigma, args.N0, args.batch, num_classes, plan, args.precision,
-                                     levels)
+            outs = grid_certify_many(common.in_precision(model, args.precision), items, sigma, args.N0,
+                                     args.batch, num_classes, plan,
+                                     common.sound_copies(levels) if levels else common.gaussian_copies)
             seconds = (time.time() - start) / len(grp)
             for i, (_, y), res in zip(grp, examples, outs):
                 if i in done:
@@ -1045,4 +1042,4 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

@@ -49,7 +49,8 @@ import torch.nn.functional as F
 
 import certify
 import common
-for module in (certify, common):   # a student's own certify.py or common.py earlier on sys.path is not ours
+import machinery
+for module in (certify, common, machinery):   # a student's module of one of these names is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
                           f"on sys.path; rename it or put this project's folder first")
@@ -106,8 +107,8 @@ def smoothed_class(model, x, sigma0, num_classes, generator, batch=1000, precisi
     from scipy.stats import binomtest
     counts, drawn = None, 0
     while True:
-        new = common.sample_counts(model, x.unsqueeze(0), sigma0, draws, batch, num_classes, generator,
-                                   precision=precision)[0].cpu()
+        new = common.sample_counts(common.in_precision(model, precision), x.unsqueeze(0), sigma0, draws, batch,
+                                   num_classes, generator)[0].cpu()
         counts, drawn = new if counts is None else counts + new, drawn + draws
         top2 = torch.topk(counts, 2).values.tolist()
         if drawn >= max_draws or binomtest(top2[0], sum(top2), 0.5).pvalue <= alpha:
@@ -296,7 +297,7 @@ def parse_args(argv=None):
                  "usage: python ddrs.py certify ... | memory LOG | train ... | report LOGS --fixed LOG --out DIR "
                  "(see --help of each)")
     if argv[0] == "train":
-        p = common.ArgumentParser(prog="ddrs.py train", description=train_main.__doc__)
+        p = machinery.ArgumentParser(prog="ddrs.py train", description=train_main.__doc__)
         p.add_argument("--method", required=True, choices=tuple(DS_METHODS), help="the loss (DDRS.md §5)")
         p.add_argument("--dataset", default="cifar10", choices=common.DATASETS, help="training data")
         p.add_argument("--data-dir", default=None, help="dataset folder (default $RS_DATA_DIR or ./data)")
@@ -326,7 +327,7 @@ def parse_args(argv=None):
         p.add_argument("--max-batches", type=int, help="stop each epoch after this many batches (smoke tests)")
         return "train", p.parse_args(argv[1:])
     if argv[0] == "report":
-        p = common.ArgumentParser(prog="ddrs.py report", description=report_main.__doc__)
+        p = machinery.ArgumentParser(prog="ddrs.py report", description=report_main.__doc__)
         p.add_argument("logs", nargs="+", help="ddrs.py certify logs of one model (DS at several steps, semi-elastic)")
         p.add_argument("--fixed", required=True, help="certify.py's log of the same model and images at sigma_0")
         p.add_argument("--radii", type=float, nargs="+", default=[0, 0.25, 0.5, 0.75, 1.0], help="certified "
@@ -335,7 +336,7 @@ def parse_args(argv=None):
         p.add_argument("--out", required=True, help="folder of report.md and report.tsv")
         return "report", p.parse_args(argv[1:])
     if argv[0] == "memory":
-        p = common.ArgumentParser(prog="ddrs.py memory", description=memory_main.__doc__)
+        p = machinery.ArgumentParser(prog="ddrs.py memory", description=memory_main.__doc__)
         p.add_argument("log", help="a finished `ddrs.py certify` log (the memory is replayed in index order)")
         p.add_argument("--case-rule", default="paper", choices=("paper", "code"),
                        help="case (i): min(r, r_i - d_i) (paper) or r_i - d_i (official code)")
@@ -379,9 +380,9 @@ def certify_main(args):
     common.check(args.radii is None, "ddrs.py certifies the full radius; --radii is certify.py's")
     common.check(args.seed != "random" and not args.label_mode, "--seed random and --label-mode are certify.py's "
                                                                 "(ddrs.py's sigma search uses the seed too)")
-    common.check_sigma(args.sigma_min, "--sigma-min", args.precision)
+    machinery.check_sigma(args.sigma_min, "--sigma-min", args.precision)
     if args.sigma_max is not None:
-        common.check_sigma(args.sigma_max, "--sigma-max", args.precision)
+        machinery.check_sigma(args.sigma_max, "--sigma-max", args.precision)
     # the log's identity; without --outfile: runs/ddrs/<checkpoint>_sigma<sigma_0 certified>.tsv
     args = argparse.Namespace(**dict(vars(args), script="ddrs.py certify",
                                      default_folder=os.path.join("runs", "ddrs")))
@@ -437,12 +438,12 @@ def semi_elastic_main(args):
         state.update(m=m, dim=int(state["train"].shape[1]))
         settings["ddrs"] = {"semi_elastic": {"r": args.elastic_r, "k": args.elastic_k, "m": m,
                                              "sigma_b": settings["sigma"],
-                                             "train_data": common.data_fingerprint(dataset_name, "train",
-                                                                                   args.data_dir)}}
+                                             "train_data": machinery.data_fingerprint(dataset_name, "train",
+                                                                                      args.data_dir)}}
 
     def sigma_of(model, x, idx, sigma0):
         s = sigma0 * math.exp(args.elastic_r * (knn_distance(state["train"], x.cpu(), args.elastic_k) - state["m"]))
-        common.check_sigma(s, f"sigma(x) of example {idx}", args.precision)
+        machinery.check_sigma(s, f"sigma(x) of example {idx}", args.precision)
         return s
 
     def radius_fn(pA_lower, sigma):
@@ -459,7 +460,7 @@ def memory_main(args):
     outfile = args.outfile or os.path.splitext(args.log)[0] + "_memory.tsv"
     memory, cases, lines = [], {"none": 0, "inside": 0, "touching": 0}, []
     columns = ("idx", "label", "predict", "radius", "correct", "raw_predict", "raw_radius", "sigma", "case")
-    problem = common.output_problem(outfile, "DDRS memory", [args.log, args.log + ".json"])
+    problem = machinery.output_problem(outfile, "DDRS memory", [args.log, args.log + ".json"])
     common.check(problem is None, problem)   # before the work
     for row in sorted(rows, key=lambda r: r["idx"]):
         common.check(0 <= row["idx"] < len(dataset), f"{args.log}: idx {row['idx']} is not an example of the "
@@ -469,14 +470,14 @@ def memory_main(args):
         cases[case] += 1
         lines.append("\t".join(map(str, [row["idx"], label, c, f"{r:.6}", int(c == label), row["predict"],
                                          row["radius"], row["sigma"], case])))
-    common.write_text_output(outfile, "DDRS memory", "\n".join(("\t".join(columns), *lines)) + "\n",
-                             [args.log, args.log + ".json"])
+    machinery.write_text_output(outfile, "DDRS memory", "\n".join(("\t".join(columns), *lines)) + "\n",
+                                [args.log, args.log + ".json"])
     common.check(check_memory_invariant(memory), "internal error: the memory invariant does not hold")
     summary = (f"memory over {len(rows)} examples ({args.case_rule} rule): case (i) inside a foreign ball "
                f"{cases['inside']}, case (ii) touching one {cases['touching']}, unchanged {cases['none']} -> {outfile}")
     print(summary)
     if args.summary:
-        common.write_text_output(args.summary, "DDRS memory summary", summary + "\n", [args.log, outfile])
+        machinery.write_text_output(args.summary, "DDRS memory summary", summary + "\n", [args.log, outfile])
 
 
 # DS2 schedules (DDRS.md §5): CIFAR-10 200 epochs from scratch, the first 50 at the fixed sigma; digits: our
@@ -537,32 +538,32 @@ def train_main(args):
                     init_checkpoint=init,
                     arch=args.arch or common.DEFAULT_ARCH[args.dataset],
                     outdir=args.outdir or f"runs/ddrs_{args.method}_{args.dataset}_sigma{args.sigma}")
-    common.check_training_settings(settings)
+    machinery.check_training_settings(settings)
     s = argparse.Namespace(**settings)
-    s.run = common.run_identity("ddrs.py train", s.dataset, s.data_dir)   # checked on --resume
-    common.set_inputs([args.init_checkpoint])   # files this run reads: never written over
-    device = common.get_device(args.device)
-    with common.run_folder_lock(s.outdir):
+    s.run = machinery.run_identity("ddrs.py train", s.dataset, s.data_dir)   # checked on --resume
+    machinery.set_inputs([args.init_checkpoint])   # files this run reads: never written over
+    device = machinery.get_device(args.device)
+    with machinery.run_folder_lock(s.outdir):
         ds_train(s, hp, device)
 
 
 def ds_train(s, hp, device):
     """The loop of `ddrs.py train`: fixed sigma for s.warmup epochs, then per-example sigmas (checkpointed)."""
     import time
-    common.seed_everything(s.seed)
+    machinery.seed_everything(s.seed)
     train_set = common.get_dataset(s.dataset, "train", s.data_dir)
-    test_loader = common.make_test_loader(common.get_dataset(s.dataset, "test", s.data_dir), 256, s.workers)
-    loaders = common.TrainLoader(train_set, s.batch, s.workers, s.seed)
+    test_loader = machinery.make_test_loader(common.get_dataset(s.dataset, "test", s.data_dir), 256, s.workers)
+    loaders = machinery.TrainLoader(train_set, s.batch, s.workers, s.seed)
     model = common.get_architecture(s.arch, s.dataset).to(device)
     optimizer = common.make_optimizer(model, s.lr, s.momentum, s.weight_decay)
     scheduler = common.make_scheduler(optimizer, s.lr_step)
-    first, state = common.start_or_resume(model, optimizer, scheduler, s.outdir, s.resume,
-                                          {"arch": s.arch, "dataset": s.dataset, "sigma": s.sigma},
-                                          args=vars(s))
+    first, state = machinery.start_or_resume(model, optimizer, scheduler, s.outdir, s.resume,
+                                             {"arch": s.arch, "dataset": s.dataset, "sigma": s.sigma},
+                                             args=vars(s))
     if first == 0 and s.init_checkpoint is not None:   # weights only: optimizer and schedule start fresh
         path = s.init_checkpoint["path"]
-        try:   # common.load_model's checks: strict key matching, finite weights, this dataset's inputs
-            loaded, start = common.load_model(path, s.dataset, s.arch, device, s.trust_checkpoint)
+        try:   # machinery.load_model's checks: strict key matching, finite weights, this dataset's inputs
+            loaded, start = machinery.load_model(path, s.dataset, s.arch, device, s.trust_checkpoint)
         except common.UserError as e:
             raise common.UserError(f"--init-checkpoint: {e}") from None
         common.check(start.get("arch") in (None, s.arch) and start.get("dataset") in (None, s.dataset),
@@ -570,27 +571,27 @@ def ds_train(s, hp, device):
                      f"trains {s.arch} on {s.dataset} (pass --arch)")
         model.load_state_dict(loaded.state_dict())
     sigmas = state.get("sigmas", torch.full((len(train_set),), float(s.sigma))).cpu().float()
-    common.write_json({**vars(s), "environment": common.environment()}, os.path.join(s.outdir, "args.json"),
-                      "settings of a run")
+    machinery.write_json({**vars(s), "environment": machinery.environment()}, os.path.join(s.outdir, "args.json"),
+                         "settings of a run")
     print(f"DS2 training {s.arch} with {s.method} on {s.dataset}, sigma_0 {s.sigma}, {s.warmup} fixed epochs, "
           f"then K_train {s.K_train}; writing {s.outdir}")
-    log, run_start = common.open_train_log(s.outdir, first), time.time()
+    log, run_start = machinery.open_train_log(s.outdir, first), time.time()
     chunks = 1 if s.method == "macer" else hp["m"]        # the m-chunk convention, as train_baselines.CHUNKED
     for epoch in range(first, s.epochs):
         start = time.time()
-        common.seed_epoch(s.seed, epoch)
+        machinery.seed_epoch(s.seed, epoch)
         K = s.K_train if epoch >= s.warmup else 0                      # Algorithm 2: fixed sigma first
         loss_fn = ds_loss_fn(s.method, hp, sigmas, (K, s.M, s.lr_sigma), epoch, s.seed)
         lr = optimizer.param_groups[0]["lr"]
         row = common.train_epoch(model, loaders.epoch(epoch), optimizer, loss_fn, chunks, device,
-                                 common.progress_line(f"epoch {epoch + 1}"), s.max_batches)
+                                 machinery.progress_line(f"epoch {epoch + 1}"), s.max_batches)
         row.update(common.evaluate_noisy(model, test_loader, s.sigma, device,
-                                         common.eval_generator(s.seed, epoch, device)))
+                                         machinery.eval_generator(s.seed, epoch, device)))
         scheduler.step()
-        common.log_epoch(log, epoch, s.epochs, run_start, first,
-                         dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
-        common.save_training_checkpoint(s.outdir, model, optimizer, scheduler, epoch + 1, vars(s),
-                                        {"sigmas": sigmas.clone()})
+        machinery.log_epoch(log, epoch, s.epochs, run_start, first,
+                            dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
+        machinery.save_training_checkpoint(s.outdir, model, optimizer, scheduler, epoch + 1, vars(s),
+                                           {"sigmas": sigmas.clone()})
         print(f"  sigma per example: mean {sigmas.mean():.4f}, min {sigmas.min():.4f}, max {sigmas.max():.4f}")
 
 
@@ -646,8 +647,8 @@ def report_main(args):
     md += "\n" + report_intervals(args.fixed, args.logs, radii)
     tsv = "\t".join(h.replace(" ", "_") for h in header) + "\n" + "\n".join("\t".join(r) for r in rows) + "\n"
     inputs = [args.fixed, *args.logs]
-    common.write_text_output(os.path.join(args.out, "report.md"), "DDRS report", md, inputs)
-    common.write_text_output(os.path.join(args.out, "report.tsv"), "DDRS report", tsv, inputs)
+    machinery.write_text_output(os.path.join(args.out, "report.md"), "DDRS report", md, inputs)
+    machinery.write_text_output(os.path.join(args.out, "report.tsv"), "DDRS report", tsv, inputs)
     print(md, end="")
 
 
@@ -697,4 +698,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

@@ -21,6 +21,7 @@ Shared protocol: SGD (momentum 0.9, wd 1e-4, lr 0.1), lr x0.1 every --lr_step ep
 epoch (decays from epoch 50 on, as the paper's code; the CAT-RS/Consistency/SmoothAdv scripts decay one epoch
 later), a loader batch of 256 cut into m chunks with one step each (MACER: 64 images x m copies, one step).
 """
+import argparse
 import contextlib
 import functools
 import math
@@ -31,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 import common
-for module in (common,):   # a student's own common.py earlier on sys.path is not ours
+import machinery
+for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
                           f"on sys.path; rename it or put this project's folder first")
@@ -235,14 +237,15 @@ def ddn_attack(model, x, y, noise, T, eps, gamma=0.05, levels=256):
     return (x + best_e).clamp(0, 1).detach()   # the clip only acts on inputs off the 256-level grid
 
 
-def smoothadv_loss(model, x, y, idx, *, sigma, m, T, eps, attack="pgd", noise=None):
+def smoothadv_loss(model, x, y, idx, *, sigma, m, T, eps, warm=1.0, attack=smoothadv_attack, noise=None):
     """SmoothAdv: mean CE of f(x' + n_i) over the m copies, with x' attacked through the SAME noises n_i.
 
-    eps is this epoch's (warmed-up) radius; with m = 1 the attack is plain PGD on CE(f(x + e + n)).
-    attack: "pgd" (smoothadv_attack) or "ddn" (ddn_attack, Salman's ImageNet sigma = 0.25 model).
+    The attack's radius is warm * eps: warm = warmup_factor(epoch, W), SmoothAdv's linear warm-up of eps
+    (the step 2 eps / T follows it); with m = 1 the attack is plain PGD on CE(f(x + e + n)). attack:
+    smoothadv_attack (PGD), or ddn_attack (Salman et al.'s ImageNet sigma = 0.25 model).
     """
     noise = draw_noise(x, sigma, m, noise)
-    x_adv = (ddn_attack if attack == "ddn" else smoothadv_attack)(model, x, y, noise, T, eps)
+    x_adv = attack(model, x, y, noise, T, warm * eps)
     logits = model(add_noise(x_adv, noise)).float()                           # (m*b, K)
     targets = y.repeat(m)
     return result(F.cross_entropy(logits, targets), logits, targets)
@@ -448,9 +451,10 @@ def stability_loss(model, x, y, idx, *, sigma, lbd, noise=None):
 
 def make_loss_fn(method, hp, sigma, epoch, target=None):
     """This epoch's loss_fn(model, x, y, idx) for common.train_epoch: the method's loss with hp bound (0-based epoch)."""
-    if method == "smoothadv":  # eps warm-up: min(eps, (epoch + 1) eps / W); the step 2 eps / T follows it
-        eps = hp["eps"] * warmup_factor(epoch, hp["warmup"])
-        return functools.partial(smoothadv_loss, sigma=sigma, m=hp["m"], T=hp["T"], eps=eps, attack=hp["attack"])
+    if method == "smoothadv":
+        return functools.partial(smoothadv_loss, sigma=sigma, m=hp["m"], T=hp["T"], eps=hp["eps"],
+                                 warm=warmup_factor(epoch, hp["warmup"]),
+                                 attack=ddn_attack if hp["attack"] == "ddn" else smoothadv_attack)
     if method == "macer":  # --deferred: no robustness term in epochs 0..first decay (until after the first decay)
         first_decay = min(hp["lr_milestones"]) if hp.get("lr_milestones") else hp["lr_step"]
         lbd = 0.0 if hp["deferred"] and epoch <= first_decay else hp["lbd"]
@@ -488,23 +492,23 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
     settings = {"N": N, "sigma": sigma, "seed": seed, "len": len(dataset), "tag": tag}
     counts, done = torch.zeros(len(dataset), num_classes, dtype=torch.long), 0
     if partial_path and os.path.isfile(partial_path):
-        saved = common.read_torch_dict(partial_path, "partial CAT-RS target", PARTIAL_TARGET_FIELDS)
+        saved = machinery.read_torch_dict(partial_path, "partial CAT-RS target", PARTIAL_TARGET_FIELDS)
         if saved["settings"] == settings and tuple(saved["counts"].shape) == tuple(counts.shape):
             counts, done = saved["counts"], saved["done"]
             print(f"continuing from {done} images in {partial_path}")
     start, saved_at, block, resumed_at = time.time(), time.time(), 1024, done
     for first in range(done, len(dataset), block):
-        common.seed_everything(common.epoch_seed(seed, first // block))
+        machinery.seed_everything(machinery.epoch_seed(seed, first // block))
         subset = torch.utils.data.Subset(dataset, range(first, min(first + block, len(dataset))))
-        workers_gen = torch.Generator().manual_seed(common.epoch_seed(seed, first // block, 1))
+        workers_gen = torch.Generator().manual_seed(machinery.epoch_seed(seed, first // block, 1))
         for x, _ in torch.utils.data.DataLoader(subset, batch_size=64, num_workers=workers, generator=workers_gen):
             counts[done:done + len(x)] = common.sample_counts(model, x.to(device), sigma, N, batch, num_classes).cpu()
             done += len(x)
         print(f"catrs target: {done}/{len(dataset)} images, "
-              f"{common.format_eta(done - resumed_at, len(dataset) - resumed_at, start)}", flush=True)
+              f"{machinery.format_eta(done - resumed_at, len(dataset) - resumed_at, start)}", flush=True)
         if partial_path and (time.time() - saved_at > every or done == len(dataset)):
-            common.save_checkpoint({"settings": settings, "counts": counts, "done": done}, partial_path,
-                                   "partial CAT-RS target", inputs)
+            machinery.save_checkpoint({"settings": settings, "counts": counts, "done": done}, partial_path,
+                                      "partial CAT-RS target", inputs)
             saved_at = time.time()
     return counts
 
@@ -518,7 +522,7 @@ def check_catrs_target_path(path):
                                        f"--make-catrs-target --checkpoint GAUSSIAN_0.25.pth.tar --out {path}")
 
 
-# The contracts of the two files of --make-catrs-target (common.read_torch_dict checks them).
+# The contracts of the two files of --make-catrs-target (machinery.read_torch_dict checks them).
 TARGET_FIELDS = {"counts": torch.is_tensor, "N": lambda v: isinstance(v, int) and not isinstance(v, bool),
                  "dataset": lambda v: v in common.DATASETS}
 PARTIAL_TARGET_FIELDS = {"settings": lambda v: isinstance(v, dict), "counts": torch.is_tensor,
@@ -528,7 +532,7 @@ PARTIAL_TARGET_FIELDS = {"settings": lambda v: isinstance(v, dict), "counts": to
 def load_catrs_target(path, dataset, train_size, num_classes, trust=False):
     """The soft labels pb (train_size, num_classes), float32 on CPU, from a --make-catrs-target file."""
     check_catrs_target_path(path)
-    saved = common.read_torch_dict(path, "--catrs-target", TARGET_FIELDS, trust)
+    saved = machinery.read_torch_dict(path, "--catrs-target", TARGET_FIELDS, trust)
     counts, N = saved["counts"], saved["N"]
     common.check(N >= 1 and not counts.is_floating_point() and bool((counts >= 0).all()) and counts.dim() == 2
                  and bool((counts.sum(1) == N).all()), f"--catrs-target {path!r}: counts must be (examples x "
@@ -550,9 +554,9 @@ def make_target_mode(args):
                  f"--out {args.out!r} is the checkpoint itself; choose another --out")
     common.check(not os.path.exists(args.out), f"--out {args.out!r} exists already; remove it or choose another "
                                                f"--out (a target is never written over a file)")
-    common.make_outdir(os.path.dirname(os.path.abspath(args.out)))
-    device = common.get_device(args.device)
-    model, ckpt = common.load_model(args.checkpoint, device=device, trust=args.trust_checkpoint)
+    machinery.make_outdir(os.path.dirname(os.path.abspath(args.out)))
+    device = machinery.get_device(args.device)
+    model, ckpt = machinery.load_model(args.checkpoint, device=device, trust=args.trust_checkpoint)
     dataset = ckpt.get("dataset") or args.dataset
     train_set = common.get_dataset(dataset, "train", args.data_dir)  # with the train transform, once per image
     print(f"CAT-RS target: {N} votes at sigma {sigma} for each of {len(train_set)} {dataset} training images")
@@ -560,10 +564,10 @@ def make_target_mode(args):
     counts = compute_catrs_target(model, train_set, sigma, N, batch, args.seed, common.NUM_CLASSES[dataset],
                                   args.workers, partial, tag=os.path.abspath(args.checkpoint),
                                   inputs=[args.checkpoint])
-    common.save_checkpoint({"counts": counts, "N": N, "sigma": sigma, "dataset": dataset,
-                            "checkpoint": os.path.relpath(args.checkpoint)}, args.out, "CAT-RS target",
+    machinery.save_checkpoint({"counts": counts, "N": N, "sigma": sigma, "dataset": dataset,
+                               "checkpoint": os.path.relpath(args.checkpoint)}, args.out, "CAT-RS target",
                            [args.checkpoint])
-    common.remove_output(partial, "partial CAT-RS target")
+    machinery.remove_output(partial, "partial CAT-RS target")
     print(f"wrote {args.out}")
 
 
@@ -572,8 +576,8 @@ def make_target_mode(args):
 # ----------------------------------------------------------------------------------------------------------
 
 def parse_args():
-    p = common.ArgumentParser(description=__doc__, formatter_class=common.argparse.RawDescriptionHelpFormatter)
-    flag = common.argparse.BooleanOptionalAction
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    flag = argparse.BooleanOptionalAction
     p.add_argument("--method", help=f"one of {', '.join(METHODS)}")
     p.add_argument("--dataset", default="cifar10", choices=common.DATASETS, help="training data (default cifar10)")
     p.add_argument("--data-dir", default=None, help="dataset folder (default $RS_DATA_DIR or ./data)")
@@ -674,25 +678,25 @@ def settings(args):
     s["m"] = 1 if s["m"] is None else s["m"]  # Stability: one noise draw
     s["batch"] = args.batch or hp.get("batch", 256)
     s["arch"] = args.arch or common.DEFAULT_ARCH[args.dataset]
-    s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[args.dataset]["epochs"]
-    s["lr_step"] = args.lr_step or common.SCHEDULE[args.dataset]["lr_step"]
+    s["epochs"] = args.epochs if args.epochs is not None else machinery.SCHEDULE[args.dataset]["epochs"]
+    s["lr_step"] = args.lr_step or machinery.SCHEDULE[args.dataset]["lr_step"]
     s["outdir"] = args.outdir or f"runs/train_{args.method}_{args.dataset}_sigma{args.sigma}"
     common.check(all(s[k] is None or s[k] >= 0 for k in ("T", "eps", "warmup", "lbd", "eta", "alpha", "mix_step")),
                  "--T, --eps, --warmup, --lbd, --eta, --alpha and --mix_step must be >= 0")
     common.check(s["epochs"] >= 0 and s["batch"] >= 1 and s["lr_step"] >= 1 and args.workers >= 0,
                  "--epochs, --workers must be >= 0 and --batch, --lr_step >= 1")
     common.check(all(e >= 1 for e in args.lr_milestones or []), "--lr_milestones must be epochs >= 1")
-    common.check_training_settings(s)
-    return common.argparse.Namespace(**s)
+    machinery.check_training_settings(s)
+    return argparse.Namespace(**s)
 
 
 def gradnorm_mode(args):
     """Table 2: gradient norm of the method's own loss for each probe example, with the example's pA."""
-    device = common.get_device(args.device)
-    model, ckpt = common.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
+    device = machinery.get_device(args.device)
+    model, ckpt = machinery.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     dataset = ckpt.get("dataset") or args.dataset
     outdir = args.outdir or os.path.dirname(os.path.abspath(args.gradnorm))   # default: beside the checkpoint
-    args = settings(common.argparse.Namespace(**dict(vars(args), sigma=args.sigma or ckpt.get("sigma"),
+    args = settings(argparse.Namespace(**dict(vars(args), sigma=args.sigma or ckpt.get("sigma"),
                                                      dataset=dataset)))
     common.check(args.probe >= 1 and (args.N is None or args.N >= 1), "--probe and --N must be >= 1")
     train_set = common.get_dataset(dataset, "train", args.data_dir, train_transform=False)
@@ -702,9 +706,9 @@ def gradnorm_mode(args):
                                    args.trust_checkpoint)
     epoch = max(int(ckpt.get("epoch", args.epochs)), 1) - 1  # the loss of the checkpoint's last epoch
     loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)
-    path = os.path.join(common.make_outdir(outdir), f"gradnorm_{args.method}.tsv")
-    rows = common.measure_grad_norms(model, train_set, loss_fn, args.sigma, args.probe, args.N or 100, args.seed,
-                                     256, path, [args.gradnorm, args.catrs_target])
+    path = os.path.join(machinery.make_outdir(outdir), f"gradnorm_{args.method}.tsv")
+    rows = machinery.measure_grad_norms(model, train_set, loss_fn, args.sigma, args.probe, args.N or 100, args.seed,
+                                        256, path, [args.gradnorm, args.catrs_target])
     print(f"wrote {len(rows['idx'])} gradient norms ({args.method} loss, epoch {epoch}) to {path}")
 
 
@@ -723,24 +727,24 @@ def lr_factor(optimizer, factor):
 
 def check_resume_method(outdir, method, trust=False):
     """--resume must continue a run of the same method (start_or_resume checks arch, dataset and sigma)."""
-    path = os.path.join(outdir, common.CHECKPOINT)
+    path = os.path.join(outdir, machinery.CHECKPOINT)
     if os.path.isfile(path):
-        previous = (common.load_checkpoint(path, trust=trust).get("args") or {}).get("method")
+        previous = (machinery.load_checkpoint(path, trust=trust).get("args") or {}).get("method")
         common.check(previous in (None, method), f"--resume: {outdir!r} holds a {previous} run, not {method}; "
                                                  f"use the same --method or another --outdir")
 
 
 def train(args, device):
     """The method's training for args.epochs epochs in args.outdir, resuming a run there with --resume."""
-    common.check_precision(args.amp or "fp32", device)
-    common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
+    machinery.check_precision(args.amp or "fp32", device)
+    machinery.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     target = None
     if args.method == "catrs":
         target = load_catrs_target(args.catrs_target, args.dataset, len(train_set), common.NUM_CLASSES[args.dataset],
                                    args.trust_checkpoint)
-    test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
-    loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
+    test_loader = machinery.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
+    loaders = machinery.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
@@ -748,43 +752,43 @@ def train(args, device):
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     if args.resume:
         check_resume_method(args.outdir, args.method, args.trust_checkpoint)
-    first, _ = common.start_or_resume(model, optimizer, scheduler, args.outdir, args.resume,
-                                      {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma},
-                                      args.trust_checkpoint, vars(args))
-    model = common.wrap_model(model, device, args.sync_bn)
-    if common.is_main_process():
-        common.write_json({**vars(args), "environment": common.environment()}, os.path.join(args.outdir, "args.json"),
-                          "settings of a run")
+    first, _ = machinery.start_or_resume(model, optimizer, scheduler, args.outdir, args.resume,
+                                         {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma},
+                                         args.trust_checkpoint, vars(args))
+    model = machinery.wrap_model(model, device, args.sync_bn)
+    if machinery.is_main_process():
+        machinery.write_json({**vars(args), "environment": machinery.environment()}, os.path.join(args.outdir, "args.json"),
+                             "settings of a run")
         if args.note:
             print(f"note: {args.note} hyper-parameters (override them with flags)")
         print(f"training {args.arch} with {args.method} on {args.dataset}, sigma {args.sigma}, m {args.m}, "
               f"batch {args.batch}; writing {args.outdir}")
-    log, run_start = common.open_train_log(args.outdir, first), time.time()
+    log, run_start = machinery.open_train_log(args.outdir, first), time.time()
     chunks = args.m if CHUNKED[args.method] else 1
     for epoch in range(first, args.epochs):
         start = time.time()
-        common.seed_epoch(args.seed, epoch)
+        machinery.seed_epoch(args.seed, epoch)
         loader = loaders.epoch(epoch)
         loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)  # warm-ups need the epoch
         with lr_factor(optimizer, 0.1 if epoch == args.lr_drop else 1.0):  # CAT-RS ImageNet's one-epoch drop
             lr = optimizer.param_groups[0]["lr"]
             row = common.train_epoch(model, loader, optimizer, loss_fn, chunks, device,
-                                     common.progress_line(f"epoch {epoch + 1}"), args.max_batches,
+                                     machinery.progress_line(f"epoch {epoch + 1}"), args.max_batches,
                                      precision=args.amp or "fp32")
-        if common.is_main_process():
+        if machinery.is_main_process():
             row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
-                                             common.eval_generator(args.seed, epoch, device)))
+                                             machinery.eval_generator(args.seed, epoch, device)))
         scheduler.step()
         # the log row first: a kill before the checkpoint leaves a row that the resume drops and redoes
-        common.log_epoch(log, epoch, args.epochs, run_start, first,
-                         dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
-        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
-                                        save_every=args.save_every)
+        machinery.log_epoch(log, epoch, args.epochs, run_start, first,
+                            dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
+        machinery.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
+                                           save_every=args.save_every)
 
 
 def main():
     args = parse_args()
-    common.set_inputs([args.gradnorm, args.catrs_target, args.checkpoint])   # files this run reads: never written over
+    machinery.set_inputs([args.gradnorm, args.catrs_target, args.checkpoint])   # files this run reads: never written over
     if args.make_catrs_target:
         return make_target_mode(args)
     if args.gradnorm:
@@ -792,12 +796,12 @@ def main():
     args = settings(args)
     if args.method == "catrs":   # before the run folder is made
         check_catrs_target_path(args.catrs_target)
-    args.run = common.run_identity('train_baselines.py', args.dataset, args.data_dir)   # checked on --resume
-    device = common.setup_distributed(args.device)
-    with common.run_folder_lock(args.outdir):   # one run per folder
+    args.run = machinery.run_identity('train_baselines.py', args.dataset, args.data_dir)   # checked on --resume
+    device = machinery.setup_distributed(args.device)
+    with machinery.run_folder_lock(args.outdir):   # one run per folder
         train(args, device)
-    common.end_distributed()
+    machinery.end_distributed()
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

@@ -15,20 +15,22 @@ CIFAR-10, the paper's schedule (150 epochs, lr 0.1, x0.1 every 50), into runs/tr
 Gradient norms of Table 2 (TSV idx label pA grad_norm, written beside the checkpoint):
     python train_gaussian.py --gradnorm runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --probe 200
 """
+import argparse
 import os
 import time
 
 import torch
 
 import common
-for module in (common,):   # a student's own common.py earlier on sys.path is not ours
+import machinery
+for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
                           f"on sys.path; rename it or put this project's folder first")
 
 
 def parse_args():
-    p = common.ArgumentParser(description=__doc__, formatter_class=common.argparse.RawDescriptionHelpFormatter)
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="cifar10", choices=common.DATASETS, help="training data (default cifar10)")
     p.add_argument("--data-dir", default=None, help="dataset folder (default $RS_DATA_DIR or ./data)")
     p.add_argument("--arch", choices=common.ARCHS, help="base classifier f (default: cifar_resnet110 on "
@@ -73,93 +75,93 @@ def settings(args):
     common.check(args.m >= 1, f"--m must be >= 1, got {args.m}")
     s = dict(vars(args))
     s["arch"] = args.arch or common.DEFAULT_ARCH[args.dataset]
-    s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[args.dataset]["epochs"]
-    s["lr_step"] = args.lr_step or common.SCHEDULE[args.dataset]["lr_step"]
+    s["epochs"] = args.epochs if args.epochs is not None else machinery.SCHEDULE[args.dataset]["epochs"]
+    s["lr_step"] = args.lr_step or machinery.SCHEDULE[args.dataset]["lr_step"]
     s["outdir"] = args.outdir or f"runs/train_gaussian_{args.dataset}_sigma{args.sigma}"
     common.check(s["epochs"] >= 0 and args.workers >= 0 and args.batch >= 1 and s["lr_step"] >= 1,
                  "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")
     common.check(all(e >= 1 for e in args.lr_milestones or []), "--lr_milestones must be epochs >= 1")
-    common.check_training_settings(s)
-    return common.argparse.Namespace(**s)
+    machinery.check_training_settings(s)
+    return argparse.Namespace(**s)
 
 
 def gradnorm_mode(args):
     """Table 2: gradient norm of the Gaussian loss of each probe example, with the example's pA."""
-    device = common.get_device(args.device)
-    model, ckpt = common.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
+    device = machinery.get_device(args.device)
+    model, ckpt = machinery.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     sigma = args.sigma or ckpt.get("sigma")
     common.check(sigma is not None and sigma > 0, "--gradnorm: the checkpoint names no sigma; pass --sigma > 0")
     common.check(args.m >= 1 and args.probe >= 1 and args.N >= 1, "--m, --probe and --N must be >= 1")
     dataset = ckpt.get("dataset") or args.dataset
     train_set = common.get_dataset(dataset, "train", args.data_dir, train_transform=False)
-    path = os.path.join(common.make_outdir(args.outdir or os.path.dirname(os.path.abspath(args.gradnorm))),
+    path = os.path.join(machinery.make_outdir(args.outdir or os.path.dirname(os.path.abspath(args.gradnorm))),
                         "gradnorm_gaussian.tsv")
 
     def loss_fn(f, x, y, idx):
         return common.gaussian_loss(f, x, y, sigma, args.m)
 
-    rows = common.measure_grad_norms(model, train_set, loss_fn, sigma, args.probe, args.N, args.seed, 256, path,
-                                     [args.gradnorm])
+    rows = machinery.measure_grad_norms(model, train_set, loss_fn, sigma, args.probe, args.N, args.seed, 256, path,
+                                        [args.gradnorm])
     print(f"wrote {len(rows['idx'])} gradient norms to {path}")
 
 
 def train(args, device):
     """Gaussian training (eq. 1) for args.epochs epochs in args.outdir, resuming a run there with --resume."""
-    common.check_precision(args.amp or "fp32", device)
-    common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
+    machinery.check_precision(args.amp or "fp32", device)
+    machinery.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_set = common.get_dataset(args.dataset, "test", args.data_dir)
-    test_loader = common.make_test_loader(test_set, 256, args.workers)
-    loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
+    test_loader = machinery.make_test_loader(test_set, 256, args.workers)
+    loaders = machinery.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
-    first, _ = common.start_or_resume(model, optimizer, scheduler, args.outdir,
-                                      args.resume, expect, args.trust_checkpoint, vars(args))
-    model = common.wrap_model(model, device, args.sync_bn)
-    if common.is_main_process():
-        common.write_json({**vars(args), "environment": common.environment()}, os.path.join(args.outdir, "args.json"),
-                          "settings of a run")
+    first, _ = machinery.start_or_resume(model, optimizer, scheduler, args.outdir,
+                                         args.resume, expect, args.trust_checkpoint, vars(args))
+    model = machinery.wrap_model(model, device, args.sync_bn)
+    if machinery.is_main_process():
+        machinery.write_json({**vars(args), "environment": machinery.environment()}, os.path.join(args.outdir, "args.json"),
+                             "settings of a run")
         print(f"training {args.arch} on {args.dataset}, sigma {args.sigma}, m {args.m}; writing {args.outdir}")
-    log, run_start = common.open_train_log(args.outdir, first), time.time()
+    log, run_start = machinery.open_train_log(args.outdir, first), time.time()
 
     def loss_fn(f, x, y, idx):  # eq. 1: mean cross-entropy over m noisy copies
         return common.gaussian_loss(f, x, y, args.sigma, args.m)
 
     for epoch in range(first, args.epochs):
         start = time.time()
-        common.seed_epoch(args.seed, epoch)
+        machinery.seed_epoch(args.seed, epoch)
         loader = loaders.epoch(epoch)
         lr = optimizer.param_groups[0]["lr"]
         row = common.train_epoch(model, loader, optimizer, loss_fn, args.m, device,
-                                 common.progress_line(f"epoch {epoch + 1}"), args.max_batches,
+                                 machinery.progress_line(f"epoch {epoch + 1}"), args.max_batches,
                                  precision=args.amp or "fp32")
-        if common.is_main_process():
+        if machinery.is_main_process():
             row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
-                                             common.eval_generator(args.seed, epoch, device)))
+                                             machinery.eval_generator(args.seed, epoch, device)))
         scheduler.step()
         # the log row first: a kill before the checkpoint leaves a row that the resume drops and redoes
-        common.log_epoch(log, epoch, args.epochs, run_start, first,
-                         dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
-        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
-                                        save_every=args.save_every)
+        machinery.log_epoch(log, epoch, args.epochs, run_start, first,
+                            dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))
+        machinery.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
+                                           save_every=args.save_every)
 
 
 def main():
     args = parse_args()
-    common.set_inputs([args.gradnorm])   # files this run reads: never written over
+    machinery.set_inputs([args.gradnorm])   # files this run reads: never written over
     if args.gradnorm:
         return gradnorm_mode(args)
     args = settings(args)
-    args.run = common.run_identity('train_gaussian.py', args.dataset, args.data_dir)   # checked on --resume
-    device = common.setup_distributed(args.device)
-    with common.run_folder_lock(args.outdir):   # one run per folder
+    args.run = machinery.run_identity('train_gaussian.py', args.dataset, args.data_dir)   # checked on --resume
+    device = machinery.setup_distributed(args.device)
+    with machinery.run_folder_lock(args.outdir):   # one run per folder
         train(args, device)
-    common.end_distributed()
+    machinery.end_distributed()
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

@@ -25,6 +25,7 @@ Table 5 (ablation), the eight rows for sigma 0.5 on CIFAR-10 (add --data-dir):
 Gradient norms with and without the attack (Table 2, Fig. 5; TSV idx label pA grad_norm beside CKPT):
     python train_ours.py --gradnorm runs/train_ours_cifar10_sigma0.5/checkpoint.pth.tar --probe 1000
 """
+import argparse
 import os
 import sys
 import time
@@ -35,7 +36,8 @@ import torch.nn.functional as F
 from scipy.stats import norm
 
 import common
-for module in (common,):   # a student's own common.py earlier on sys.path is not ours
+import machinery
+for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
                           f"on sys.path; rename it or put this project's folder first")
@@ -53,7 +55,7 @@ PRESETS = {
 
 
 def parse_args():
-    p = common.ArgumentParser(description=__doc__, formatter_class=common.argparse.RawDescriptionHelpFormatter)
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="cifar10", choices=common.DATASETS, help="training data (default cifar10)")
     p.add_argument("--data-dir", default=None, help="dataset folder (default $RS_DATA_DIR or ./data)")
     p.add_argument("--arch", choices=common.ARCHS, help="base classifier f (default: cifar_resnet110 on "
@@ -66,9 +68,9 @@ def parse_args():
     p.add_argument("--eps", type=float, help="step size of one attack step (not a radius: norms are kept)")
     p.add_argument("--attack", default="l2", choices=("l2", "linf"), help="attack step: normalised gradient "
                    "(l2) or sign / sqrt(d) (linf), App. C.3")
-    p.add_argument("--discard", action=common.argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--discard", action=argparse.BooleanOptionalAction, default=True,
                    help="§5.1 discard hard data at Et (--no-discard: keep all, every part starts at epoch 0)")
-    p.add_argument("--reweight", action=common.argparse.BooleanOptionalAction,
+    p.add_argument("--reweight", action=argparse.BooleanOptionalAction,
                    help="§5.2 reweight by certified radius (default: on for cifar10/digits, off for imagenet)")
     p.add_argument("--N", type=int, help="noise samples of the discard pA estimate (100; imagenet 50)")
     p.add_argument("--pA-checkpoint", help="estimate the discard pA with this model (imagenet: a "
@@ -126,15 +128,15 @@ def settings(args, sigma, dataset):
     s["reweight"] = dataset != "imagenet" if args.reweight is None else args.reweight
     s["N"] = args.N or (50 if dataset == "imagenet" else 100)
     s["arch"] = args.arch or common.DEFAULT_ARCH[dataset]
-    s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[dataset]["epochs"]
-    s["lr_step"] = args.lr_step or common.SCHEDULE[dataset]["lr_step"]
+    s["epochs"] = args.epochs if args.epochs is not None else machinery.SCHEDULE[dataset]["epochs"]
+    s["lr_step"] = args.lr_step or machinery.SCHEDULE[dataset]["lr_step"]
     s["outdir"] = args.outdir or f"runs/train_ours_{dataset}_sigma{sigma}"
     check_settings(s)
-    return common.argparse.Namespace(**s)
+    return argparse.Namespace(**s)
 
 
 def check_settings(s):
-    """Bad input is one line and exit code 2 (common.run), before anything is written."""
+    """Bad input is one line and exit code 2 (machinery.run), before anything is written."""
     common.check(s["m"] >= 1, f"--m must be >= 1, got {s['m']}")
     common.check(0 <= s["pt"] <= 1, f"--pt must lie in [0, 1], got {s['pt']}")
     common.check(s["T"] >= 0, f"--T must be >= 0 (0 switches the attack off), got {s['T']}")
@@ -146,7 +148,7 @@ def check_settings(s):
     common.check(s["epochs"] >= 0 and s["workers"] >= 0 and s["batch"] >= 1 and s["lr_step"] >= 1,
                  "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")
     common.check(all(e >= 1 for e in s["lr_milestones"] or []), "--lr_milestones must be epochs >= 1")
-    common.check_training_settings(s)
+    machinery.check_training_settings(s)
     common.check(s["pA_checkpoint"] is None or os.path.isfile(s["pA_checkpoint"]),
                  f"--pA-checkpoint {s['pA_checkpoint']!r} not found")
     common.check(s["gradnorm"] or not (s["dataset"] == "imagenet" and s["discard"] and s["Et"] == 0
@@ -169,29 +171,42 @@ def ours_loss(model, x, y, sigma, m, T, eps, attack):
     return {"loss": loss, "correct": (logits.argmax(1) == targets).sum(), "total": len(targets)}
 
 
-def estimate_counts(model, dataset, indices, sigma, n, batch, path):
-    """Alg. 2 pA estimate: true-label votes among n noisy copies of each example; TSV `idx label count n`."""
-    counts, labels = common.count_correct(model, dataset, indices, sigma, n, batch)
-    device = next(common.unwrap(model).parameters()).device
-    counts = common.broadcast(counts.to(device)).cpu()  # under torchrun every rank keeps rank 0's estimate
-    if common.is_main_process():
-        log = common.TSVLog(path, common.PA_COLUMNS, "pA estimates")
+def discard_hard(model, dataset, sigma, N, pt, batch=1024):
+    """§5.1: estimate pA of every example of `dataset` as the share of N noisy copies the model labels correctly
+    (common.count_correct: an empirical frequency, not a bound) and keep those with pA >= pt.
+    Returns (the kept indices, int64 counts of every example, their labels), all on the CPU."""
+    counts, labels = common.count_correct(model, dataset, torch.arange(len(dataset)), sigma, N, batch)
+    return keep_easy(counts, N, pt), counts, labels
+
+
+def keep_easy(counts, N, pt):
+    """The indices whose estimated pA = counts / N is at least pt (§5.1)."""
+    return torch.arange(len(counts))[counts.double() / N >= pt]
+
+
+def shared_counts(counts, labels, indices, n, path, device):
+    """Rank 0's pA counts on every rank under torchrun (their noise differs), kept in the TSV `path`
+    (idx label count n) by rank 0: what train() does around discard_hard and the reweighting estimate."""
+    counts = machinery.broadcast(counts.to(device)).cpu()
+    if machinery.is_main_process():
+        log = machinery.TSVLog(path, common.PA_COLUMNS, "pA estimates")
         for i, label, c in zip(torch.as_tensor(indices).tolist(), labels.tolist(), counts.tolist()):
             log.row(idx=i, label=label, count=c, n=n)
         log.close()
     return counts
 
 
-def discard_hard(model, dataset, sigma, N, pt, outdir, epoch):
-    """§5.1: keep the training examples whose estimated pA = count / N is at least pt; returns their indices."""
-    everything = torch.arange(len(dataset))
-    path = os.path.join(outdir, f"pA_epoch{epoch}_discard.tsv")
-    counts = estimate_counts(model, dataset, everything, sigma, N, 1024, path)
-    kept = everything[counts.double() / N >= pt]
-    if common.is_main_process():
+def discard_step(model, dataset, args, epoch, device):
+    """Alg. 2 at epoch Et: discard_hard, then rank 0's decision on every rank, its pA TSV, discard.json and a
+    line on the terminal. Returns the kept indices."""
+    _, counts, labels = discard_hard(model, dataset, args.sigma, args.N, args.pt)
+    counts = shared_counts(counts, labels, torch.arange(len(dataset)), args.N,
+                           os.path.join(args.outdir, f"pA_epoch{epoch}_discard.tsv"), device)
+    kept = keep_easy(counts, args.N, args.pt)
+    if machinery.is_main_process():
         ratio = len(kept) / len(dataset)
-        common.write_json({"epoch": epoch, "pt": pt, "N": N, "kept": len(kept), "total": len(dataset),
-                           "ratio": ratio}, os.path.join(outdir, "discard.json"), "discard summary")
+        machinery.write_json({"epoch": epoch, "pt": args.pt, "N": args.N, "kept": len(kept), "total": len(dataset),
+                              "ratio": ratio}, os.path.join(args.outdir, "discard.json"), "discard summary")
         print(f"epoch {epoch}: discarded hard data, kept {len(kept)} of {len(dataset)} ({100 * ratio:.1f} %)")
     return kept
 
@@ -218,59 +233,60 @@ def radius_weights(counts, N, alpha, p_min, formula="code"):
 
 def gradnorm_mode(args):
     """Table 2 / Fig. 5: gradient norm of our loss per probe example, with the attack and without (T = 0)."""
-    device = common.get_device(args.device)
-    model, ckpt = common.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
+    device = machinery.get_device(args.device)
+    model, ckpt = machinery.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     s = settings(args, args.sigma or ckpt.get("sigma"), ckpt.get("dataset") or args.dataset)
     common.check(args.probe >= 1, "--probe must be >= 1")
     train_set = common.get_dataset(s.dataset, "train", s.data_dir, train_transform=False)
-    outdir = common.make_outdir(args.outdir or os.path.dirname(os.path.abspath(args.gradnorm)))
+    outdir = machinery.make_outdir(args.outdir or os.path.dirname(os.path.abspath(args.gradnorm)))
     for T, name in ((s.T, "attack"), (0, "noattack")):
         def loss_fn(f, x, y, idx):
             return ours_loss(f, x, y, s.sigma, s.m, T, s.eps, s.attack)
         path = os.path.join(outdir, f"gradnorm_ours_{name}.tsv")
-        common.measure_grad_norms(model, train_set, loss_fn, s.sigma, s.probe, s.N, s.seed, 256, path, [args.gradnorm])
+        machinery.measure_grad_norms(model, train_set, loss_fn, s.sigma, s.probe, s.N, s.seed, 256, path, [args.gradnorm])
         print(f"wrote gradient norms (T = {T}) of {s.probe} probe examples to {path}")
 
 
 def train(args, device):
     """Algorithm 2 for args.epochs epochs in args.outdir, resuming a run there with --resume."""
-    common.check_precision(args.amp or "fp32", device)
-    common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
+    machinery.check_precision(args.amp or "fp32", device)
+    machinery.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_set = common.get_dataset(args.dataset, "test", args.data_dir)
-    test_loader = common.make_test_loader(test_set, 256, args.workers)
-    loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
+    test_loader = machinery.make_test_loader(test_set, 256, args.workers)
+    loaders = machinery.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
-    first, state = common.start_or_resume(model, optimizer, scheduler, args.outdir,
-                                          args.resume, expect, args.trust_checkpoint, vars(args))
+    first, state = machinery.start_or_resume(model, optimizer, scheduler, args.outdir,
+                                             args.resume, expect, args.trust_checkpoint, vars(args))
     kept = state.get("kept", torch.arange(len(train_set))).cpu()   # D', all of D until the discard
     weights = state.get("weights")                                   # §5.2 sampling weights over kept
     weights = None if weights is None else weights.cpu()             # None: uniform
-    model = common.wrap_model(model, device, args.sync_bn)
+    model = machinery.wrap_model(model, device, args.sync_bn)
     start = args.Et if args.discard else 0   # without discarding every part starts at epoch 0 (official code)
-    if common.is_main_process():
-        common.write_json({**vars(args), "environment": common.environment()}, os.path.join(args.outdir, "args.json"),
-                          "settings of a run")
+    if machinery.is_main_process():
+        machinery.write_json({**vars(args), "environment": machinery.environment()}, os.path.join(args.outdir, "args.json"),
+                             "settings of a run")
         print(f"training {args.arch} on {args.dataset}, sigma {args.sigma}, m {args.m}, discard {args.discard} "
               f"(Et {start}, pt {args.pt}), reweight {args.reweight}, attack T {args.T} eps {args.eps} "
               f"{args.attack}; writing {args.outdir}")
-    log, run_start = common.open_train_log(args.outdir, first), time.time()
+    log, run_start = machinery.open_train_log(args.outdir, first), time.time()
     for epoch in range(first, args.epochs):
         t0 = time.time()
-        common.seed_epoch(args.seed, epoch)
+        machinery.seed_epoch(args.seed, epoch)
         if args.discard and epoch == start:                                             # Alg. 2: epoch == Et
-            pA_model = (common.load_model(args.pA_checkpoint, device=device, trust=args.trust_checkpoint)[0]
+            pA_model = (machinery.load_model(args.pA_checkpoint, device=device, trust=args.trust_checkpoint)[0]
                         if args.pA_checkpoint else model)
-            kept = discard_hard(pA_model, train_set, args.sigma, args.N, args.pt, args.outdir, epoch)
+            kept = discard_step(pA_model, train_set, args, epoch, device)
             weights = None
         if args.reweight and epoch >= start and (epoch - start) % args.reweight_every == 0:  # Et, Et + 10, ...
-            counts = estimate_counts(model, train_set, kept, args.sigma, args.N_weight, 1024,
-                                     os.path.join(args.outdir, f"pA_epoch{epoch}_weights.tsv"))
+            counts, labels = common.count_correct(model, train_set, kept, args.sigma, args.N_weight, 1024)
+            counts = shared_counts(counts, labels, kept, args.N_weight,
+                                   os.path.join(args.outdir, f"pA_epoch{epoch}_weights.tsv"), device)
             weights = radius_weights(counts, args.N_weight, args.alpha, args.p_min, args.weights)
         late = epoch >= start   # from Et on: |D| draws with replacement from D', and the attack
         loader = loaders.epoch(epoch, indices=kept if late else None, weights=weights if late else None)
@@ -281,31 +297,31 @@ def train(args, device):
 
         lr = optimizer.param_groups[0]["lr"]
         row = common.train_epoch(model, loader, optimizer, loss_fn, args.m, device,
-                                 common.progress_line(f"epoch {epoch + 1}"), args.max_batches,
+                                 machinery.progress_line(f"epoch {epoch + 1}"), args.max_batches,
                                  precision=args.amp or "fp32")
-        if common.is_main_process():
+        if machinery.is_main_process():
             row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
-                                             common.eval_generator(args.seed, epoch, device)))
+                                             machinery.eval_generator(args.seed, epoch, device)))
         scheduler.step()
         # the log row first: a kill before the checkpoint leaves a row that the resume drops and redoes
-        common.log_epoch(log, epoch, args.epochs, run_start, first,
-                         dict(row, time=time.time() - t0, lr=lr, kept=len(kept) if late else len(train_set)))
-        common.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
-                                        {"kept": kept, "weights": weights}, args.save_every)
+        machinery.log_epoch(log, epoch, args.epochs, run_start, first,
+                            dict(row, time=time.time() - t0, lr=lr, kept=len(kept) if late else len(train_set)))
+        machinery.save_training_checkpoint(args.outdir, model, optimizer, scheduler, epoch + 1, args,
+                                           {"kept": kept, "weights": weights}, args.save_every)
 
 
 def main():
     args = parse_args()
-    common.set_inputs([args.gradnorm, args.pA_checkpoint])   # files this run reads: never written over
+    machinery.set_inputs([args.gradnorm, args.pA_checkpoint])   # files this run reads: never written over
     if args.gradnorm:
         return gradnorm_mode(args)
     args = settings(args, args.sigma, args.dataset)
-    args.run = common.run_identity('train_ours.py', args.dataset, args.data_dir)   # checked on --resume
-    device = common.setup_distributed(args.device)
-    with common.run_folder_lock(args.outdir):   # one run per folder
+    args.run = machinery.run_identity('train_ours.py', args.dataset, args.data_dir)   # checked on --resume
+    device = machinery.setup_distributed(args.device)
+    with machinery.run_folder_lock(args.outdir):   # one run per folder
         train(args, device)
-    common.end_distributed()
+    machinery.end_distributed()
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import certify  # noqa: E402
 import common  # noqa: E402
+import machinery  # noqa: E402
 
 BETAS = (0.0, 0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
@@ -137,7 +138,7 @@ def seq_levels(args):
 
 
 def main(argv=None):
-    p = common.ArgumentParser(description=__doc__.split("\n")[0])
+    p = machinery.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("log", help="a CERTIFY log at a large N (its nA / N is taken as the true pA of cA)")
     p.add_argument("--radii", type=float, nargs="+", required=True, help="the grid, as certify.py --radii")
     p.add_argument("--N", type=int, default=100_000, help="the grid's budget N_max (default 100,000)")
@@ -160,18 +161,18 @@ def main(argv=None):
         md = draws_at(args.at_pA, args.radii, sigma, args.N, args.N0, args.batch, args.alpha, args.reps, args.seed)
         print(md)
         if args.out:
-            common.write_text_output(os.path.join(args.out, "draws_at_pA.md"), "beta curve", md)
+            machinery.write_text_output(os.path.join(args.out, "draws_at_pA.md"), "beta curve", md)
         return
     if args.seq_levels:
         common.check(all(0 < f <= 10 for f in args.seq_levels), "--seq-levels values must lie in (0, 10]")
         md = seq_levels(args)
         print(md)
         if args.out:
-            common.write_text_output(os.path.join(args.out, "seq_level.md"), "beta curve", md)
+            machinery.write_text_output(os.path.join(args.out, "seq_level.md"), "beta curve", md)
         return
     common.check(args.N >= 1 and args.batch >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
                  "--N, --batch and --reps must be >= 1 and --alpha in (0, 1)")
-    common.set_inputs([args.log, args.log + ".json"])
+    machinery.set_inputs([args.log, args.log + ".json"])
     log = common.read_certification_log(args.log)
     common.check("nA" in log and not log["grid"], f"{args.log}: needs a CERTIFY log with nA and N columns")
     sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
@@ -196,8 +197,8 @@ def main(argv=None):
                   + " |\n" for r in rows))
     print(md)
     if args.out:
-        common.write_text_output(os.path.join(args.out, "beta_curve.tsv"), "beta curve", tsv)
-        common.write_text_output(os.path.join(args.out, "beta_curve.md"), "beta curve", md)
+        machinery.write_text_output(os.path.join(args.out, "beta_curve.tsv"), "beta curve", tsv)
+        machinery.write_text_output(os.path.join(args.out, "beta_curve.md"), "beta curve", md)
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -208,10 +209,10 @@ def main(argv=None):
         ax.set(xlabel="certified accuracy lost (points, worst radius)", ylabel="x fewer evaluations than CERTIFY",
                title=f"beta of --radii (sigma {sigma:g})")
         ax.grid(alpha=0.3)
-        common.write_output(os.path.join(args.out, "beta_curve.png"), "beta curve",
-                            lambda f: fig.savefig(f, format="png", dpi=150))
+        machinery.write_output(os.path.join(args.out, "beta_curve.png"), "beta curve",
+                               lambda f: fig.savefig(f, format="png", dpi=150))
         print(f"wrote {args.out}/beta_curve.tsv, .md, .png")
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

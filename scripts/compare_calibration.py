@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 from scipy.special import expit, logit
-from scipy.stats import beta as beta_dist, binom
+from scipy.stats import binom
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import analyze  # noqa: E402
-import common  # noqa: E402
+import machinery  # noqa: E402
 
 ALPHA, SIGMA, RADII, LEVEL = 0.001, 0.5, [0.25, 0.5, 0.75, 1.0, 1.5], 0.95
 P0 = {   # the distribution of p0 (pA before the shifts)
@@ -138,7 +138,7 @@ def one_run(spec, z, rng, s, images):
     idx_b = idx_a if paired else idx_a + n
     side_a = [certify_log(pA_of(p0a, 0.0, tau, omega, rng), N, counts, rng, z, idx_a, f"a{j}") for j in range(k)]
     side_b = [certify_log(pA_of(p0b, s, tau, omega, rng), N, counts, rng, z, idx_b, f"b{j}") for j in range(k)]
-    rows, _ = analyze.compare_sides(side_a, side_b, RADII, LEVEL, over)
+    rows, _ = analyze.compare_sides(side_a, side_b, RADII, LEVEL, None if over == "images" else analyze.test_set_votes())
     return {m: (lo, hi, v) for m, _, _, _, lo, hi, v in rows}
 
 
@@ -247,7 +247,7 @@ def main(argv=None):
     command = "python scripts/compare_calibration.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     text, holds = calibration_report(results, command, time.time() - start, args.jobs)
     if args.out:
-        common.write_text_output(os.path.join(args.out, "report.md"), "compare calibration", text)
+        machinery.write_text_output(os.path.join(args.out, "report.md"), "compare calibration", text)
     print(text)
     return 0 if holds else 1
 

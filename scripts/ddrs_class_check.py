@@ -14,21 +14,22 @@ from scipy.stats import binomtest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import common  # noqa: E402
+import machinery  # noqa: E402
 import ddrs  # noqa: E402
 
 REF_DRAWS = 10_000
 
 
 def main(argv=None):
-    p = common.ArgumentParser(description=__doc__)
+    p = machinery.ArgumentParser(description=__doc__)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data-dir")
     p.add_argument("--skip", type=int, default=1, help="every skip-th test image")
     p.add_argument("--seed", type=int, default=0, help="ddrs.py certify's --seed (its optimisation noise)")
     p.add_argument("--out", required=True, help="a Markdown file")
     args = p.parse_args(argv)
-    common.set_inputs([args.checkpoint])
-    model, ckpt = common.load_model(args.checkpoint)
+    machinery.set_inputs([args.checkpoint])
+    model, ckpt = machinery.load_model(args.checkpoint)
     sigma, name = float(ckpt["sigma"]), ckpt["dataset"]
     test = common.get_dataset(name, "test", args.data_dir, train_transform=False)
     k = common.NUM_CLASSES[name]
@@ -52,9 +53,9 @@ def main(argv=None):
             f"sigma_x is optimised for differs from the smoothed prediction at sigma_0 ({REF_DRAWS:,} draws; "
             f"{undecided} of them near a tie, not decided at 0.01) on {before} images with the first step's "
             f"draw (before) and {after} with ddrs.smoothed_class (after).\n")
-    common.write_text_output(args.out, "DDRS class check", text, [args.checkpoint])
+    machinery.write_text_output(args.out, "DDRS class check", text, [args.checkpoint])
     print(text, end="")
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import analyze  # noqa: E402
-import common  # noqa: E402
+import machinery  # noqa: E402
 
 LOW_P_MAX = 0.75                      # "low pA": p in [0.5, 0.75] (App. B.3: Gaussian is best up to ~0.65-0.75)
 PMAX = 0.99                           # dominance on p in [0.5, 0.99], as `analyze.py ecdf` by default
@@ -29,7 +29,7 @@ FILES = ["table.md", "certified_accuracy.png", "envelope.md", "envelope.png", "e
 
 
 def parse_args(argv=None):
-    p = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("logs", nargs="+", help="certification TSVs named <method>_sigma<S>.tsv (certify.py's)")
     p.add_argument("--out", required=True, help="folder for analyze.py's tables and figures and report.md")
     p.add_argument("--reference", default="gaussian", help="label every other method is compared with")
@@ -146,7 +146,7 @@ def report(logs, reference, claim_label, seconds):
         "# Demo: ACR against the distribution of pA on 8x8 digits", "",
         f"{len(stats)} models, each certified on {stats[0]['n']} test digits with CERTIFY at N = {N:,}, "
         f"α = {alpha:g} (the paper: N = 100,000 on CIFAR-10 and ImageNet).{took}", "",
-        "Made with: " + (common.environment_line(env) if isinstance(env, dict) else
+        "Made with: " + (machinery.environment_line(env) if isinstance(env, dict) else
                          "not recorded (the logs' sidecars predate the record)") + ".", "",
         verdict(claim, claim_ref, claim_cmp), "",
         "ACR, clean accuracy (certified accuracy at r = 0), the share of hard inputs P(pA < 0.5) over all test "
@@ -177,10 +177,10 @@ def main(argv=None):
     analyze_logs(logs, args.out)
     text = report(logs, args.reference, args.claim, args.seconds)
     path = os.path.join(args.out, "report.md")
-    common.write_text_output(path, "demo report", text, inputs=args.logs)
+    machinery.write_text_output(path, "demo report", text, inputs=args.logs)
     print(text)
     print(f"The report is {path}")
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

@@ -14,6 +14,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import analyze  # noqa: E402
 import common  # noqa: E402
+import machinery  # noqa: E402
 import demo_report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,14 +63,14 @@ def main(argv=None):
             f"digits at N = {args.N:,}; the verdict is the demo's (scripts/demo_report.py): ACR higher, P(pA ≥ "
             f"0.99) higher and hard inputs not helped, each beyond noise (95 % simultaneous intervals of "
             f"analyze.py compare, paired over the digits, ours − Gaussian).\n\nMade with: "
-            f"{common.environment_line()}.\n\n" +
+            f"{machinery.environment_line()}.\n\n" +
             analyze.markdown(["seed", "ACR", "P(pA ≥ 0.99), points", "clean accuracy, points", "P(pA < 0.5), points",
                               "headline"], rows) +
             f"\n\nThe headline stands for {stands} of {len(args.seeds)} seeds.\n")
     if args.out:
-        common.write_text_output(args.out, "demo seeds summary", text)
+        machinery.write_text_output(args.out, "demo seeds summary", text)
     print(text)
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

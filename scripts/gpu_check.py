@@ -32,6 +32,7 @@ sys.path.insert(0, ROOT)
 import bench  # noqa: E402
 import certify  # noqa: E402
 import common  # noqa: E402
+import machinery  # noqa: E402
 import train_ours  # noqa: E402
 
 PAPER_SECONDS_PER_IMAGE = 3.6    # the paper's CIFAR-10 logs, ResNet-110, N = 100,000
@@ -48,11 +49,11 @@ def parse_args():
 
 
 def device_line(device):
-    """One line: the GPU (or CPU), torch, CUDA and cuDNN versions, then the environment (common.environment)."""
+    """One line: the GPU (or CPU), torch, CUDA and cuDNN versions, then the environment (machinery.environment)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "CPU")
     return (f"device {name}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
             f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}; "
-            f"{common.environment_line()}")
+            f"{machinery.environment_line()}")
 
 
 def cuda_tests():
@@ -87,8 +88,8 @@ def certification(arch, dataset, N, images, test_size, device, use_compile=True)
     batch = bench.BATCH if dataset != "imagenet" else 250
 
     def ours(model, precision):
-        return lambda i: certify.certify(model, inputs[i], sigma, N0, N, 0.001, batch, classes,
-                                         common.example_generator(0, i, device), precision)
+        return lambda i: certify.certify(common.in_precision(model, precision), inputs[i], sigma, N0, N, 0.001,
+                                         batch, classes, common.example_generator(0, i, device))
 
     defaults, off, on = (False, True), (False, False), (True, True)   # (matmul, cudnn) TF32
     variants = {"textbook CERTIFY (fp32)": (lambda i: bench.textbook_certify(
@@ -147,7 +148,7 @@ def pass_or_fail(ok):
 
 def main():
     args = parse_args()
-    device = common.get_device(args.device)
+    device = machinery.get_device(args.device)
     start = time.time()
     print(device_line(device), flush=True)
     summary = [device_line(device)]
@@ -183,4 +184,4 @@ def main():
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

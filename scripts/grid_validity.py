@@ -25,7 +25,6 @@ rule promises that this happens with probability at most alpha. Four checks, wri
   python scripts/grid_validity.py --out results/grid_validity/report.md [--trials 40000] [--pipeline-trials 40000]
 """
 import importlib.util
-import math
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import certify  # noqa: E402
 import common  # noqa: E402
+import machinery  # noqa: E402
 
 SPEC = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
 beta_curve = importlib.util.module_from_spec(SPEC)
@@ -154,7 +154,7 @@ def holds(rows, alpha):
 
 
 def main(argv=None):
-    p = common.ArgumentParser(description=__doc__)
+    p = machinery.ArgumentParser(description=__doc__)
     p.add_argument("--out", required=True, help="a Markdown file")
     p.add_argument("--trials", type=int, default=40_000, help="vote-process runs per level and alpha")
     p.add_argument("--pipeline-trials", type=int, default=40_000, help="grid_certify_many runs per level and mode")
@@ -209,10 +209,10 @@ def main(argv=None):
                  f"(its exact column: the same computation for this rule's own thresholds, which the simulation matches).\n")
     parts.append(f"**{'All checks hold' if ok else 'A CHECK FAILED'}** ({time.time() - start:.0f} s).\n")
     text = "\n".join(parts)
-    common.write_text_output(args.out, "grid validity report", text)
+    machinery.write_text_output(args.out, "grid validity report", text)
     print(text)
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(common.run(main))
+    sys.exit(machinery.run(main))

@@ -83,10 +83,10 @@ need() {
 }
 
 # keep_log RUN_DIR FILE: copy a finished run's training log (log.tsv) beside the results it gave, through the
-# output guard (common.copy_training_log: never over a file this project did not write as such).
+# output guard (machinery.copy_training_log: never over a file this project did not write as such).
 keep_log() {
     if [ "$DRY_RUN" != 1 ]; then
-        "$PYTHON" -c 'import sys; sys.path.insert(0, sys.argv[3]); import common
-common.run(lambda: common.copy_training_log(sys.argv[1], sys.argv[2]))' "$1/log.tsv" "$2" "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+        "$PYTHON" -c 'import sys; sys.path.insert(0, sys.argv[3]); import machinery
+machinery.run(lambda: machinery.copy_training_log(sys.argv[1], sys.argv[2]))' "$1/log.tsv" "$2" "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     fi
 }

@@ -10,14 +10,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import common  # noqa: E402
+import machinery  # noqa: E402
 
 
 def main(argv=None):
-    p = common.ArgumentParser(description=__doc__)
+    p = machinery.ArgumentParser(description=__doc__)
     p.add_argument("logs", nargs="+", help="certification logs (Cohen's format: a time column)")
     p.add_argument("--out", required=True, help="a Markdown file")
     args = p.parse_args(argv)
-    common.set_inputs(args.logs)
+    machinery.set_inputs(args.logs)
     rows = ["| log | images | mean s | median s | total h |", "|---|---|---|---|---|"]
     for path in args.logs:
         cols = common.read_table(path, ("idx", "time"), ())
@@ -27,9 +28,9 @@ def main(argv=None):
         rows.append(f"| {path} | {len(seconds)} | {seconds.mean():.2f} | {np.median(seconds):.2f} | "
                     f"{seconds.sum() / 3600:.1f} |")
     text = "Seconds per image of certification (the logs' time column):\n\n" + "\n".join(rows) + "\n"
-    common.write_text_output(args.out, "seconds per image", text, args.logs)
+    machinery.write_text_output(args.out, "seconds per image", text, args.logs)
     print(text, end="")
 
 
 if __name__ == "__main__":
-    common.run(main)
+    machinery.run(main)

@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import machinery
 
 
 def train_digits_model(arch="lenet", sigma=0.25, steps=100, seed=0):
@@ -24,15 +25,15 @@ def train_digits_model(arch="lenet", sigma=0.25, steps=100, seed=0):
 def digits_checkpoint(path, arch="lenet", sigma=0.25, steps=100, seed=0):
     """A checkpoint file of train_digits_model at path (as our training scripts write them); returns path."""
     model = train_digits_model(arch, sigma, steps, seed)
-    common.save_checkpoint({"arch": arch, "dataset": "digits", "sigma": sigma, "state_dict": model.state_dict()},
-                           str(path))
+    machinery.save_checkpoint({"arch": arch, "dataset": "digits", "sigma": sigma, "state_dict": model.state_dict()},
+                              str(path))
     return str(path)
 
 
 def run_main(main, argv):
-    """main(argv) as its command line runs it (through common.run), in this process; returns the exit code."""
+    """main(argv) as its command line runs it (through machinery.run), in this process; returns the exit code."""
     try:
-        common.run(lambda: main([str(a) for a in argv]))
+        machinery.run(lambda: main([str(a) for a in argv]))
     except SystemExit as e:
         return e.code
     return 0

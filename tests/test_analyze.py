@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import norm
 
 import analyze
-import common
+import machinery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "..", "shared", "reference", "acr-weakness")
@@ -18,7 +18,7 @@ REFERENCE = os.path.join(ROOT, "..", "shared", "reference", "acr-weakness")
 def run_main(argv, capsys):
     """analyze's command line in-process: (exit code, stdout, stderr)."""
     try:
-        common.run(lambda: analyze.main(argv))
+        machinery.run(lambda: analyze.main(argv))
         code = 0
     except SystemExit as e:
         code = e.code

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import machinery
 import train_baselines as tb
 
 SIGMA = 0.5
@@ -332,10 +333,10 @@ def test_the_lr_drop_lasts_one_epoch_and_leaves_the_schedule_alone():
 
 
 def run_main(monkeypatch, *argv):
-    """Run train_baselines.main() as the command line would (through common.run); returns the exit code."""
+    """Run train_baselines.main() as the command line would (through machinery.run); returns the exit code."""
     monkeypatch.setattr(sys, "argv", ["train_baselines.py", *map(str, argv)])
     try:
-        common.run(tb.main)
+        machinery.run(tb.main)
     except SystemExit as e:
         return e.code
     return 0
@@ -346,8 +347,8 @@ def catrs_target(tmp_path_factory):
     """A CAT-RS target file from an (untrained) digits model, N = 30 votes per image."""
     folder = tmp_path_factory.mktemp("catrs")
     model = digits_model()
-    common.save_checkpoint({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25,
-                            "state_dict": model.state_dict()}, str(folder / "gauss.pth.tar"))
+    machinery.save_checkpoint({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25,
+                               "state_dict": model.state_dict()}, str(folder / "gauss.pth.tar"))
     mp = pytest.MonkeyPatch()
     try:
         assert run_main(mp, "--make-catrs-target", "--checkpoint", folder / "gauss.pth.tar", "--out",
@@ -364,8 +365,8 @@ def test_catrs_target_holds_the_monte_carlo_votes_of_the_checkpoint(catrs_target
     assert counts.shape == (len(train), 10) and (counts.sum(1) == 30).all()
     assert saved["N"] == 30 and saved["sigma"] == 0.25 and saved["dataset"] == "digits"
     assert not os.path.exists(str(catrs_target / "target.pt") + ".partial")
-    model, _ = common.load_model(str(catrs_target / "gauss.pth.tar"))   # redo the first 64 images by hand
-    common.seed_everything(common.epoch_seed(5, 0))
+    model, _ = machinery.load_model(str(catrs_target / "gauss.pth.tar"))   # redo the first 64 images by hand
+    machinery.seed_everything(machinery.epoch_seed(5, 0))
     expected = common.sample_counts(model, train.images[:64], 0.25, 30, 1024, 10)
     assert torch.equal(counts[:64], expected)
 
@@ -418,8 +419,8 @@ def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(monkey
     assert run_main(monkeypatch, *argv, "--epochs", 2, "--outdir", tmp_path / "whole") == 0
     assert run_main(monkeypatch, *argv, "--epochs", 1, "--outdir", tmp_path / "parts") == 0
     assert run_main(monkeypatch, *argv, "--epochs", 2, "--outdir", tmp_path / "parts", "--resume") == 0
-    a = common.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
-    b = common.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
+    a = machinery.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
+    b = machinery.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -16,6 +16,7 @@ from scipy.stats import beta, norm
 
 import certify
 import common
+import machinery
 from helpers import digits_checkpoint, run_main
 from torchrun_util import failure_report, run_torchrun
 
@@ -169,7 +170,7 @@ def test_cohen_cifar_checkpoints_load_strictly_and_certify_like_the_original(tmp
     sd = save_foreign(original, arch, tmp_path / "ck.pth.tar", wrap)
     assert "1.conv1.weight" in sd or "module.1.conv1.weight" in sd or "1.module.conv1.weight" in sd
     assert not any(k.startswith(("0.", "module.0.")) for k in sd)  # no saved normalisation tensors
-    model, ckpt = common.load_model(str(tmp_path / "ck.pth.tar"))
+    model, ckpt = machinery.load_model(str(tmp_path / "ck.pth.tar"))
     assert ckpt["arch"] == arch and not model.training
     for (name, p), q in zip(original.state_dict().items(), model.state_dict().values()):
         assert torch.equal(p, q), name
@@ -184,7 +185,7 @@ def test_cohen_imagenet_resnet50_checkpoint_loads_strictly(tmp_path):
     original = common.get_architecture("resnet50", "imagenet")
     sd = save_foreign(original, "resnet50", tmp_path / "ck.pth.tar", wrap="inner")
     assert "1.module.conv1.weight" in sd
-    model, _ = common.load_model(str(tmp_path / "ck.pth.tar"))
+    model, _ = machinery.load_model(str(tmp_path / "ck.pth.tar"))
     assert torch.equal(model.state_dict()["1.fc.weight"], original.state_dict()["1.fc.weight"])
 
 
@@ -204,7 +205,7 @@ def digits_ckpt(tmp_path_factory):
 def run_cli(argv):
     """certify.py's main in this process, as the command line runs it; returns the exit code."""
     try:
-        common.run(lambda: certify.main([str(a) for a in argv]))
+        machinery.run(lambda: certify.main([str(a) for a in argv]))
     except SystemExit as e:
         return e.code
     return 0
@@ -324,7 +325,7 @@ def test_merge_of_rank_parts_gives_one_line_per_idx_in_order(tmp_path):
     with open(out + ".rank1", "w") as f:
         f.write(header + line(4) + line(10) + "12\t1\t")  # a torn last line
     # files certify.py wrote are in the folder's record of outputs (prepare_outputs enters them)
-    common.adopt_outputs([out, out + ".rank0", out + ".rank1"], "certification log")
+    machinery.adopt_outputs([out, out + ".rank0", out + ".rank1"], "certification log")
     assert certify.merge_parts(out, cols) == 6
     assert open(out).read() == header + "".join(line(i) for i in (0, 2, 4, 6, 8, 10))
     assert certify.part_files(out) == []
@@ -475,8 +476,8 @@ def bad_input_setup(reference, digits_ckpt, tmp_path):
     (tmp_path / "junk.pth.tar").write_text("not a checkpoint")
     ck = tmp_path / "cifar.pth.tar"
     net = common.get_architecture("cifar_resnet20", "cifar10")
-    common.save_checkpoint({"arch": "cifar_resnet20", "dataset": "cifar10", "sigma": SIGMA,
-                            "state_dict": net.state_dict()}, str(ck))
+    machinery.save_checkpoint({"arch": "cifar_resnet20", "dataset": "cifar10", "sigma": SIGMA,
+                               "state_dict": net.state_dict()}, str(ck))
     return out
 
 
@@ -520,7 +521,7 @@ def test_bad_input_in_a_real_process_has_no_traceback(digits_ckpt, tmp_path):
 def test_logs_and_runs_record_the_environment_they_were_made_with(tmp_path):
     """The versions and the CPU (its vector extensions decide floating point and bf16 speed) in the sidecar of a
     log and in a run's args.json, and in one line for report headers (a sidecar's broken record shows as ?)."""
-    env = common.environment()
+    env = machinery.environment()
     assert env["torch"] == torch.__version__ and env["numpy"] == np.__version__ and env["python"].startswith("3.")
     assert isinstance(env["cpu"]["extensions"], list) and env["cpu"]["logical_cpus"] >= 1
     ckpt = digits_checkpoint(tmp_path / "m.pth.tar", steps=5)
@@ -535,23 +536,23 @@ def test_logs_and_runs_record_the_environment_they_were_made_with(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads((run / "args.json").read_text())["environment"]["torch"] == torch.__version__
-    line = common.environment_line()
+    line = machinery.environment_line()
     assert f"torch {torch.__version__}" in line and env["cpu"]["model"] in line
-    assert common.environment_line({"cpu": "broken"}).startswith("python ?")
+    assert machinery.environment_line({"cpu": "broken"}).startswith("python ?")
 
 
 def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_cost(tmp_path, capsys):
     flags = tmp_path / "cpuinfo"
     flags.write_text("model name\t: Some CPU\nflags\t\t: fpu sse4_2 avx avx2 fma\n")
-    assert common.cpu_has_native_bf16(str(flags)) is False
+    assert machinery.cpu_has_native_bf16(str(flags)) is False
     flags.write_text("flags\t\t: avx2 avx512f avx512_bf16\n")
-    assert common.cpu_has_native_bf16(str(flags)) is True
-    assert common.cpu_has_native_bf16(str(tmp_path / "none")) is None
-    native = common.cpu_has_native_bf16()
-    common.check_precision("bf16", "cpu")
+    assert machinery.cpu_has_native_bf16(str(flags)) is True
+    assert machinery.cpu_has_native_bf16(str(tmp_path / "none")) is None
+    native = machinery.cpu_has_native_bf16()
+    machinery.check_precision("bf16", "cpu")
     err = capsys.readouterr().err
     assert ("warning: bf16 on a CPU without native bf16" in err) == (native is False)
-    common.check_precision("fp32", "cpu")
+    machinery.check_precision("fp32", "cpu")
     assert capsys.readouterr().err == ""
 
 

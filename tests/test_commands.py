@@ -379,7 +379,7 @@ def test_the_project_speaks_of_itself_as_it_is_now():
 
 
 @pytest.mark.parametrize("shadow, module", [("common", "train_ours"), ("common", "certify"), ("certify", "ddrs"),
-                                            ("common", "analyze")])
+                                            ("common", "analyze"), ("machinery", "train_gaussian")])
 def test_a_students_own_module_of_the_same_name_earlier_on_sys_path_is_one_clear_line_at_import(tmp_path, shadow,
                                                                                               module):
     (tmp_path / f"{shadow}.py").write_text("def helper():\n    return 1\n")

@@ -39,7 +39,7 @@ def certify_log(rng, pY, path="sim.tsv"):
 
 
 def verdicts(a, b, over="images"):
-    rows, facts = analyze.compare_sides(a, b, RADII, 0.95, over)
+    rows, facts = analyze.compare_sides(a, b, RADII, 0.95, None if over == "images" else analyze.test_set_votes())
     return {m: (d, lo, hi, v) for m, _, _, d, lo, hi, v in rows}, facts
 
 
@@ -217,7 +217,7 @@ def test_over_test_set_the_band_covers_the_expectation_on_these_images():
     pB = shifted(rng, pY, 0.05)
     truth = {}
     for _ in range(300):                  # the expectation on these images: the mean over many certifications
-        rows, _ = analyze.compare_sides([certify_log(rng, pY)], [certify_log(rng, pB)], RADII, 0.95, "images")
+        rows, _ = analyze.compare_sides([certify_log(rng, pY)], [certify_log(rng, pB)], RADII, 0.95)
         for m, _, _, d, *_ in rows:
             truth[m] = truth.get(m, 0) + d / 300
     sims, covered = 60, 0
@@ -413,7 +413,8 @@ def digits_logs(tmp_path_factory):
 @pytest.mark.parametrize("over", analyze.COMPARE_OVER)
 def test_one_digits_model_certified_with_two_seeds_is_within_noise(digits_logs, over):
     logs = analyze.load_logs([str(digits_logs["seed0"]), str(digits_logs["seed1"])])
-    rows, facts = analyze.compare_sides(logs[:1], logs[1:], analyze.DEFAULT_RADII[1:], 0.95, over)
+    votes = None if over == "images" else analyze.test_set_votes()
+    rows, facts = analyze.compare_sides(logs[:1], logs[1:], analyze.DEFAULT_RADII[1:], 0.95, votes)
     assert facts["paired"]
     flagged = [m for m, *_, v in rows if v != "within noise"]
     assert len(flagged) <= 1, flagged

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import certify
 import common
+import machinery
 import train_baselines
 import train_gaussian
 import train_ours
@@ -26,7 +27,7 @@ DIGITS = ["--dataset", "digits", "--sigma", 0.25, "--workers", 0, "--device", "c
 def run(module, argv, monkeypatch):
     monkeypatch.setattr(sys, "argv", [module.__name__ + ".py", *map(str, argv)])
     try:
-        common.run((lambda: certify.main([str(a) for a in argv])) if module is certify else module.main)
+        machinery.run((lambda: certify.main([str(a) for a in argv])) if module is certify else module.main)
     except SystemExit as e:
         return e.code
     return 0
@@ -48,8 +49,8 @@ def cuda_ckpt(tmp_path_factory):
         loss.backward()
         opt.step()
     path = str(tmp_path_factory.mktemp("cuda") / "checkpoint.pth.tar")
-    common.save_checkpoint({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25,
-                            "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}}, path)
+    machinery.save_checkpoint({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25,
+                               "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}}, path)
     return path
 
 
@@ -96,7 +97,7 @@ def test_counting_and_attacks_do_not_synchronise_with_the_host():
     torch.cuda.set_sync_debug_mode("error")                             # any implicit host sync raises
     try:
         common.sample_counts(model, x, 0.5, 512, 256, 10, g)
-        common.sample_counts(model, x, 0.5, 512, 256, 10, g, sound=255)
+        common.sample_counts(model, x, 0.5, 512, 256, 10, g, common.sound_copies(255))
         delta = 0.5 * torch.randn(2, *x.shape, device=device)
         common.sphere_pgd(model, x, torch.tensor([1, 2], device=device), delta, T=2, eps=0.25)
     finally:
@@ -116,8 +117,8 @@ def test_every_training_script_runs_on_cuda_with_amp_and_resumes_exactly(module,
     assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "whole"], monkeypatch) == 0
     assert run(module, [*argv, "--epochs", 1, "--outdir", tmp_path / "parts"], monkeypatch) == 0
     assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "parts", "--resume"], monkeypatch) == 0
-    a = common.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
-    b = common.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
+    a = machinery.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
+    b = machinery.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -137,4 +138,4 @@ def test_torchrun_with_one_process_and_nccl_writes_its_checkpoint(tmp_path):
             "--outdir", str(out)]
     proc = run_torchrun(args, tmp_path / "logs", nproc=1, timeout=300)
     assert proc.returncode == 0, failure_report(proc, tmp_path / "logs")
-    assert common.load_checkpoint(str(out / "checkpoint.pth.tar"))["epoch"] == 1
+    assert machinery.load_checkpoint(str(out / "checkpoint.pth.tar"))["epoch"] == 1

@@ -13,7 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLACEHOLDER = re.compile(r"\bCKPT\b|\bDATA\b|DATA_DIR=/|acr-weakness/data|scripts/table\d")
 COVERED_ELSEWHERE = ("make demo", "make gpu-check")
-PAGES = sorted(f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+PAGES = sorted(f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md") and f != "python.md")
 
 
 def first_block(page):
@@ -90,3 +90,26 @@ def test_the_first_steps_of_every_docs_page_run_in_order(page, clone):
         ran += 1
     if page not in ("cpu_results.md", "reliability.md", "demo.md", "speed.md"):
         assert ran >= 1, f"{page}: no first step ran"
+
+
+def test_the_python_page_runs_as_one_script_and_quotes_the_copy_sizes(clone):
+    """docs/python.md: its python blocks, in order, are one script that runs from a fresh clone's root; each
+    heading's line counts are what a student pastes (tests/test_paste.py's count)."""
+    from test_paste import pasted
+    text = open(os.path.join(ROOT, "docs", "python.md"), encoding="utf-8").read()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 6
+    (clone / "python_md.py").write_text("\n".join(blocks))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "python_md.py"], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ACR" in done.stdout and "handed back in train mode: True" in done.stdout, done.stdout
+    quoted = 0
+    for heading in re.findall(r"^## .*$", text, flags=re.M):
+        module = None
+        for name, count in re.findall(r"`([\w.]+)`: (\d+)", heading):
+            module, _, block = name.rpartition(".") if "." in name else (module, "", name)
+            assert pasted([f"{module}:{block}"])[1] == int(count), (heading, name)
+            quoted += 1
+    assert quoted >= 10

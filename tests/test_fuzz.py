@@ -2,7 +2,7 @@
 
 Strategies build certification logs, sidecars, checkpoint dictionaries, args.json files, image folders and
 command lines, valid and corrupted, and run the entry points in this process as their command lines do
-(common.run). The promises checked for every example:
+(machinery.run). The promises checked for every example:
   - the exit code is 0 or 2, and nothing else escapes (an exception here is a traceback for the user);
   - on exit 2 the error is one line on stderr (`error: ...`), and no traceback is printed;
   - every file that existed before is byte-identical afterwards, unless it is a documented output of the
@@ -25,6 +25,7 @@ from hypothesis import event, given, note, strategies as st  # noqa: E402
 import analyze  # noqa: E402
 import certify  # noqa: E402
 import common  # noqa: E402
+import machinery  # noqa: E402
 import ddrs  # noqa: E402
 import train_gaussian  # noqa: E402
 from helpers import digits_checkpoint  # noqa: E402
@@ -42,7 +43,7 @@ def run_entry(main, argv):
     code = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            common.run(lambda: main([str(a) for a in argv]))
+            machinery.run(lambda: main([str(a) for a in argv]))
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()
@@ -345,10 +346,10 @@ def test_training_keeps_its_promises_on_any_command_line_and_run_folder(digits_c
                 ckpt = torch.load(digits_ckpt, weights_only=True)
                 for key, value in edits:
                     ckpt[key] = value
-                torch.save(ckpt, os.path.join(outdir, common.CHECKPOINT))
+                torch.save(ckpt, os.path.join(outdir, machinery.CHECKPOINT))
         argv = ["--dataset", "digits", "--sigma", "0.25", "--epochs", "1", "--max-batches", "1", "--batch", "32",
                 "--workers", "0", "--device", "cpu", "--outdir", outdir] + [a for f in flags for a in f]
-        mine = [os.path.join(outdir, n) for n in ("args.json", "log.tsv", common.CHECKPOINT, "run.lock")]
+        mine = [os.path.join(outdir, n) for n in ("args.json", "log.tsv", machinery.CHECKPOINT, "run.lock")]
         code = check_promises(lambda a: train_gaussian_main(a), argv, d, mine if folder == "new" else [])
         assert code == 2 or folder == "new" or "--resume" in argv
 

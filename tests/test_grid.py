@@ -15,6 +15,7 @@ from scipy.stats import norm
 
 import certify
 import common
+import machinery
 from helpers import digits_checkpoint, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -313,13 +314,13 @@ def test_grid_log_resumes_to_the_same_lines_and_analyze_reads_it(digits_model, t
     capsys.readouterr()
     code = 0
     try:
-        common.run(lambda: analyze.main(["table", str(whole), "--radii", "0", "0.25", "0.5"]))
+        machinery.run(lambda: analyze.main(["table", str(whole), "--radii", "0", "0.25", "0.5"]))
     except SystemExit as e:
         code = e.code
     out = capsys.readouterr().out
     assert code == 0 and "grid" in out and "model evaluations" in out
     try:
-        common.run(lambda: analyze.main(["ecdf", str(whole)]))
+        machinery.run(lambda: analyze.main(["ecdf", str(whole)]))
         code = 0
     except SystemExit as e:
         code = e.code
@@ -502,7 +503,7 @@ def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws()
 def test_packing_gives_each_example_the_result_it_gets_alone_and_fills_the_batches(digits_model):
     """grid_certify_many: an example's noise comes from its own chunks, so packed with others (group of 12) it
     gets the result it gets alone; the forward passes are full batches while more than one example is left."""
-    model, _ = common.load_model(digits_model)
+    model, _ = machinery.load_model(digits_model)
     data = common.get_dataset("digits", "test")
     plan = certify.grid_plan([0.25, 0.5], 0.25, 5000, 200, 0.001, 0.2, True)
     sizes = []

@@ -1,7 +1,7 @@
 """The output guard and the readers are the only ways the scripts touch files (one guard, one reader).
 
 A grep over every script outside common.py: no file is opened, saved, dumped, replaced or removed except
-through common.write_output / open_append / remove_output, and no format is parsed outside common.py's
+through machinery.write_output / open_append / remove_output, and no format is parsed outside common.py's
 readers. Then the guard's own promises, each a regression test of a case found while building it."""
 import os
 import re
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import common
+import machinery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = [f for f in sorted(os.listdir(ROOT)) if f.endswith(".py") and f != "common.py"] + \
@@ -28,7 +29,7 @@ def test_no_script_writes_or_parses_a_file_outside_common():
         for number, line in enumerate(lines, 1):
             code = line.split("#", 1)[0]
             found += [f"{name}:{number}: {line.strip()}" for pattern in BYPASSES if re.search(pattern, code)]
-            # a figure is saved only inside common.write_output (the statement that starts on this line or above)
+            # a figure is saved only inside machinery.write_output (the statement that starts on this line or above)
             if "savefig(" in code and "write_output(" not in code + "".join(lines[max(0, number - 3):number - 1]):
                 found.append(f"{name}:{number}: {line.strip()}")
     assert not found, "files touched outside common.py's guard and readers:\n" + "\n".join(found)
@@ -53,40 +54,40 @@ def test_guard_refuses_links_folders_fifos_inputs_and_foreign_files(tmp_path):
     data.write_text("idx\n")
     hard = tmp_path / "hard.md"
     os.link(data, hard)
-    common.set_inputs([str(data)])
+    machinery.set_inputs([str(data)])
     try:
         for path, why in ((notes, "not written by this project"), (link, "symbolic link"), (fifo, "not a regular"),
                           (tmp_path / "folder.md", "is a folder"), (hard, "input of this command")):
             with pytest.raises(common.UserError, match=why):
-                common.write_text_output(str(path), "analyze.py output", "x\n")
+                machinery.write_text_output(str(path), "analyze.py output", "x\n")
     finally:
-        common.set_inputs([])
+        machinery.set_inputs([])
     assert notes.read_text() == "mine\n" and data.read_text() == "idx\n" and stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
 def test_guard_rewrites_its_own_output_but_not_one_changed_since_or_of_another_kind(tmp_path):
     path = str(tmp_path / "table.md")
-    common.write_text_output(path, "analyze.py output", "one\n")
-    common.write_text_output(path, "analyze.py output", "two\n")           # its own: rewritten
+    machinery.write_text_output(path, "analyze.py output", "one\n")
+    machinery.write_text_output(path, "analyze.py output", "two\n")           # its own: rewritten
     assert open(path).read() == "two\n"
     with pytest.raises(common.UserError, match="written as 'analyze.py output', not as 'checkpoint'"):
-        common.write_text_output(path, "checkpoint", "three\n")
+        machinery.write_text_output(path, "checkpoint", "three\n")
     with open(path, "a") as f:
         f.write("edited by hand\n")
     with pytest.raises(common.UserError, match="changed since"):
-        common.write_text_output(path, "analyze.py output", "four\n")
+        machinery.write_text_output(path, "analyze.py output", "four\n")
     assert open(path).read() == "two\nedited by hand\n"
 
 
 def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
     path = str(tmp_path / "out.md")
-    common.write_text_output(path, "analyze.py output", "complete\n")
+    machinery.write_text_output(path, "analyze.py output", "complete\n")
 
     def fails(f):
         f.write(b"half")
         raise OSError(27, "File too large")
     with pytest.raises(common.UserError, match="not written .File too large., its previous content is intact"):
-        common.write_output(path, "analyze.py output", fails)
+        machinery.write_output(path, "analyze.py output", fails)
     assert open(path).read() == "complete\n"
     assert sorted(os.listdir(tmp_path)) == [".rs-outputs.json", ".rs-outputs.lock", "out.md"]
 
@@ -96,8 +97,8 @@ def test_a_write_over_ulimit_f_fails_in_one_line_and_keeps_the_old_file(tmp_path
     import subprocess
     import sys
     path = tmp_path / "big.md"
-    code = ("import sys; sys.path.insert(0, %r); import common; "
-            "common.run(lambda: common.write_text_output(%r, 'analyze.py output', sys.argv[1] * 4096))")
+    code = ("import sys; sys.path.insert(0, %r); import machinery; "
+            "machinery.run(lambda: machinery.write_text_output(%r, 'analyze.py output', sys.argv[1] * 4096))")
     first = subprocess.run([sys.executable, "-c", code % (ROOT, str(path)), "a"], capture_output=True, text=True)
     assert first.returncode == 0
     before = path.read_bytes()
@@ -114,12 +115,12 @@ def test_sigterm_exits_143_in_one_line_and_leaves_the_files_valid(tmp_path):
     import subprocess
     import sys
     import time
-    code = ("import sys, time; sys.path.insert(0, %r); import common\n"
+    code = ("import sys, time; sys.path.insert(0, %r); import machinery\n"
             "def main():\n"
-            "    common.write_text_output(%r, 'analyze.py output', 'done\\n')\n"
+            "    machinery.write_text_output(%r, 'analyze.py output', 'done\\n')\n"
             "    print('ready', flush=True)\n"
             "    time.sleep(60)\n"
-            "common.run(main)\n") % (ROOT, str(tmp_path / "a.md"))
+            "machinery.run(main)\n") % (ROOT, str(tmp_path / "a.md"))
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
@@ -136,7 +137,7 @@ def test_sigterm_exits_143_in_one_line_and_leaves_the_files_valid(tmp_path):
 def run_analyze(argv, capsys):
     import analyze
     try:
-        common.run(lambda: analyze.main([str(a) for a in argv]))
+        machinery.run(lambda: analyze.main([str(a) for a in argv]))
         code = 0
     except SystemExit as e:
         code = e.code
@@ -210,7 +211,7 @@ def run_script(module, argv, capsys):
     saved = sys.argv
     sys.argv = [module.__name__ + ".py"] + [str(a) for a in argv]
     try:
-        common.run(module.main)
+        machinery.run(module.main)
         code = 0
     except SystemExit as e:
         code = e.code
@@ -244,8 +245,8 @@ def test_a_certification_resume_on_other_data_or_another_checkpoint_is_refused(t
     (tmp_path / "b" / "test" / "c0" / "1.png").write_bytes((tmp_path / "b" / "test" / "c0" / "0.png").read_bytes())
     model = common.get_architecture("lenet", "cifar10")
     ckpt = str(tmp_path / "m.pth.tar")
-    common.save_checkpoint({"arch": "lenet", "dataset": "cifar10", "sigma": 0.25, "state_dict": model.state_dict()},
-                           ckpt)
+    machinery.save_checkpoint({"arch": "lenet", "dataset": "cifar10", "sigma": 0.25, "state_dict": model.state_dict()},
+                              ckpt)
     out = tmp_path / "log.tsv"
     base = ["--checkpoint", ckpt, "--outfile", out, "--N0", "10", "--N", "20", "--batch", "20", "--device", "cpu"]
     assert run_script(certify, base + ["--data-dir", a, "--max", "2"], capsys)[0] == 0

@@ -14,6 +14,7 @@ import torch
 import analyze
 import certify
 import common
+import machinery
 import train_baselines
 import train_gaussian
 
@@ -27,7 +28,7 @@ def run(module, argv, monkeypatch, capsys=None):
     main = (lambda: certify.main([str(a) for a in argv])) if module is certify else \
         (lambda: analyze.main([str(a) for a in argv])) if module is analyze else module.main
     try:
-        common.run(main)
+        machinery.run(main)
         code = 0
     except SystemExit as e:
         code = e.code
@@ -72,7 +73,7 @@ def test_a_second_certify_on_the_same_outfile_is_refused(ckpt, tmp_path, monkeyp
     out = tmp_path / "c.tsv"
     assert certified(ckpt, out, monkeypatch, capsys)[0] == 0
     before = out.read_bytes()
-    with common.exclusive_lock(str(out) + ".lock", "test"):      # another run holds it
+    with machinery.exclusive_lock(str(out) + ".lock", "test"):      # another run holds it
         code, err = certified(ckpt, out, monkeypatch, capsys, "--max", 8)
     assert code == 2 and one_line(err) and "in use by another run" in err and out.read_bytes() == before
     assert certified(ckpt, out, monkeypatch, capsys, "--max", 8)[0] == 0   # free again once that run ends
@@ -81,7 +82,7 @@ def test_a_second_certify_on_the_same_outfile_is_refused(ckpt, tmp_path, monkeyp
 def test_a_second_training_run_on_the_same_folder_is_refused(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    with common.exclusive_lock(str(out / "run.lock"), "test"):
+    with machinery.exclusive_lock(str(out / "run.lock"), "test"):
         code, err = run(train_gaussian, [*DIGITS, "--epochs", 1, "--max-batches", 1, "--outdir", out],
                         monkeypatch, capsys)
     assert code == 2 and one_line(err) and "in use by another run" in err
@@ -162,7 +163,7 @@ def test_a_diverging_run_stops_in_one_line_before_saving(tmp_path, monkeypatch, 
 def test_a_kill_between_the_log_row_and_the_checkpoint_loses_no_row(tmp_path, monkeypatch):
     argv = [*DIGITS, "--epochs", 3, "--max-batches", 2]
     assert run(train_gaussian, [*argv, "--outdir", tmp_path / "whole"], monkeypatch)[0] == 0
-    save = common.save_training_checkpoint
+    save = machinery.save_training_checkpoint
     calls = []
 
     def killed_at_epoch_2(outdir, model, optimizer, scheduler, epoch, *a, **k):
@@ -170,9 +171,9 @@ def test_a_kill_between_the_log_row_and_the_checkpoint_loses_no_row(tmp_path, mo
         if epoch == 2:
             raise KeyboardInterrupt                                # a kill after the row, before the checkpoint
         return save(outdir, model, optimizer, scheduler, epoch, *a, **k)
-    monkeypatch.setattr(common, "save_training_checkpoint", killed_at_epoch_2)
+    monkeypatch.setattr(machinery, "save_training_checkpoint", killed_at_epoch_2)
     assert run(train_gaussian, [*argv, "--outdir", tmp_path / "parts"], monkeypatch)[0] == 130
-    monkeypatch.setattr(common, "save_training_checkpoint", save)
+    monkeypatch.setattr(machinery, "save_training_checkpoint", save)
     assert run(train_gaussian, [*argv, "--outdir", tmp_path / "parts", "--resume"], monkeypatch)[0] == 0
     rows = {name: [ln.split("\t") for ln in open(tmp_path / name / "log.tsv").read().splitlines()[1:]]
             for name in ("whole", "parts")}
@@ -227,7 +228,7 @@ def test_a_rank_file_still_written_by_a_live_worker_is_refused(ckpt, tmp_path, m
     assert certified(ckpt, out, monkeypatch, capsys, "--max", 2)[0] == 0    # an earlier run, with its sidecar
     part = tmp_path / "c.tsv.rank1"
     part.write_text("\t".join(certify.CERTIFY_COLUMNS) + "\n")
-    with common.exclusive_lock(str(part) + ".lock", "worker"):    # a worker of a killed torchrun, still alive
+    with machinery.exclusive_lock(str(part) + ".lock", "worker"):    # a worker of a killed torchrun, still alive
         code, err = certified(ckpt, out, monkeypatch, capsys)
     assert code == 2 and one_line(err) and "earlier run" in err
 

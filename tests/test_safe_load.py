@@ -12,6 +12,7 @@ import torch
 import bench
 import certify
 import common
+import machinery
 import train_baselines
 import train_gaussian
 import train_ours
@@ -43,10 +44,10 @@ def hostile(tmp_path):
 
 
 def run_main(module, argv, monkeypatch):
-    """module.main as its command line runs it (through common.run); returns the exit code."""
+    """module.main as its command line runs it (through machinery.run); returns the exit code."""
     monkeypatch.setattr(sys, "argv", [module.__name__ + ".py", *map(str, argv)])
     try:
-        common.run(module.main if module is not certify else lambda: certify.main([str(a) for a in argv]))
+        machinery.run(module.main if module is not certify else lambda: certify.main([str(a) for a in argv]))
     except SystemExit as e:
         return e.code
     return 0
@@ -102,7 +103,7 @@ def test_released_formats_and_ours_load_without_the_flag(tmp_path, monkeypatch):
     state = {f"1.module.{k[2:]}" if k.startswith("1.") else k: v for k, v in model.state_dict().items()}
     path = tmp_path / "cohen.pth.tar"
     torch.save({"epoch": 90, "arch": "cifar_resnet20", "state_dict": state, "optimizer": opt.state_dict()}, path)
-    loaded, ckpt = common.load_model(str(path))
+    loaded, ckpt = machinery.load_model(str(path))
     assert ckpt["epoch"] == 90 and all(torch.equal(a, b) for a, b in
                                        zip(loaded.state_dict().values(), model.state_dict().values()))
     # our own training checkpoint, RNG states included, loads and resumes without the flag
@@ -119,10 +120,10 @@ def test_an_old_checkpoint_of_ours_with_numpy_rng_arrays_still_loads(tmp_path):
     path = tmp_path / "old.pth.tar"
     torch.save({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25, "state_dict": digits_state_dict(),
                 "rng": {"numpy": np.random.get_state(), "torch": torch.get_rng_state()}}, path)
-    ckpt = common.load_checkpoint(str(path))
+    ckpt = machinery.load_checkpoint(str(path))
     assert ckpt["rng"]["numpy"][1].dtype == np.uint32
     # an object array is not a plain array: refused like any other object
     torch.save({"state_dict": {}, "x": np.array([Payload(str(tmp_path / "m"))], dtype=object)}, path)
     with pytest.raises(common.UserError, match="--trust-checkpoint"):
-        common.load_checkpoint(str(path))
+        machinery.load_checkpoint(str(path))
     assert not (tmp_path / "m").exists()

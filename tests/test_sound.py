@@ -121,7 +121,7 @@ def test_sample_counts_never_gives_a_failed_draw_to_any_class(monkeypatch):
     x = torch.full((1, 1, 1), 100 / 255)
     n = 100_000
     counts = common.sample_counts(Level(), x.unsqueeze(0), 0.5, n, 10_000, 2,
-                                  torch.Generator().manual_seed(0), sound=255)[0]
+                                  torch.Generator().manual_seed(0), common.sound_copies(255))[0]
     S, L = common.rounded_gaussian_table(0.5, 2 ** 12)
     assert counts.sum() < n                                                   # failed draws vote for no class
     assert abs(counts[0].item() / n - int(S[19 + L]) / 2 ** 12) < 4 * math.sqrt(0.25 / n)
@@ -322,7 +322,7 @@ def test_sound_and_float_certification_agree_on_a_trained_digits_model():
         for idx in range(n):
             x, label = test[idx]
             out = certify.certify(model, x, 0.25, 50, 500, 0.001, 500, 10, common.example_generator(0, idx),
-                                  sound=levels)
+                                  certify.sampler_of(levels))
             hits += [(out["predict"] == label) and out["radius"] >= r for r in radii]
         acc[levels] = hits / n
     sound, plain = acc[common.DATASET_LEVELS["digits"]], acc[None]

@@ -19,6 +19,7 @@ from scipy.stats import beta, norm
 import bench
 import certify
 import common
+import machinery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Channels-last and compiled models sum in another order, so a vote can flip where two logits tie to within
@@ -59,14 +60,14 @@ def trained_ckpt(tmp_path_factory):
         loss.backward()
         opt.step()
     path = str(tmp_path_factory.mktemp("ckpt") / "checkpoint.pth.tar")
-    common.save_checkpoint({"arch": "digits_cnn", "dataset": "digits", "sigma": 1.0,
-                            "state_dict": model.state_dict()}, path)
+    machinery.save_checkpoint({"arch": "digits_cnn", "dataset": "digits", "sigma": 1.0,
+                               "state_dict": model.state_dict()}, path)
     return path
 
 
 def run_cli(argv):
     try:
-        common.run(lambda: certify.main([str(a) for a in argv]))
+        machinery.run(lambda: certify.main([str(a) for a in argv]))
     except SystemExit as e:
         return e.code
     return 0
@@ -158,7 +159,8 @@ def test_an_untraceable_model_is_certified_unfolded_with_a_note(capsys):
 def test_bf16_counts_sum_to_n_and_agree_with_fp32_on_the_top_class():
     model, x = digits_model(), common.get_dataset("digits", "test").images[:2]
     fp32 = common.sample_counts(model, x, 0.5, 2000, 1000, 10, torch.Generator().manual_seed(6))
-    bf16 = common.sample_counts(model, x, 0.5, 2000, 1000, 10, torch.Generator().manual_seed(6), precision="bf16")
+    bf16 = common.sample_counts(common.in_precision(model, "bf16"), x, 0.5, 2000, 1000, 10,
+                                torch.Generator().manual_seed(6))
     assert bf16.dtype == torch.long and (bf16.sum(1) == 2000).all()
     assert torch.equal(fp32.argmax(1), bf16.argmax(1))
     assert ((fp32 - bf16).abs().sum(1) <= 0.1 * 2000).all()  # rounding moves some votes, not the picture
@@ -359,9 +361,9 @@ def test_training_scripts_accept_amp_and_channels_last(script, tmp_path):
     res = subprocess.run([*cmd, "--amp", "--outdir", str(tmp_path / "run")], env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    model, _ = common.load_model(str(tmp_path / "run" / common.CHECKPOINT))  # certify.py reads it as usual
+    model, _ = machinery.load_model(str(tmp_path / "run" / machinery.CHECKPOINT))  # certify.py reads it as usual
     assert json.load(open(tmp_path / "run" / "args.json"))["amp"] == "bf16"
-    if script == "train_gaussian.py":  # the check is shared (common.check_precision): one script is enough
+    if script == "train_gaussian.py":  # the check is shared (machinery.check_precision): one script is enough
         res = subprocess.run([*cmd, "--amp", "fp16", "--outdir", str(tmp_path / "run16")], env=env,
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 2 and len(res.stderr.splitlines()) == 1 and "fp16" in res.stderr

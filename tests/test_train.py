@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from scipy.stats import beta, norm
 
 import common
+import machinery
 import train_ours
 
 
@@ -137,17 +138,28 @@ def test_count_correct_counts_true_label_votes():
 
 def test_discard_keeps_exactly_the_examples_with_count_over_N_at_least_pt(monkeypatch, tmp_path):
     counts = torch.tensor([0, 39, 40, 41, 100, 12, 40, 99])
-    monkeypatch.setattr(train_ours, "estimate_counts", lambda *args, **kwargs: counts)
+    monkeypatch.setattr(common, "count_correct", lambda *args, **kwargs: (counts, torch.zeros(8, dtype=torch.long)))
     data = common.TensorImages(torch.zeros(8, 1, 8, 8), torch.zeros(8, dtype=torch.long))
-    kept = train_ours.discard_hard(None, data, 0.5, 100, 0.4, str(tmp_path), 3)
-    assert kept.tolist() == [2, 3, 4, 6, 7]   # count/N >= 0.4, the boundary 40/100 included
-    assert (tmp_path / "discard.json").read_text().count('"kept": 5') == 1
+    kept, got, _ = train_ours.discard_hard(None, data, 0.5, 100, 0.4)
+    assert kept.tolist() == [2, 3, 4, 6, 7] and torch.equal(got, counts)  # count/N >= 0.4, 40/100 included
+    assert list(tmp_path.iterdir()) == []                                   # a pure function: no files
 
 
-def test_estimate_counts_writes_the_train_time_pA_tsv(tmp_path):
+def test_discard_hard_is_pure_and_hands_the_model_back_in_train_mode(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    data = common.TensorImages(torch.rand(6, 1, 8, 8), torch.tensor([0, 1, 2, 1, 1, 0]))
+    model = ConstantClassifier(1).train()
+    kept, counts, labels = train_ours.discard_hard(model, data, 0.5, 16, 0.5, batch=64)
+    assert kept.tolist() == [1, 3, 4] and counts.tolist() == [0, 16, 0, 16, 16, 0] and labels.tolist() == [0, 1, 2, 1, 1, 0]
+    assert model.training and list(tmp_path.iterdir()) == [] and capsys.readouterr() == ("", "")
+
+
+def test_shared_counts_writes_the_train_time_pA_tsv(tmp_path):
     data = common.TensorImages(torch.rand(6, 1, 8, 8), torch.tensor([0, 1, 2, 1, 1, 0]))
     path = tmp_path / "pA.tsv"
-    counts = train_ours.estimate_counts(ConstantClassifier(1), data, torch.tensor([1, 3, 5]), 0.5, 16, 64, str(path))
+    idx = torch.tensor([1, 3, 5])
+    counts, labels = common.count_correct(ConstantClassifier(1), data, idx, 0.5, 16, 64)
+    counts = train_ours.shared_counts(counts, labels, idx, 16, str(path), torch.device("cpu"))
     assert counts.tolist() == [16, 16, 0]
     assert path.read_text().splitlines() == ["idx\tlabel\tcount\tn", "1\t1\t16\t16", "3\t1\t16\t16", "5\t0\t0\t16"]
 
@@ -187,18 +199,18 @@ def drawn(loader):
 
 def test_sampler_draws_len_D_indices_with_replacement_from_the_kept_set_only():
     data, kept = tiny_dataset(), torch.tensor([3, 7, 8, 20, 41])
-    idx = drawn(common.TrainLoader(data, 16, 0, 0).epoch(5, indices=kept))
+    idx = drawn(machinery.TrainLoader(data, 16, 0, 0).epoch(5, indices=kept))
     assert len(idx) == len(data)                                   # |D| draws, not |D'|
     assert set(idx.tolist()) <= set(kept.tolist())
     assert len(set(idx.tolist())) < len(idx)                       # repeats: with replacement
-    x = torch.cat([x for x, _, _ in common.TrainLoader(data, 16, 0, 0).epoch(5, indices=kept)])
+    x = torch.cat([x for x, _, _ in machinery.TrainLoader(data, 16, 0, 0).epoch(5, indices=kept)])
     assert torch.equal(x.flatten().long(), idx)                    # idx is the position of x in the dataset
 
 
 def test_weighted_sampler_follows_the_weights():
     data, kept = tiny_dataset(), torch.tensor([1, 2, 3])
     weights = torch.tensor([0.0, 1.0, 3.0], dtype=torch.float64)
-    idx = drawn(common.TrainLoader(data, 1000, 0, 0).epoch(0, indices=kept, weights=weights, num_samples=20000))
+    idx = drawn(machinery.TrainLoader(data, 1000, 0, 0).epoch(0, indices=kept, weights=weights, num_samples=20000))
     assert not (idx == 1).any()
     # 20000 draws: the share of index 3 has std 0.003, so +-0.02 never fails by chance
     assert (idx == 3).double().mean().item() == pytest.approx(0.75, abs=0.02)
@@ -206,9 +218,9 @@ def test_weighted_sampler_follows_the_weights():
 
 def test_sampler_is_reproducible_per_epoch_and_a_plain_epoch_is_a_permutation():
     data = tiny_dataset()
-    a = drawn(common.TrainLoader(data, 16, 0, 0).epoch(3))
-    assert torch.equal(a, drawn(common.TrainLoader(data, 16, 0, 0).epoch(3)))
-    assert not torch.equal(a, drawn(common.TrainLoader(data, 16, 0, 0).epoch(4)))
+    a = drawn(machinery.TrainLoader(data, 16, 0, 0).epoch(3))
+    assert torch.equal(a, drawn(machinery.TrainLoader(data, 16, 0, 0).epoch(3)))
+    assert not torch.equal(a, drawn(machinery.TrainLoader(data, 16, 0, 0).epoch(4)))
     assert sorted(a.tolist()) == list(range(len(data)))
 
 
@@ -228,8 +240,8 @@ def epoch_batches(loaders, epoch, **kw):
 
 def test_an_epochs_batches_depend_on_seed_and_epoch_only_not_on_workers_or_earlier_epochs():
     data = RandomlyAugmented()
-    fresh = epoch_batches(common.TrainLoader(data, 8, 0, seed=1), 3)
-    reused = common.TrainLoader(data, 8, 2, seed=1)   # two persistent worker processes, epochs 0..3 in turn
+    fresh = epoch_batches(machinery.TrainLoader(data, 8, 0, seed=1), 3)
+    reused = machinery.TrainLoader(data, 8, 2, seed=1)   # two persistent worker processes, epochs 0..3 in turn
     for epoch in range(3):
         if epoch == 1:
             next(iter(reused.epoch(epoch)))          # an epoch cut short (--max-batches) leaves nothing behind
@@ -238,7 +250,7 @@ def test_an_epochs_batches_depend_on_seed_and_epoch_only_not_on_workers_or_earli
     again = epoch_batches(reused, 3)
     assert len(again) == len(fresh) == 5
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fresh, again))
-    other = epoch_batches(common.TrainLoader(data, 8, 0, seed=1), 4)
+    other = epoch_batches(machinery.TrainLoader(data, 8, 0, seed=1), 4)
     assert not torch.equal(torch.cat([x for x, _ in fresh]).sort(0)[0], torch.cat([x for x, _ in other]).sort(0)[0])
 
 
@@ -246,7 +258,7 @@ def test_loading_leaves_the_global_generator_alone_and_repeated_draws_get_their_
     data = RandomlyAugmented()
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    batches = epoch_batches(common.TrainLoader(data, 1000, 0, seed=1), 0, indices=[5], num_samples=20)
+    batches = epoch_batches(machinery.TrainLoader(data, 1000, 0, seed=1), 0, indices=[5], num_samples=20)
     assert torch.equal(torch.get_rng_state(), before)   # the training noise stream is not shifted by loading
     x, idx = batches[0]
     assert (idx == 5).all() and len(torch.unique(x)) == 20 and ((x >= 5) & (x < 6)).all()
@@ -275,7 +287,7 @@ def test_measure_grad_norms_writes_idx_label_pA_grad_norm(tmp_path):
     def loss_fn(f, x, y, idx):
         return common.gaussian_loss(f, x, y, 0.5, 2)
 
-    rows = common.measure_grad_norms(model, data, loss_fn, 0.5, 6, 10, 0, 64, str(tmp_path / "g.tsv"))
+    rows = machinery.measure_grad_norms(model, data, loss_fn, 0.5, 6, 10, 0, 64, str(tmp_path / "g.tsv"))
     lines = (tmp_path / "g.tsv").read_text().splitlines()
     assert lines[0] == "idx\tlabel\tpA\tgrad_norm" and len(lines) == 7
     assert len(set(rows["idx"])) == 6 and all(0 <= p <= 1 for p in rows["pA"]) and min(rows["grad_norm"]) > 0

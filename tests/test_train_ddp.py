@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-import common
+import machinery
 from torchrun_util import failure_report, run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +23,7 @@ def test_two_ranks_under_torchrun_train_discard_reweight_attack_with_sync_bn_and
     assert proc.stdout.count("epoch 1/1") == 1                  # only rank 0 logs
     lines = open(out / "log.tsv").read().splitlines()
     assert len(lines) == 2 and os.path.isfile(out / "pA_epoch0_weights.tsv")
-    model, ckpt = common.load_model(str(out / "checkpoint.pth.tar"))   # a plain state_dict, no `module.`
+    model, ckpt = machinery.load_model(str(out / "checkpoint.pth.tar"))   # a plain state_dict, no `module.`
     assert ckpt["epoch"] == 1 and not any(k.startswith("module.") for k in ckpt["state_dict"])
     assert len(ckpt["extra"]["kept"]) == int(lines[-1].split("\t")[-1])
     assert ckpt["scheduler"]["milestones"] == {1: 1}             # --lr_milestones reached the scheduler
@@ -42,7 +42,7 @@ def _sync_bn_rank(rank, world, store_path, x, w, out_path):
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
-        bn = common.GlooSyncBatchNorm(3)
+        bn = machinery.GlooSyncBatchNorm(3)
         part = x.chunk(world)[rank].clone().requires_grad_(True)
         y = bn(part)
         (y * w.chunk(world)[rank]).sum().backward()            # this rank's part of a non-symmetric loss

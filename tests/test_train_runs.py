@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-import common
+import machinery
 import train_gaussian
 import train_ours
 
@@ -16,10 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_main(module, monkeypatch, *argv):
-    """Run module.main() as `python module.py argv` would (through common.run); returns the exit code."""
+    """Run module.main() as `python module.py argv` would (through machinery.run); returns the exit code."""
     monkeypatch.setattr(sys, "argv", [module.__name__ + ".py", *map(str, argv)])
     try:
-        common.run(module.main)
+        machinery.run(module.main)
     except SystemExit as e:
         return e.code
     return 0
@@ -43,7 +43,7 @@ def test_gaussian_training_lowers_the_loss_and_beats_chance_under_noise(monkeypa
     assert float(log[-1]["train_loss"]) < float(log[0]["train_loss"])
     assert float(log[-1]["test_acc_noisy"]) > 0.5                    # 10 classes: chance is 0.1
     assert json.load(open(out / "args.json"))["m"] == 4
-    model, ckpt = common.load_model(str(out / "checkpoint.pth.tar"))  # what certify.py loads
+    model, ckpt = machinery.load_model(str(out / "checkpoint.pth.tar"))  # what certify.py loads
     assert ckpt["epoch"] == 3 and ckpt["sigma"] == 0.25 and ckpt["arch"] == "digits_cnn"
     assert "ETA" in capsys.readouterr().out
 
@@ -60,9 +60,9 @@ def test_ours_with_all_parts_on_learns_and_records_its_estimates(monkeypatch, tm
     for name in ("pA_epoch2_discard.tsv", "pA_epoch2_weights.tsv", "pA_epoch4_weights.tsv"):
         assert open(out / name).readline() == "idx\tlabel\tcount\tn\n"
     assert len(open(out / "pA_epoch4_weights.tsv").readlines()) == discard["kept"] + 1  # kept examples only
-    ckpt = common.load_checkpoint(str(out / "checkpoint.pth.tar"))
+    ckpt = machinery.load_checkpoint(str(out / "checkpoint.pth.tar"))
     assert len(ckpt["extra"]["kept"]) == discard["kept"] and len(ckpt["extra"]["weights"]) == discard["kept"]
-    common.load_model(str(out / "checkpoint.pth.tar"))
+    machinery.load_model(str(out / "checkpoint.pth.tar"))
 
 
 def test_the_paper_settings_follow_sigma_and_flags_override():
@@ -98,8 +98,8 @@ def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(module
     stop_at = [a if a != epochs else epochs - 1 for a in argv]
     assert run_main(module, monkeypatch, *stop_at, "--outdir", parts) == 0
     assert run_main(module, monkeypatch, *argv, "--outdir", parts, "--resume") == 0
-    a = common.load_checkpoint(str(whole / "checkpoint.pth.tar"))
-    b = common.load_checkpoint(str(parts / "checkpoint.pth.tar"))
+    a = machinery.load_checkpoint(str(whole / "checkpoint.pth.tar"))
+    b = machinery.load_checkpoint(str(parts / "checkpoint.pth.tar"))
     assert a["epoch"] == b["epoch"] == epochs
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     assert [r["epoch"] for r in read_log(parts)] == [str(e) for e in range(epochs)]

@@ -1,0 +1,1198 @@
+"""The run machinery of the scripts: what a command does around the paper's building blocks.
+
+Flags checked before any work, one-line errors, signals; the output guard (every file a script writes, its
+record, locks, atomic replacement); run identity for sidecars; checkpoints saved atomically and loaded without
+running code; resumable training runs and their logs; torchrun plumbing. The building blocks (common.py, and
+the paper's functions in each script: certify, ours_loss, the baselines' losses, acr, compare_sides, ...)
+never call into this module: they take arguments and return values, so each can be pasted alone
+(../shared/tools/copy_size.py measures it; tests/test_paste.py keeps it so). The scripts' main paths call them
+and do the writing, broadcasting and printing here.
+"""
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+import common
+
+PROJECT = "acr-weakness"   # the scripts check it: a student's own machinery.py earlier on sys.path is not this one
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Commands: one-line errors (common.UserError -> exit code 2), signals, checks of flags before any work
+# ----------------------------------------------------------------------------------------------------------
+
+FLAG_NAMES = {}   # dest -> the flag as typed (--elastic-m for elastic_m), for messages about a parsed value
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is a single line on stderr (exit code 2)."""
+
+    def parse_args(self, args=None, namespace=None):
+        FLAG_NAMES.update({a.dest: max(a.option_strings, key=len) for a in self._actions if a.option_strings})
+        return super().parse_args(args, namespace)
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C (SIGINT) so that every `finally` and every temporary-file cleanup runs."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted()
+
+
+def run(main):
+    """Call main(); a UserError becomes one line on stderr and exit code 2.
+
+    SIGINT (Ctrl-C) and SIGTERM stop the command with one line and exit code 130 or 143: files are written
+    through write_output (a temporary file, then os.replace) or appended a line at a time (a torn last line
+    is dropped on resume), so an interrupted command leaves every file valid and resumable.
+    Under torchrun the process group is always torn down before the process exits (end_distributed): a
+    gloo group left alive at exit aborts the process ("terminate called without an active exception").
+    """
+    import signal
+    try:
+        signal.signal(signal.SIGTERM, _raise_interrupted)
+    except ValueError:   # not the main thread (a test runner's worker): keep the default
+        pass
+    try:
+        main()
+    except common.UserError as e:
+        sys.stderr.write(f"error: {e}\n")
+        sys.exit(2)
+    except OSError as e:   # disk full, a read-only folder, ...: what the system said, on one line
+        where = f" ({e.filename})" if e.filename else ""
+        sys.stderr.write(f"error: {e.strerror or e}{where}; {written_so_far()}\n")
+        sys.exit(2)
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Interrupted)
+        sys.stderr.write(f"interrupted ({'SIGTERM' if term else 'SIGINT'}): every file is complete or resumable; "
+                         f"rerun the same command to continue\n")
+        sys.exit(143 if term else 130)
+    except MemoryError:
+        sys.stderr.write(f"error: out of memory; lower --batch (or --N, --m); {written_so_far()}\n")
+        sys.exit(2)
+    finally:
+        end_distributed(wait=False)
+
+
+FLOAT32_MAX = 3.4028234663852886e38   # numbers reach the models, optimisers and noise in float32
+
+
+MAX_DRAWS = 10 ** 9                    # --N, --N0: beyond, one example takes hours on any machine
+
+
+MAX_BATCH_BYTES = 2 ** 33              # one pass of noisy inputs (float32) above 8 GiB is a typo, not a setting
+
+
+SIGMA_RANGE = (1e-4, 1e4)              # inputs lie in [0, 1]: below, float32 loses the noise; above, the input
+
+
+SIGMA_MAX_FP16 = 1e3                   # fp16 overflows at 65504: x + 7 sigma must stay below it
+
+
+def check_finite(settings):
+    """Every number among the settings (a dict of flag -> value) is usable where it is used: a float is finite in
+    float32 (--lr 1e300 is inf there), an integer fits in 64 bits. A violation is a UserError naming the flag."""
+    for key, value in settings.items():
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, float):
+                common.check(math.isfinite(v) and abs(v) <= FLOAT32_MAX,
+                             f"{FLAG_NAMES.get(key, '--' + key)} must be a finite number in float32 (|x| < 3.4e38), got "
+                             f"{value}")
+            elif isinstance(v, int) and not isinstance(v, bool):
+                common.check(abs(v) < 2 ** 63, f"{FLAG_NAMES.get(key, '--' + key)} must fit in 64 bits, got {value}")
+
+
+def check_sigma(sigma, flag="--sigma", precision="fp32"):
+    """sigma is a noise level the float32 (or fp16) arithmetic of sampling and the model can carry: in
+    SIGMA_RANGE, and at most SIGMA_MAX_FP16 under fp16. A certificate at a sigma the arithmetic cannot carry
+    (the noise rounded away, or overflowing to inf) would be wrong, so it is refused before anything runs."""
+    low, high = SIGMA_RANGE[0], SIGMA_MAX_FP16 if precision == "fp16" else SIGMA_RANGE[1]
+    common.check(isinstance(sigma, (int, float)) and not isinstance(sigma, bool) and low <= sigma <= high,
+                 f"{flag} must lie in [{low:g}, {high:g}]{' under fp16' if precision == 'fp16' else ''} (inputs are in "
+                 f"[0, 1]), got {sigma}")
+
+
+def check_batch_bytes(inputs, shape, what="--batch"):
+    """`inputs` noisy inputs of `shape` in float32 fit in MAX_BATCH_BYTES: checked before anything is allocated."""
+    size = inputs * 4 * math.prod(shape)
+    common.check(size <= MAX_BATCH_BYTES, f"{what} asks for {inputs} noisy inputs of shape {tuple(shape)} at once "
+                                   f"({size / 2 ** 30:.3g} GiB); lower it")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Outputs: one guard for every file any script writes
+# ----------------------------------------------------------------------------------------------------------
+
+# Every file a script writes goes through write_output (whole files) or open_append (logs that grow a line at a
+# time). The guard refuses to write over an input of the same command, a link, a folder or a special file,
+# a file another run holds, and any existing file that this project did not write for the same purpose.
+# What was written, and for what, is kept in one record per output folder (RECORD): {file name: {"kind",
+# "by", "sha256"}} (no sha256 for appended logs). A whole file is written to a temporary file, fsynced and
+# renamed over the old one, so a failed or interrupted write leaves the previous file as it was.
+
+@contextlib.contextmanager
+def exclusive_lock(path, what):
+    """Hold an exclusive lock on the file `path` (created if missing) for the block: one run per output.
+
+    A second run asking for the same lock gets a UserError at once (no waiting). The lock is the kernel's
+    (flock): it is released when the block ends or the process dies, however it dies, so a killed run never
+    leaves a stale lock. Where fcntl does not exist (Windows) there is no lock.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    f = open(path, "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise common.UserError(f"{what} is in use by another run (it holds {path}); wait for that run to end, or "
+                               f"choose another output") from None
+    _HELD_LOCKS.add(os.path.realpath(path))
+    try:
+        yield
+    finally:
+        _HELD_LOCKS.discard(os.path.realpath(path))
+        f.close()
+
+
+def is_locked(path):
+    """True when another process holds exclusive_lock(path) now."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    if not os.path.exists(path):
+        return False
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def fsync_dir(path):
+    """fsync the folder holding path, so that a rename into it survives a power cut (POSIX; a no-op elsewhere)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+RECORD = ".rs-outputs.json"
+
+
+RECORD_LOCK = ".rs-outputs.lock"
+
+
+_WRITTEN = []        # the files this process has completed, for the message of a failed write
+
+
+_HELD_LOCKS = set()  # realpaths of the exclusive_locks this process holds (not "another run")
+
+
+_INPUTS = []         # the files the running command reads (set_inputs): never written over
+
+
+def set_inputs(paths):
+    """Declare the files the command now starting reads; the guard refuses to write over any of them.
+    A folder stands for every file under it."""
+    _INPUTS.clear()
+    _WRITTEN.clear()
+    for path in paths:
+        if path and os.path.isdir(path):
+            _INPUTS.extend(os.path.join(root, f) for root, _, files in os.walk(path) for f in files)
+        elif path:
+            _INPUTS.append(path)
+
+
+def written_so_far():
+    """For an error message: which files this command completed before it stopped."""
+    rest = "logs it was appending keep every complete line (rerun to resume)"
+    if not _WRITTEN:
+        return f"this command completed no file; every file written before is unchanged, and {rest}"
+    names = ", ".join(_WRITTEN[-4:]) + (f" and {len(_WRITTEN) - 4} more" if len(_WRITTEN) > 4 else "")
+    return f"completed before it: {names}; every other file is as it was, and {rest}"
+
+
+def _read_record(folder):
+    path = os.path.join(folder, RECORD)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise common.UserError(f"{path}: cannot read this folder's record of outputs ({type(e).__name__}); remove it "
+                               f"(the files it listed then count as not written by this project)") from None
+    common.check(isinstance(record, dict) and all(isinstance(v, dict) for v in record.values()),
+                 f"{path}: not a record of outputs (expected {{file name: {{kind, by, sha256}}}}); remove it")
+    return record
+
+
+@contextlib.contextmanager
+def _folder_record(folder):
+    """The output record of `folder`, read and (when the block ends without error) written back under a lock."""
+    make_outdir(folder)
+    with open(os.path.join(folder, RECORD_LOCK), "a") as lock:
+        try:
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)   # held for one file write at most
+        except ImportError:
+            pass
+        record = _read_record(folder)
+        yield record
+        path = os.path.join(folder, RECORD)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def output_problem(path, kind, inputs=(), record=None, append=False, claimed=False):
+    """Why `path` may not be written as `kind` by this command (a message), or None when it may.
+
+    inputs: the files this command reads (an output may not be one of them, links and hard links included).
+    record: the folder's record (read when None). append: the file grows (no checksum is kept for it).
+    claimed: the caller has read the file's own record (a certification log's sidecar naming certify.py),
+    so a file missing from the folder's record (copied from elsewhere) may still be resumed or replaced.
+    """
+    name = os.path.basename(path)
+    if name in ("", ".", "..", RECORD, RECORD_LOCK):
+        return f"{path!r} is not a file name this command may write"
+    if os.path.islink(path):
+        return f"{path!r} is a symbolic link (to {os.path.realpath(path)!r}); name a plain file"
+    for source in list(inputs) + _INPUTS:
+        if source and os.path.exists(source) and os.path.exists(path) and os.path.samefile(source, path):
+            return f"{path!r} is an input of this command ({source!r}); choose another output"
+    if os.path.exists(path):
+        import stat
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            return f"{path!r} is a folder; name a file inside it"
+        if not stat.S_ISREG(mode):
+            return f"{path!r} is not a regular file (a FIFO, device or socket); choose another output"
+    lock = path + ".lock"
+    if os.path.realpath(lock) not in _HELD_LOCKS and is_locked(lock):
+        return f"{path!r} is being written by another run (it holds {lock!r}); wait for it or choose another output"
+    if not os.path.exists(path):
+        return None
+    record = _read_record(os.path.dirname(os.path.abspath(path))) if record is None else record
+    entry = record.get(name)
+    if entry is None and claimed:
+        return None
+    if entry is None:
+        return (f"{path!r} exists and was not written by this project (no entry in "
+                f"{os.path.join(os.path.dirname(path), RECORD)!r}); move it away or choose another output")
+    if entry.get("kind") != kind:
+        return f"{path!r} was written as {entry.get('kind')!r}, not as {kind!r}; choose another output"
+    if not (append or claimed or entry.get("append")) and entry.get("sha256") != file_sha256(path):
+        return (f"{path!r} changed since {entry.get('by', 'this project')} wrote it; move it away or choose "
+                f"another output")
+    return None
+
+
+def _entry(kind, sha256=None):
+    entry = {"kind": kind, "by": os.path.basename(sys.argv[0] or "python")}
+    if sha256 is None:
+        entry["append"] = True
+    else:
+        entry["sha256"] = sha256
+    return entry
+
+
+def write_output(path, kind, write, inputs=(), append=False, claimed=False):
+    """Write the file `path` as `kind` ('table', 'checkpoint', ...) through the guard; returns path.
+
+    write(f): puts the whole content into the binary file object f. The content goes to a temporary file,
+    is fsynced and replaces `path` in one rename; a failed write (disk full, `ulimit -f`, Ctrl-C) removes the
+    temporary file, leaves `path` as it was and says so. append=True: a log that open_append extends later.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    with _folder_record(folder) as record:
+        problem = output_problem(path, kind, inputs, record, append, claimed)
+        common.check(problem is None, problem)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            digest = None if append else file_sha256(tmp)
+            os.replace(tmp, path)
+        except BaseException as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            if isinstance(e, OSError):
+                raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
+                                       f"is intact; {written_so_far()}") from None
+            raise
+        record[os.path.basename(path)] = _entry(kind, digest)
+    fsync_dir(path)
+    _WRITTEN.append(path)
+    return path
+
+
+def write_text_output(path, kind, text, inputs=()):
+    """write_output of a text (UTF-8)."""
+    return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs)
+
+
+def write_json(obj, path, kind="settings", inputs=(), claimed=False):
+    """obj as pretty JSON (args.json, sidecars, summaries), through the guard."""
+    text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+    return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, claimed=claimed)
+
+
+def open_append(path, kind, header, inputs=(), claimed=False):
+    """Open the log `path` (kind `kind`) to append rows, through the guard; a new or empty file gets `header`
+    (a line) first. The caller flushes each row: a kill leaves at most a torn last line, which the readers
+    drop (read_log_prefix)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    with _folder_record(folder) as record:
+        problem = output_problem(path, kind, inputs, record, append=True, claimed=claimed)
+        common.check(problem is None, problem)
+        record[os.path.basename(path)] = _entry(kind)
+    f = open(path, "a", encoding="utf-8")
+    if f.tell() == 0:
+        f.write(header + "\n")
+        f.flush()
+    return f
+
+
+def copy_training_log(source, path):
+    """Copy a run's log.tsv (read_train_log checks it) to `path` through the guard (scripts/lib.sh keep_log)."""
+    rows = common.read_train_log(source)
+    text = "".join("\t".join(str(r[c]) for c in common.TRAIN_LOG_COLUMNS) + "\n" for r in rows)
+    return write_text_output(path, "training log copy", "\t".join(common.TRAIN_LOG_COLUMNS) + "\n" + text, [source])
+
+
+def remove_output(path, kind, claimed=False):
+    """Remove a file this project wrote as `kind` (certify.py --overwrite); anything else is refused."""
+    if not os.path.lexists(path):
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    with _folder_record(folder) as record:
+        problem = output_problem(path, kind, (), record, append=True, claimed=claimed)
+        if problem is not None:
+            raise common.UserError(problem.replace("choose another output", "refusing to remove it"))
+        os.remove(path)
+        record.pop(os.path.basename(path), None)
+
+
+def adopt_outputs(paths, kind):
+    """Enter existing files in their folders' records as written by this project as `kind` (for files made
+    before the record existed: results/ of earlier versions). Only for files you know this project wrote."""
+    for path in paths:
+        with _folder_record(os.path.dirname(os.path.abspath(path))) as record:
+            record[os.path.basename(path)] = _entry(kind, file_sha256(path))
+
+
+def file_sha256(path):
+    """The sha256 of a file's bytes (hex), read in 1 MiB blocks."""
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Run identity: what a sidecar records so that a resume or a pairing of logs can be checked
+# ----------------------------------------------------------------------------------------------------------
+
+def data_fingerprint(name, split, data_dir=None):
+    """A short hash naming the data a run reads (its identity; a resume on other data is refused).
+
+    digits: the bundled arrays of the split. An image folder or torchvision's files: the sorted list of file
+    paths (relative to the split's folder) and sizes, without reading the images."""
+    import hashlib
+    digest = hashlib.sha256(f"{name}/{split}".encode())
+    if name == "digits":
+        ds = common._digits(split)
+        digest.update(ds.images.numpy().tobytes())
+        digest.update(ds.labels.numpy().tobytes())
+        return digest.hexdigest()[:16]
+    data_dir = data_dir or common.default_data_dir()
+    sub = {"cifar10": "train" if split == "train" else "test", "imagenet": "train" if split == "train" else "val"}
+    folder = os.path.join(data_dir, sub[name])
+    if not os.path.isdir(folder):
+        folder = os.path.join(data_dir, "cifar-10-batches-py")   # torchvision's CIFAR-10 files
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for f in sorted(files):
+            path = os.path.join(root, f)
+            digest.update(f"{os.path.relpath(path, folder)}\t{os.path.getsize(path)}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def environment():
+    """The software and the machine a result is made with, recorded in every sidecar, args.json and report
+    header: floating point differs between CPUs (vector extensions, native bf16) and library versions, so a
+    retrained model or a rerun can differ in its last digits, and this says with what each file was made."""
+    import importlib.metadata
+    import platform
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
+    for name in ("torchvision", "scipy"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        versions["numpy_blas"] = f"{blas.get('name')} {blas.get('version', '')}".strip()
+    except Exception:       # older numpy: no dict form; the record is informative only
+        versions["numpy_blas"] = None
+    cpu, flags = platform.processor() or platform.machine(), []
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+        flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    except OSError:
+        pass
+    wanted = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+    versions["cpu"] = {"model": cpu, "logical_cpus": os.cpu_count(), "extensions": [f for f in wanted if f in flags],
+                       "torch_capability": torch.backends.cpu.get_cpu_capability()}
+    if torch.cuda.is_available():
+        versions["gpu"] = torch.cuda.get_device_name(0)
+    return versions
+
+
+def environment_line(env=None):
+    """environment() (or one read from a sidecar: any missing part shows as ?) in one line, for report headers."""
+    env = env if isinstance(env, dict) else environment()
+    cpu = env.get("cpu") if isinstance(env.get("cpu"), dict) else {}
+    get = lambda d, key: str(d.get(key)) if d.get(key) is not None else "?"
+    ext = " ".join(map(str, cpu["extensions"])) if isinstance(cpu.get("extensions"), list) else "?"
+    return (f"python {get(env, 'python')}, torch {get(env, 'torch')}, torchvision {get(env, 'torchvision')}, "
+            f"numpy {get(env, 'numpy')} ({get(env, 'numpy_blas')}), scipy {get(env, 'scipy')}; {get(cpu, 'model')}, "
+            f"{get(cpu, 'logical_cpus')} logical CPUs, {ext or 'no listed extensions'} (torch: "
+            f"{get(cpu, 'torch_capability')})" + (f"; {env['gpu']}" if env.get("gpu") else ""))
+
+
+def run_identity(script, dataset, data_dir=None):
+    """What a run is, beyond its settings: the script that runs it and the data it trains and tests on."""
+    return {"script": script, "data": {split: data_fingerprint(dataset, split, data_dir)
+                                       for split in ("train", "test")}}
+
+
+def check_precision(precision, device):
+    """Raise a UserError unless `precision` (fp32, bf16, fp16) can run on `device` (fp16: CUDA only)."""
+    device = torch.device(device)
+    common.check(precision in common.PRECISIONS, f"unknown precision {precision!r}; choose one of {', '.join(common.PRECISIONS)}")
+    common.check(precision != "fp16" or device.type == "cuda", "fp16 needs a CUDA device; use bf16 on the CPU")
+    common.check(precision != "bf16" or device.type != "cuda" or torch.cuda.is_bf16_supported(),
+                 "this GPU does not support bf16; use fp16")
+    if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:
+        print("warning: bf16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): it is "
+              "emulated and slower than fp32 here (8x in certification on an AVX2-only AMD EPYC, "
+              "results/speed/bf16_cpu.txt); fp32 is faster on this machine", file=sys.stderr)
+
+
+def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
+    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if it has not, None where unknown
+    (no /proc/cpuinfo: not Linux). Without them torch emulates bf16 with fp32 conversions, which costs more
+    than fp32 itself."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoints: atomic save, loading of ours and of the released ones without running code
+# ----------------------------------------------------------------------------------------------------------
+
+def save_checkpoint(state, path, kind="checkpoint", inputs=()):
+    """torch.save through the guard (write_output): a temporary file, fsync, then os.replace, so a crash or
+    power cut never leaves a torn checkpoint and a failed write (disk full) leaves the old one in place.
+    inputs: files the command reads, never written over (hard links included)."""
+    write_output(path, kind, lambda f: torch.save(state, f), inputs)
+
+
+def numpy_array_globals():
+    """What unpickling a plain numpy array needs (the RNG state in checkpoints of ours from before they stored
+    it as tensors), under numpy 2's and numpy 1's module names. Object arrays stay refused: their items
+    would still have to pass the weights-only unpickler."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    numeric_dtypes = [type(np.dtype(code)) for code in "?bBhHiIlLqQefdFD"]   # not object ('O') arrays
+    return [np.ndarray, np.dtype, *numeric_dtypes, (_reconstruct, "numpy._core.multiarray._reconstruct"),
+            (_reconstruct, "numpy.core.multiarray._reconstruct")]
+
+
+def safe_load(path, device="cpu", trust=False, what="checkpoint"):
+    """torch.load that cannot run code from the file (its pickle is read with weights_only=True).
+
+    Allowed: tensors, plain Python values (dicts, lists, numbers, strings) and plain numpy arrays: every
+    checkpoint released with Cohen et al., SmoothAdv, Consistency, SmoothMix, CAT-RS and the paper, and ours.
+    A file whose pickle names anything else (a class, a function) could run code while loading: it is a
+    UserError naming the file, what it asks for and the flag --trust-checkpoint. trust=True (that flag)
+    loads with weights_only=False, which runs whatever the file holds: only for files from a trusted source.
+    """
+    common.check(os.path.isfile(path), f"{what} {path!r} not found")
+    if trust:
+        try:
+            return torch.load(path, map_location=device, weights_only=False)
+        except Exception as e:
+            raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
+    try:
+        with torch.serialization.safe_globals(numpy_array_globals()):
+            return torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:
+        if "Weights only load failed" not in str(e):
+            raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
+        try:
+            names = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)) or "objects"
+        except Exception:
+            names = "objects"
+        raise common.UserError(f"{what} {path!r} needs arbitrary unpickling ({names}), which can run any code it holds; "
+                               f"pass --trust-checkpoint only if you trust where the file came from") from None
+
+
+def load_checkpoint(path, device="cpu", trust=False):
+    """Read a checkpoint dict ({'arch', 'state_dict', ...}) with safe_load; a missing or unreadable file, or one
+    that would need arbitrary unpickling (unless trust), is a UserError."""
+    common.check(os.path.isfile(path), f"checkpoint {path!r} not found; pass --checkpoint with a trained model file")
+    ckpt = safe_load(path, device, trust)
+    if isinstance(ckpt, dict) and "state_dict" not in ckpt and all(torch.is_tensor(v) for v in ckpt.values()):
+        ckpt = {"state_dict": ckpt}  # a bare state_dict
+    common.check(isinstance(ckpt, dict) and "state_dict" in ckpt,
+                 f"checkpoint {path!r} holds no 'state_dict'; expected {{'arch': ..., 'state_dict': ...}}")
+    common.check(isinstance(ckpt["state_dict"], dict) and all(torch.is_tensor(v) for v in ckpt["state_dict"].values()),
+                 f"checkpoint {path!r}: its 'state_dict' is not a dict of tensors")
+    for name, ok in CHECKPOINT_FIELDS.items():
+        if name in ckpt and not ok(ckpt[name]):
+            raise common.UserError(f"checkpoint {path!r}: field {name!r} has an invalid value ({type(ckpt[name]).__name__})")
+    return ckpt
+
+
+def read_torch_dict(path, what, fields, trust=False):
+    """A torch file holding a dict (safe_load), whose `fields` ({name: check(value) -> bool}) are present and
+    pass their checks; anything else is a UserError naming the file and the first bad field."""
+    saved = safe_load(path, trust=trust, what=what)
+    common.check(isinstance(saved, dict), f"{what} {path!r} must hold a dict, not {type(saved).__name__}")
+    for name, ok in fields.items():
+        common.check(name in saved, f"{what} {path!r} lacks the field {name!r}")
+        if not ok(saved[name]):
+            raise common.UserError(f"{what} {path!r}: field {name!r} has an invalid value ({type(saved[name]).__name__})")
+    return saved
+
+
+# The fields of our checkpoints beyond Cohen's {'arch', 'state_dict'}: present in ours, checked when present.
+CHECKPOINT_FIELDS = {"arch": lambda v: isinstance(v, str), "dataset": lambda v: v is None or v in common.DATASETS,
+                     "sigma": lambda v: v is None or (common._is_number(v) and 0 < v < math.inf),
+                     "epoch": lambda v: common._is_int(v) and v >= 0, "args": lambda v: v is None or isinstance(v, dict),
+                     "extra": lambda v: v is None or isinstance(v, dict),
+                     "optimizer": lambda v: v is None or isinstance(v, dict),
+                     "scheduler": lambda v: v is None or isinstance(v, dict),
+                     "rng": lambda v: v is None or isinstance(v, dict)}
+
+
+def strip_module_prefix(state_dict):
+    """Drop every `module.` segment that DataParallel/DDP put into the keys (`1.module.conv1.weight`)."""
+    return {".".join(p for p in k.split(".") if p != "module"): v for k, v in state_dict.items()}
+
+
+def load_model(path, dataset=None, arch=None, device="cpu", trust=False):
+    """Build the architecture named by the checkpoint (or `arch`) and load its weights with strict key matching.
+
+    Returns (model in eval mode on device, checkpoint dict). Dataset defaults to the checkpoint's, else
+    guessed from the architecture. A state_dict that does not fit is a UserError naming the first bad keys.
+    trust: see safe_load (--trust-checkpoint).
+    """
+    ckpt = load_checkpoint(path, device, trust)
+    arch = arch or ckpt.get("arch")
+    common.check(arch is not None, f"checkpoint {path!r} names no architecture; pass --arch")
+    dataset = dataset or ckpt.get("dataset") or {"resnet50": "imagenet", "digits_cnn": "digits",
+                                                 "lenet": "digits"}.get(arch, "cifar10")
+    common.check(arch in common.ARCHS, f"checkpoint {path!r} names an unknown architecture {arch!r}; pass --arch")
+    model = common.get_architecture(arch, dataset)
+    try:
+        model.load_state_dict(strip_module_prefix(ckpt["state_dict"]), strict=True)
+    except RuntimeError as e:
+        first = str(e).split("\n\t")[1][:200] if "\n\t" in str(e) else str(e)[:200]
+        raise common.UserError(f"checkpoint {path!r} does not fit architecture {arch!r} on {dataset}: {first}") from None
+    bad = [k for k, v in ckpt["state_dict"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    common.check(not bad, f"checkpoint {path!r} has non-finite weights ({', '.join(bad[:2])}): a diverged run?")
+    model = model.to(device).eval()
+    try:   # one forward pass on a dummy input: a model that cannot take this dataset's inputs fails here
+        with torch.no_grad():
+            model(torch.zeros(1, *common.INPUT_SHAPE[dataset], device=device))
+    except RuntimeError as e:
+        raise common.UserError(f"checkpoint {path!r} ({arch}) cannot take {dataset} inputs of shape "
+                               f"{common.INPUT_SHAPE[dataset]} ({str(e).splitlines()[0][:120]}); pass the right --dataset") from None
+    return model, ckpt
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Small utilities of the scripts' main paths
+# ----------------------------------------------------------------------------------------------------------
+
+def get_device(name=None):
+    """torch.device from --device, default cuda when available."""
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise common.UserError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
+    common.check(device.type != "cuda" or torch.cuda.is_available(), f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def seed_everything(seed):
+    """Seed Python's, numpy's and torch's global generators."""
+    import random
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def format_eta(done, total, start):
+    """'12.3/s, ETA 0:04:10' for `done` of `total` items since time.time() == start."""
+    elapsed = time.time() - start
+    rate = done / elapsed if elapsed > 0 else 0.0
+    eta = datetime.timedelta(seconds=int((total - done) / rate)) if rate > 0 else "?"
+    return f"{rate:.2f}/s, ETA {eta}"
+
+
+def check_training_settings(settings):
+    """What every training script refuses, before anything is written: non-finite numbers, lr <= 0, negative
+    momentum, weight decay or seed. settings: the run's flags as a dict."""
+    check_finite(settings)
+    if settings.get("sigma") is not None:
+        check_sigma(settings["sigma"], precision=settings.get("amp") or "fp32")
+    if settings.get("dataset") in common.INPUT_SHAPE and isinstance(settings.get("batch"), int):
+        m = settings.get("m") if isinstance(settings.get("m"), int) else 1
+        check_batch_bytes(settings["batch"] * max(m, 1), common.INPUT_SHAPE[settings["dataset"]], "--batch x --m")
+    common.check(settings["lr"] > 0, f"--lr must be > 0, got {settings['lr']}")
+    common.check(settings["momentum"] >= 0 and settings["weight_decay"] >= 0,
+                 f"--momentum and --weight_decay must be >= 0, got {settings['momentum']} and {settings['weight_decay']}")
+    common.check(settings["seed"] >= 0, f"--seed must be >= 0, got {settings['seed']}")
+
+
+class TSVLog:
+    """Append rows to a TSV file with a fixed header, each row flushed at once (a killed run keeps its rows).
+
+    A new log (append=False) replaces an earlier log of the same kind; every write goes through the guard."""
+
+    def __init__(self, path, columns, kind, append=False, sync=False, inputs=()):
+        self.columns, self.sync = list(columns), sync   # sync: fsync every row (the epoch log)
+        header = "\t".join(self.columns)
+        if not append:
+            write_output(path, kind, lambda f: f.write((header + "\n").encode()), inputs, append=True)
+        self.file = open_append(path, kind, header, inputs)
+
+    def row(self, **values):
+        cells = [values.get(c, "") for c in self.columns]
+        print("\t".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in cells), file=self.file, flush=True)
+        if self.sync:
+            os.fsync(self.file.fileno())
+
+    def close(self):
+        self.file.close()
+
+
+def make_outdir(outdir):
+    """Create the run folder (or raise a UserError saying it is not writable); returns it."""
+    try:
+        os.makedirs(outdir, exist_ok=True)
+        probe = os.path.join(outdir, f".write_test{os.getpid()}")  # per process: torchrun ranks probe at once
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise common.UserError(f"cannot write to output folder {outdir!r} ({e.strerror}); pass a writable --outdir") from None
+    return outdir
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Run plumbing of the training scripts: per-epoch seeds, loaders, resumable checkpoints, the epoch log,
+# per-example gradient norms (Table 2, Fig. 5) and DistributedDataParallel under torchrun
+# ----------------------------------------------------------------------------------------------------------
+
+CHECKPOINT = "checkpoint.pth.tar"
+
+
+# Default schedule per dataset (App. C.1: CIFAR-10 150 epochs, lr x0.1 every 50; ImageNet 90, every 30).
+# digits is our CPU demo, not in the paper: a short schedule that trains the small CNN in seconds.
+SCHEDULE = {"cifar10": {"epochs": 150, "lr_step": 50}, "imagenet": {"epochs": 90, "lr_step": 30},
+            "digits": {"epochs": 20, "lr_step": 10}}
+
+
+def get_rank():
+    """This process's rank under torchrun (0 without a process group)."""
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def get_world_size():
+    """Number of training processes under torchrun (1 without a process group)."""
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def is_main_process():
+    """True on rank 0: the one process that evaluates, logs and writes checkpoints."""
+    return get_rank() == 0
+
+
+def setup_distributed(device_name=None):
+    """The training device; under torchrun (even with one process) also join the process group.
+
+    Backend nccl on GPUs (one GPU per LOCAL_RANK), gloo on CPU (so it can be tried on a laptop).
+    Without torchrun this is get_device(device_name).
+    """
+    device = get_device(device_name)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:   # not started by torchrun
+        return device
+    import torch.distributed as dist
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def end_distributed(wait=True):
+    """Leave the process group (under torchrun; a no-op otherwise). Call it once every rank is done.
+
+    wait=True first meets the other ranks at a barrier, so no rank tears its connections down while another
+    still uses them. Without destroy_process_group, gloo's communication threads are still running when the
+    interpreter exits, and C++ aborts the process (SIGABRT, "terminate called without an active exception"):
+    the rank that finishes first (any rank but 0, which still saves the checkpoint) died that way.
+    """
+    import gc
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gc.collect()   # a DDP model caught in a reference cycle still holds the group: free it, so that destroying
+    if wait:       # the group really joins gloo's threads (once, under load, a resume still aborted that way)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+class AllReduceSum(torch.autograd.Function):
+    """Sum of a tensor over all ranks, differentiable: the gradient of a sum over ranks is again that sum."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        import torch.distributed as dist
+        tensor = tensor.clone()
+        dist.all_reduce(tensor)
+        return tensor
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class GlooSyncBatchNorm(nn.BatchNorm2d):
+    """BatchNorm2d whose training statistics are those of the whole batch across ranks, for CPU (gloo) ranks.
+
+    torch.nn.SyncBatchNorm does this on GPUs only; this is the same computation with one all_reduce of
+    (sum, sum of squares, count) per layer, differentiated through AllReduceSum. Eval mode, and a
+    run without a process group, behave as BatchNorm2d. State-dict keys are BatchNorm2d's.
+    """
+
+    def forward(self, x):
+        import torch.distributed as dist
+        if not (self.training and dist.is_available() and dist.is_initialized()):
+            return super().forward(x)
+        c = x.shape[1]
+        xf = x.transpose(0, 1).reshape(c, -1).float()                            # (C, local B*H*W)
+        count = torch.full((1,), float(xf.shape[1]), device=x.device)
+        stats = AllReduceSum.apply(torch.cat([xf.sum(1), (xf * xf).sum(1), count]))  # sums over every rank
+        n = stats[-1]
+        mean = stats[:c] / n
+        var = (stats[c:2 * c] / n - mean * mean).clamp(min=0)                   # biased, as BatchNorm
+        with torch.no_grad():
+            self.num_batches_tracked += 1
+            factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+            self.running_mean.lerp_(mean.detach(), factor)
+            self.running_var.lerp_(var.detach() * n / (n - 1).clamp(min=1), factor)  # unbiased, as BatchNorm
+        shape = (1, c, 1, 1)
+        out = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        return (out * self.weight.view(shape) + self.bias.view(shape)).to(x.dtype)
+
+
+def sync_batchnorm(model, device):
+    """Every BatchNorm of the model synchronised across ranks (--sync-bn): torch.nn.SyncBatchNorm on GPUs,
+    GlooSyncBatchNorm on CPU ranks. Parameters and buffers are kept (moved, not copied)."""
+    if device.type != "cpu":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    for name, child in model.named_children():
+        if type(child) is nn.BatchNorm2d and child.affine and child.track_running_stats:
+            sync = GlooSyncBatchNorm(child.num_features, child.eps, child.momentum, child.affine,
+                                     child.track_running_stats)
+            # the same tensors, not copies: the optimizer already holds these parameters
+            sync.weight, sync.bias = child.weight, child.bias
+            sync.running_mean, sync.running_var = child.running_mean, child.running_var
+            sync.num_batches_tracked = child.num_batches_tracked
+            setattr(model, name, sync)
+        else:
+            sync_batchnorm(child, device)
+    return model
+
+
+def run_folder_lock(outdir):
+    """The run folder, created, and locked for this run on rank 0 (a context manager): two training runs on one
+    --outdir would overwrite each other's checkpoints and log; the second one gets a UserError instead."""
+    make_outdir(outdir)
+    if not is_main_process():
+        return contextlib.nullcontext()
+    return exclusive_lock(os.path.join(outdir, "run.lock"), f"run folder {outdir!r}")
+
+
+def wrap_model(model, device, sync_bn=False):
+    """DistributedDataParallel around the model under torchrun (gradients averaged across ranks), else the model.
+
+    sync_bn: BatchNorm statistics over the whole batch of all ranks (--sync-bn) instead of each rank's
+    batch // world_size inputs; without torchrun it changes nothing.
+    """
+    if get_world_size() == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    if sync_bn:
+        model = sync_batchnorm(model, device)
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+
+def broadcast(tensor):
+    """Rank 0's tensor on every rank (in place); a no-op without a process group. Keeps kept sets identical."""
+    if get_world_size() > 1:
+        import torch.distributed as dist
+        dist.broadcast(tensor, src=0)
+    return tensor
+
+
+def epoch_seed(seed, epoch, stream=0):
+    """An integer seed derived from (seed, epoch, stream); streams separate the sampler from each rank's noise."""
+    state = np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 32 | int(state[1])
+
+
+EVAL_STREAM = 2 ** 21   # epoch_seed stream of the noisy test evaluation
+
+
+def eval_generator(seed, epoch, device):
+    """The generator of epoch `epoch`'s noisy test evaluation: seeded by (seed, epoch) alone."""
+    g = torch.Generator(device=device)
+    g.manual_seed(epoch_seed(seed, epoch, EVAL_STREAM))
+    return g
+
+
+def seed_epoch(seed, epoch):
+    """Reseed all global generators at the start of an epoch (noise, attacks).
+
+    Each epoch's randomness then depends only on (seed, epoch, rank), so a run resumed at an epoch
+    boundary draws exactly what the uninterrupted run drew.
+    """
+    seed_everything(epoch_seed(seed, epoch, 1 + get_rank()))
+
+
+AUGMENT_STREAM = 2 ** 20   # epoch_seed stream of the augmentation seeds (0: the sampler, 1 + rank: the noise)
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """The current epoch's draws as (index, augmentation seed) pairs; TrainLoader.epoch sets them."""
+
+    def __init__(self):
+        self.items = []
+
+    def __len__(self):
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+class TrainLoader:
+    """The training loader of a whole run: one DataLoader whose sampler is set anew each epoch.
+
+    Reusing one loader lets its worker processes live across epochs (persistent_workers: no restart and
+    dataset re-read at every epoch, which keeps a GPU fed). Exact resume does not depend on the workers'
+    state: each draw's augmentation is seeded from (seed, epoch, its position in the epoch) wherever it is
+    loaded, so an epoch's batches depend only on (seed, epoch), not on --workers or on earlier epochs.
+    Use: loaders = TrainLoader(train_set, batch, workers, seed); each epoch: loader = loaders.epoch(epoch).
+    """
+
+    def __init__(self, dataset, batch, workers, seed):
+        self.dataset, self.seed, self.sampler = dataset, seed, EpochSampler()
+        world = get_world_size()
+        # Under torchrun every rank gets batch // world_size examples per batch. The loader's own generator
+        # keeps its per-epoch seed draw out of the global stream (the training noise).
+        self.loader = torch.utils.data.DataLoader(
+            common.WithIndex(dataset), batch_size=max(1, batch // world), sampler=self.sampler, num_workers=workers,
+            persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator().manual_seed(epoch_seed(seed, 0, AUGMENT_STREAM + 1)))
+
+    def epoch(self, epoch, indices=None, weights=None, num_samples=None):
+        """The loader of one training epoch; it yields (x, y, idx) with idx the example's index in the dataset.
+
+        indices=None gives one shuffled pass. Otherwise the epoch draws num_samples examples (default
+        len(dataset): Alg. 2 keeps |D| draws per epoch after discarding) with replacement from `indices`
+        (e.g. the kept examples), uniformly, or proportionally to `weights` (one non-negative weight per entry
+        of indices). The draws, their order and their augmentation depend only on (seed, epoch), so a resumed
+        run sees the same batches. Under torchrun every rank gets an equal share of the draws.
+        """
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, epoch, 0))  # stream 0: the same on every rank
+        if indices is None:
+            order = torch.randperm(len(self.dataset), generator=g)
+        else:
+            indices = torch.as_tensor(indices, dtype=torch.long)
+            common.check(len(indices) > 0, "no training examples left to sample from (every example was discarded)")
+            num_samples = len(self.dataset) if num_samples is None else num_samples
+            if weights is None:
+                pick = torch.randint(len(indices), (num_samples,), generator=g)
+            else:
+                pick = torch.multinomial(torch.as_tensor(weights, dtype=torch.double), num_samples, True, generator=g)
+            order = indices[pick]
+        base = epoch_seed(self.seed, epoch, AUGMENT_STREAM) % 2 ** 62
+        items = [(i, base + k) for k, i in enumerate(order.tolist())]   # by position: a repeated draw differs
+        world = get_world_size()
+        if world > 1:
+            items = items[get_rank()::world][:len(items) // world]
+        self.sampler.items = items
+        return self.loader
+
+
+def make_test_loader(dataset, batch, workers):
+    """Plain in-order loader of (x, y) for evaluation."""
+    # its own generator: starting the workers then draws nothing from the global one (the training noise)
+    return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False, num_workers=workers,
+                                       persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+                                       generator=torch.Generator().manual_seed(0))
+
+
+def _rng_state():
+    """Every global generator's state as tensors and plain values (so checkpoints load with weights_only)."""
+    import random
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state):
+    import random
+    if not state:
+        return
+    torch.set_rng_state(state["torch"].cpu())
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):   # ours since checkpoints hold tensors only; before: numpy's legacy tuple
+        numpy_state = dict(numpy_state, state=dict(numpy_state["state"],
+                                                   key=numpy_state["state"]["key"].numpy().astype(np.uint32)))
+    np.random.set_state(numpy_state)
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def save_training_checkpoint(outdir, model, optimizer, scheduler, epoch, args, extra=None, save_every=0):
+    """Write outdir/checkpoint.pth.tar after `epoch` completed epochs (atomically), and keep a copy
+    checkpoint_epoch{epoch}.pth.tar every `save_every` epochs (0: never). Only rank 0 writes.
+
+    args: the run's arguments (Namespace or dict) with at least arch, dataset, sigma. extra: a dict of
+    the method's state needed to resume (kept indices, sampling weights, ...). The file is a Cohen-style
+    checkpoint ({'arch', 'state_dict', ...}) that certify.py reads unchanged.
+    """
+    if not is_main_process():
+        return
+    args = dict(vars(args) if isinstance(args, argparse.Namespace) else args)
+    state = {"arch": args["arch"], "dataset": args["dataset"], "sigma": args["sigma"], "epoch": epoch,
+             "state_dict": common.unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "args": args, "rng": _rng_state(), "extra": extra or {}}
+    save_checkpoint(state, os.path.join(outdir, CHECKPOINT))
+    if save_every and epoch % save_every == 0:
+        save_checkpoint(state, os.path.join(outdir, f"checkpoint_epoch{epoch}.pth.tar"))
+
+
+# Settings a resumed run may change: where and how fast it runs, how long; never what it computes.
+RESUME_MAY_CHANGE = {"epochs", "resume", "workers", "device", "outdir", "data_dir", "max_batches", "save_every",
+                     "trust_checkpoint", "gradnorm", "probe", "note", "channels_last"}
+
+
+def resume_mismatches(saved_args, args):
+    """'key old -> new' for every setting of args that differs from the checkpoint's saved arguments
+    (only keys both know, and not RESUME_MAY_CHANGE). The run identity ('run': script and data) is compared
+    part by part, so the message names what differs."""
+    diff = []
+    for k in sorted(set(saved_args) & set(args) - RESUME_MAY_CHANGE):
+        old, new = saved_args[k], args[k]
+        if k == "run" and isinstance(old, dict) and isinstance(new, dict):
+            if old.get("script") != new.get("script"):
+                diff.append(f"script {old.get('script')!r} -> {new.get('script')!r}")
+            if old.get("data") != new.get("data"):
+                diff.append("data: other images than the run was trained on (--data-dir?)")
+        elif old != new and not (isinstance(new, (list, tuple)) and list(new) == list(old or [])):
+            diff.append(f"{k} {old!r} -> {new!r}")
+    return diff
+
+
+def remove_stale_temporaries(outdir):
+    """Remove the *.tmp<pid> files a killed or failed writer left in outdir (we hold the run's lock)."""
+    import glob
+    import re
+    for path in glob.glob(os.path.join(glob.escape(outdir), "*.tmp*")):
+        if re.search(r"\.tmp\d+$", path):
+            os.remove(path)
+
+
+def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False, args=None):
+    """Start a new run in outdir, or (resume=True) restore it from outdir/checkpoint.pth.tar.
+
+    Returns (start_epoch, extra): the number of epochs already done (0 for a new run) and the `extra`
+    dict saved with the checkpoint ({} for a new run). A new run refuses a folder that already holds a
+    checkpoint (nothing is overwritten silently); resume without one is a UserError. expect: optional
+    dict such as {'arch': ..., 'dataset': ..., 'sigma': ...} that the checkpoint must match. args: the run's
+    settings (a dict); on resume every one that is not RESUME_MAY_CHANGE must equal the checkpoint's (lr, m,
+    seed, batch, ...: the restored optimizer and schedule would otherwise contradict args.json).
+    """
+    remove_stale_temporaries(outdir)
+    path = os.path.join(outdir, CHECKPOINT)
+    if not resume:
+        common.check(not os.path.isfile(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "
+                                        f"continue it, or choose another --outdir")
+        return 0, {}
+    common.check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
+    ckpt = load_checkpoint(path, next(model.parameters()).device, trust)
+    missing = [k for k in ("epoch", "optimizer", "scheduler") if k not in ckpt]
+    common.check(not missing, f"--resume: {path!r} lacks {', '.join(missing)} (not a checkpoint of a training run "
+                       f"of ours); start a new run in another --outdir")
+    for key, value in (expect or {}).items():
+        common.check(ckpt.get(key) == value, f"--resume: the checkpoint in {outdir!r} has {key}={ckpt.get(key)!r}, "
+                                      f"this run has {key}={value!r}; use the same settings or another --outdir")
+    diff = resume_mismatches(ckpt.get("args") or {}, args or {})
+    common.check(not diff, f"--resume: {outdir!r} was trained with other settings ({'; '.join(diff)}); resume with "
+                    f"the same ones, or start a new run in another --outdir")
+    try:
+        common.unwrap(model).load_state_dict(strip_module_prefix(ckpt["state_dict"]))
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise common.UserError(f"--resume: {path!r} does not fit this model/optimizer ({type(e).__name__}); "
+                               f"use the same settings or another --outdir") from None
+    _set_rng_state(ckpt.get("rng"))
+    return int(ckpt["epoch"]), ckpt.get("extra") or {}
+
+
+def open_train_log(outdir, start_epoch):
+    """outdir/log.tsv with TRAIN_LOG_COLUMNS (None on ranks other than 0).
+
+    On resume the rows of epochs >= start_epoch are dropped first (they are about to be redone), so the
+    log never holds an epoch twice.
+    """
+    if not is_main_process():
+        return None
+    path = os.path.join(outdir, "log.tsv")
+    if start_epoch > 0 and os.path.isfile(path):
+        rows = [r for r in common.read_train_log(path) if int(r["epoch"]) < start_epoch]
+        text = "".join("\t".join(str(r[c]) for c in common.TRAIN_LOG_COLUMNS) + "\n" for r in rows)
+        header = "\t".join(common.TRAIN_LOG_COLUMNS) + "\n"
+        write_output(path, "training log", lambda f: f.write((header + text).encode()), append=True)
+    return TSVLog(path, common.TRAIN_LOG_COLUMNS, "training log", append=start_epoch > 0, sync=True)
+
+
+def log_epoch(log, epoch, epochs, run_start, first_epoch, row):
+    """One TSV row (0-based epoch) and one readable stdout line with the run's ETA; rank 0 only.
+
+    row: dict with the other TRAIN_LOG_COLUMNS (time, lr, train_loss, ...). run_start: time.time() when
+    this process started training at epoch first_epoch (the ETA uses only epochs run in this process).
+    """
+    if log is None:
+        return
+    log.row(epoch=epoch, **row)
+    done = epoch + 1 - first_epoch
+    per_epoch = (time.time() - run_start) / max(done, 1)
+    eta = datetime.timedelta(seconds=int(per_epoch * (epochs - epoch - 1)))
+    print(f"epoch {epoch + 1}/{epochs}  {row['time']:.1f}s  lr {row['lr']:.4g}  "
+          f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}  "
+          f"noisy test loss {row['test_loss']:.4f} acc {row['test_acc_noisy']:.4f}  "
+          f"kept {row['kept']}  ETA {eta}", flush=True)
+
+
+def progress_line(prefix, every=60.0):
+    """A progress callable(done, total) for train_epoch: one '<prefix> batch 12/196, 3.1/s, ETA ...' line.
+
+    On a terminal the line is rewritten in place on stderr; otherwise (a log file) a line is printed at
+    most every `every` seconds, so batch jobs show progress without flooding their logs.
+    """
+    start, last = time.time(), [time.time()]
+
+    def show(done, total):
+        if not is_main_process():
+            return
+        text = f"{prefix} batch {done}/{total}, {format_eta(done, total, start)}"
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + text + ("\033[K\n" if done == total else "\033[K"))
+        elif time.time() - last[0] >= every and done < total:
+            last[0] = time.time()
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    return show
+
+
+def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs=()):
+    """The gradient-norm mode of the training scripts (Table 2, Fig. 5): TSV `idx label pA grad_norm`.
+
+    Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the
+    training set without augmentation). pA: fraction of n noisy copies labelled correctly (count_correct).
+    grad_norm: per_example_grad_norms of loss_fn. Returns the rows as a dict of lists.
+    """
+    seed_everything(seed)
+    probe_idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:probe]
+    counts, labels = common.count_correct(model, dataset, probe_idx, sigma, n, batch)
+    device = next(common.unwrap(model).parameters()).device
+    xs = torch.stack([dataset[int(i)][0] for i in probe_idx]).to(device)
+    norms = common.per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
+    rows = {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
+            "grad_norm": norms.tolist()}
+    log = TSVLog(path, common.GRADNORM_COLUMNS, "gradient norms", inputs=inputs)
+    for i in range(len(probe_idx)):
+        log.row(**{k: v[i] for k, v in rows.items()})
+    log.close()
+    return rows

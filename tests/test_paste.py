@@ -1,0 +1,243 @@
+"""Every building block of the paper copies alone: its closure (the definitions it reaches, whole, plus their
+imports) stays within a budget, never reaches the run machinery, and pasted into an empty folder, with this
+project off sys.path, gives exactly what the import gives.
+
+The closure is computed here by reading the code, as ../shared/tools/copy_size.py does (which users'
+checkouts lack): every top-level function, class or constant a definition names, bare or as `module.name` of
+a project module, and so on; lines are counted as pasted (docstrings and comments included) plus the
+import lines the pasted code uses."""
+import ast
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULES = sorted(f[:-3] for f in os.listdir(ROOT) if f.endswith(".py"))
+
+# lines a student pastes, at most (docs/python.md shows each block's size)
+BUDGETS = {"certify:certify": 80, "certify:predict": 70, "certify:grid_certify": 300, "train_ours:ours_loss": 80,
+           "train_ours:discard_hard": 100, "train_ours:radius_weights": 40, "train_baselines:smoothadv_loss": 100,
+           "train_baselines:macer_loss": 60, "train_baselines:consistency_loss": 50,
+           "train_baselines:smoothmix_loss": 110, "train_baselines:catrs_loss": 110, "analyze:compare_sides": 200,
+           "ddrs:optimize_sigma": 80}
+# the other blocks a student looks for: pure too, no budget
+MORE_BLOCKS = ["common:sphere_pgd", "ddrs:semi_elastic_radius", "analyze:acr", "analyze:certified_accuracy",
+               "analyze:ecdf", "certify:grid_plan", "common:read_certification_log", "analyze:test_set_votes"]
+
+
+def parse_module(name):
+    """{top-level name: (node, source lines)} and the import nodes of ROOT/name.py."""
+    source = open(os.path.join(ROOT, name + ".py"), encoding="utf-8").read()
+    lines, defs, imports = source.splitlines(), {}, []
+    for node in ast.parse(source).body:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        segment = "\n".join(lines[first - 1:node.end_lineno])
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defs[node.name] = (node, segment)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for n in ast.walk(target):
+                    if isinstance(n, ast.Name):
+                        defs[n.id] = (node, segment)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.append(node)
+    return defs, imports
+
+
+CODE = {m: parse_module(m) for m in MODULES}
+
+
+def closure(roots):
+    """The definitions the roots reach, as (module, name), each after the ones it needs; one per segment."""
+    seen, order = set(), []
+
+    def visit(key):
+        module, name = key
+        if key in seen or name not in CODE[module][0]:
+            return
+        seen.add(key)
+        node = CODE[module][0][name][0]
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name):
+                visit((module, n.id))
+            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in CODE:
+                visit((n.value.id, n.attr))
+        order.append(key)
+
+    for root in roots:
+        visit(tuple(root.split(":")))
+    segments = {}
+    for module, name in order:
+        segments.setdefault((module, CODE[module][0][name][1]), (module, name))
+    return list(segments.values())
+
+
+def import_lines(keys):
+    """The project's import lines that the pasted definitions use (project modules themselves dropped)."""
+    used = {n.id for module, name in keys for n in ast.walk(CODE[module][0][name][0]) if isinstance(n, ast.Name)}
+    lines = []
+    for module in dict.fromkeys(m for m, _ in keys):
+        for node in CODE[module][1]:
+            for alias in node.names:
+                bound = (alias.asname or alias.name).split(".")[0]
+                if bound in used and bound not in CODE:
+                    line = (f"from {node.module} import {alias.name}" if isinstance(node, ast.ImportFrom)
+                            else f"import {alias.name}") + (f" as {alias.asname}" if alias.asname else "")
+                    if line not in lines:
+                        lines.append(line)
+    return lines
+
+
+def pasted(roots):
+    """(the pasted file's text, lines counted, definitions): one file, `module.name` prefixes dropped."""
+    keys = closure(roots)
+    parts = []
+    for module, name in keys:
+        segment = CODE[module][0][name][1]
+        for other in CODE:
+            segment = re.sub(rf"\b{other}\.([A-Za-z_]\w*)", lambda m, o=other: m.group(1) if m.group(1) in CODE[o][0]
+                             else m.group(0), segment)
+        parts.append(segment)
+    imports = import_lines(keys)
+    count = len(imports) + sum(len(CODE[m][0][n][1].splitlines()) for m, n in keys)
+    return "\n".join(imports) + "\n\n\n" + "\n\n\n".join(parts) + "\n", count, keys
+
+
+@pytest.mark.parametrize("block", sorted(BUDGETS))
+def test_each_building_block_pastes_within_its_budget(block):
+    _, count, keys = pasted([block])
+    assert count <= BUDGETS[block], f"{block}: {count} lines pasted > {BUDGETS[block]} ({len(keys)} definitions)"
+
+
+@pytest.mark.parametrize("block", sorted(BUDGETS) + MORE_BLOCKS)
+def test_no_building_block_reaches_the_run_machinery(block):
+    text, _, keys = pasted([block])
+    assert not [k for k in keys if k[0] == "machinery"], keys
+    # no files written, no printing, no process groups, no argparse, no exits in what a student pastes
+    found = re.findall(r"\bprint\(|open\([^)]*['\"][wax]|os\.replace|os\.remove|torch\.distributed|argparse|"
+                       r"sys\.exit|\bTSVLog\b", text)
+    assert not found, (block, found)
+
+
+def test_the_budget_counts_as_the_shared_tool_does():
+    """Where ../shared/tools/copy_size.py is at hand (the development checkout), it counts the same lines."""
+    tool = os.path.join(ROOT, "..", "shared", "tools", "copy_size.py")
+    if not os.path.exists(tool):
+        pytest.skip("no ../shared/tools/copy_size.py in this checkout")
+    out = subprocess.run([sys.executable, tool, *sorted(BUDGETS)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120).stdout
+    theirs = {line.split("\t")[0]: int(line.split("\t")[1].split()[1]) for line in out.splitlines() if "\t" in line}
+    assert theirs == {block: pasted([block])[1] for block in BUDGETS}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pasted into an empty folder, each block gives what the import gives
+# ----------------------------------------------------------------------------------------------------------
+# Each case: the roots pasted into one file, then the same script run twice, once against the import and once
+# in a fresh process in the empty folder (python -E -s: the project is not on sys.path); `result` is compared.
+
+SETUP = """
+import numpy as np
+import torch
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                          torch.nn.Flatten(), torch.nn.Linear(256, 10))
+net[1].running_mean.uniform_(-0.1, 0.1)
+images = torch.rand(12, 1, 8, 8)
+labels = torch.arange(12) % 10
+"""
+CASES = {
+    "certify": (["certify:certify"], """
+net.train()
+result = [certify(net, images[i], 0.5, 50, 400, 0.001, 100, 10, torch.Generator().manual_seed(i)) for i in range(3)]
+result.append(net.training)
+"""),
+    "predict": (["certify:predict"], """
+result = [predict(net, images[i], 0.25, 300, 0.001, 100, 10, torch.Generator().manual_seed(i)) for i in range(3)]
+"""),
+    "grid_certify": (["certify:grid_certify", "certify:grid_plan"], """
+plan = grid_plan([0.25, 0.5], 0.5, 2000, 100, 0.001)
+result = [grid_certify(net.eval(), images[i], 0.5, 50, 100, 10, torch.Generator().manual_seed(i), plan)
+          for i in range(2)]
+"""),
+    "ours_loss": (["train_ours:ours_loss"], """
+torch.manual_seed(3)
+out = ours_loss(net.train(), images[:4], labels[:4], 0.5, 2, 2, 0.25, "l2")
+out["loss"].backward()
+result = [out["loss"].item(), int(out["correct"]), out["total"], net[0].weight.grad.clone()]
+"""),
+    "discard_hard": (["train_ours:discard_hard", "train_ours:radius_weights"], """
+torch.manual_seed(4)
+kept, counts, got = discard_hard(net, torch.utils.data.TensorDataset(images, labels), 0.25, 20, 0.1, batch=40)
+result = [kept, counts, got, radius_weights(counts, 20, 0.1, 0.75)]
+"""),
+    "smoothadv_loss": (["train_baselines:smoothadv_loss", "train_baselines:macer_loss"], """
+torch.manual_seed(5)
+a = smoothadv_loss(net.train(), images[:4], labels[:4], None, sigma=0.5, m=2, T=2, eps=0.5, warm=0.5)["loss"].item()
+b = macer_loss(net, images[:4], labels[:4], None, sigma=0.5, m=2, beta=16.0, gamma=8.0, lbd=12.0)["loss"].item()
+result = [a, b]
+"""),
+    "compare_sides": (["analyze:compare_sides", "common:read_certification_log", "analyze:acr",
+                       "analyze:certified_accuracy", "analyze:ecdf"], """
+rng = np.random.default_rng(0)
+logs = []
+for name, shift in (("a.tsv", 0.0), ("b.tsv", 0.4)):
+    nY = rng.binomial(1000, np.clip(rng.uniform(0.3, 1.0, 200) + shift, 0, 1))
+    radius = np.where(nY > 600, 0.5 * (nY - 500) / 500, 0.0)
+    with open(name, "w") as f:
+        f.write("idx\\tlabel\\tpredict\\tradius\\tcorrect\\ttime\\tnA\\tN\\tnY\\n")
+        for i, (r, y) in enumerate(zip(radius, nY)):
+            f.write(f"{i}\\t{i % 10}\\t{i % 10 if r > 0 else -1}\\t{r:.6}\\t{int(r > 0)}\\t0:00:01\\t{y}\\t1000\\t{y}\\n")
+    logs.append(read_certification_log(name))
+rows, facts = compare_sides([logs[0]], [logs[1]], [0.25, 0.5])
+result = [rows, facts["n"], acr(logs[1]["radius"], logs[1]["correct"]),
+          certified_accuracy(logs[1]["radius"], logs[1]["correct"], [0.0, 0.25]),
+          ecdf(logs[1]["nY"] / logs[1]["N"], [0.5, 0.9])]
+"""),
+    "optimize_sigma": (["ddrs:optimize_sigma", "common:sphere_pgd"], """
+gens = [torch.Generator().manual_seed(10 + i) for i in range(3)]
+sigmas = optimize_sigma(net.eval(), images[:3], 0.25, 3, 8, 1e-3, gens)
+torch.manual_seed(6)
+delta = 0.5 * torch.randn(2, 4, 1, 8, 8)
+result = [sigmas, sphere_pgd(net, images[:4], labels[:4], delta, 2, 0.25)]
+"""),
+}
+
+
+def same(a, b):
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return a == b or (a != a and b != b)   # nan equals nan here
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_pasted_block_runs_alone_and_gives_what_the_import_gives(case, tmp_path, monkeypatch):
+    roots, script = CASES[case]
+    text, _, _ = pasted(roots)
+    (tmp_path / "pasted.py").write_text(text)
+    driver = ("import torch\nfrom pasted import *\n" + SETUP + script +
+              "torch.save(result, 'result.pt')\n")
+    (tmp_path / "driver.py").write_text(driver)
+    done = subprocess.run([sys.executable, "-E", "-s", "driver.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={"PATH": os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = torch.load(tmp_path / "result.pt", weights_only=False)   # our own file, just written
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    for root in roots:
+        module, name = root.split(":")
+        namespace[name] = getattr(__import__(module), name)
+    torch.set_num_threads(1)
+    exec(SETUP + script, namespace)
+    assert same(namespace["result"], theirs), case
