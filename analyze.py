@@ -1582,7 +1582,7 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None):
         for side, name in ((side_a, "A"), (side_b, "B")):
             own, n_own, own_left = shared_images(side)
             common.check(n_own > 1, f"the logs of side {name} share {'no image' if n_own == 0 else 'one image'} (idx, "
-                                    f"label): a side's logs certify one test set, and an interval needs 2 images")
+                                    f"label): one test set a side, and an interval needs at least 2 images")
             rows_of.update(own)
             left.update(own_left)
     values, variances = {}, {}

@@ -540,10 +540,10 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=Non
         dataset, picked, classes = t["dataset"], t["picked"], t["classes"]
         radii = sorted(grid_radii) if grid_radii else [r for r in GRID_RADII if r <= 4 * sigma]
         beta = certify.DEFAULT_BETA
-        plans = {"grid": certify.grid_plan(radii, sigma, N, BATCH, alpha, beta, True),
-                 "grid, no final look": certify.grid_plan(radii, sigma, N, BATCH, alpha, beta, False),
-                 "single radius 0.5": certify.grid_plan([0.5], sigma, N, BATCH, alpha, beta, True),
-                 "r = 0.5 alone": certify.grid_plan([0.5], sigma, N, BATCH, alpha, beta, True, zero_level=False)}
+        plans = {"grid": certify.grid_plan(radii, sigma, N, alpha, beta, True),
+                 "grid, no final look": certify.grid_plan(radii, sigma, N, alpha, beta, False),
+                 "single radius 0.5": certify.grid_plan([0.5], sigma, N, alpha, beta, True),
+                 "r = 0.5 alone": certify.grid_plan([0.5], sigma, N, alpha, beta, True, zero_level=False)}
         arms = {f"CERTIFY N = {N:,}": None, f"CERTIFY N = {N // 10:,}": None, **plans}
         results = {name: {"radius": [], "correct": [], "evals": [], "time": 0.0} for name in arms}
         group = 64   # certify.py --group's default: the grid arms pack the draws of a group into shared passes

@@ -265,7 +265,7 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
     return looks + [int(N_max)]
 
 
-def grid_plan(radii, sigma, N_max, batch, alpha, beta=None, final_look=True, seq_level=1.0, one_sided=True,
+def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=1.0, one_sided=True,
               selection_prior=True, zero_level=True):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ... (no r_0 = 0
     with zero_level False: --no-zero-level), their thresholds tau_j = Phi(r_j / sigma), the check times
@@ -362,7 +362,7 @@ def grid_certify(model, x, sigma, N0, batch, num_classes, generator=None, plan=N
                  candidate=None):
     """GRID-CS on one input (grid_certify_many, see there). plan: grid_plan(...), required."""
     if plan is None:
-        raise TypeError("grid_certify() needs plan= (certify.grid_plan(radii, sigma, N, batch, alpha))")
+        raise TypeError("grid_certify() needs plan= (certify.grid_plan(radii, sigma, N_max, alpha))")
     return grid_certify_many(model, [(x, generator, candidate)], sigma, N0, batch, num_classes, plan, copies)[0]
 
 
@@ -916,7 +916,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     if sigma_of is not None:
         columns = columns + ("sigma",)
     beta = DEFAULT_BETA if args.beta is None else args.beta
-    plan = None if args.radii is None else grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, beta,
+    plan = None if args.radii is None else grid_plan(args.radii, sigma, args.N, args.alpha, beta,
                                                      args.final_look, zero_level=args.zero_level)
     if not args.overwrite:
         columns = resume_columns(outfile, columns)   # a log from before nY resumes in its own columns

@@ -89,11 +89,11 @@ def previous_plan(radii, sigma, N, batch, alpha):
 def draws_at(pAs, radii, sigma, N, N0, batch, alpha, reps, seed):
     """Mean estimation draws per example at each true pA: the per-pass, two-sided and one-sided KT rules against the selection-prior rule."""
     plans = {"per-pass": previous_plan(radii, sigma, N, batch, alpha),
-             "two-sided": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True,
+             "two-sided": certify.grid_plan(radii, sigma, N, alpha, certify.DEFAULT_BETA, True,
                                             one_sided=False, selection_prior=False),
-             "one-sided KT": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True,
+             "one-sided KT": certify.grid_plan(radii, sigma, N, alpha, certify.DEFAULT_BETA, True,
                                              selection_prior=False),
-             "now": certify.grid_plan(radii, sigma, N, batch, alpha, certify.DEFAULT_BETA, True)}
+             "now": certify.grid_plan(radii, sigma, N, alpha, certify.DEFAULT_BETA, True)}
     rows = [(p, *[simulate(plan, np.array([p]), np.array([True]), reps, seed, N0)[0] for plan in plans.values()])
             for p in pAs]
     return (f"Estimation draws per example (the N0 = {N0} selection draws not included) of --radii "
@@ -117,13 +117,13 @@ def seq_levels(args):
     rows = []
     for f in args.seq_levels:
         try:
-            plan = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, certify.DEFAULT_BETA, True, f)
+            plan = certify.grid_plan(args.radii, sigma, args.N, args.alpha, certify.DEFAULT_BETA, True, f)
         except common.UserError:   # the tests at this level spend more than alpha: not a valid rule
             continue
         draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
         rows.append((f, plan["spent"], plan["alpha_fin"] / args.alpha, args.N0 + draws,
                      (args.N0 + args.N) / (args.N0 + draws), acc))
-    radii = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, 0.0, True)["radii"]
+    radii = certify.grid_plan(args.radii, sigma, args.N, args.alpha, 0.0, True)["radii"]
     return (f"The tests of certify.py --radii {' '.join(f'{r:g}' for r in args.radii)} at level F x alpha "
             f"(sigma {sigma:g}, N_max {args.N:,}, alpha {args.alpha:g}, beta {certify.DEFAULT_BETA:g}), simulated on "
             f"the true pA of the {len(pA)} examples of {args.log} ({args.reps} runs each): the error the sequence "
@@ -179,7 +179,7 @@ def main(argv=None):
     pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
     rows, base = [], None
     for beta in BETAS:
-        plan = certify.grid_plan(args.radii, sigma, args.N, args.batch, args.alpha, beta, True)
+        plan = certify.grid_plan(args.radii, sigma, args.N, args.alpha, beta, True)
         draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
         base = base or (draws, acc)
         lost = max(100 * (b - a) for a, b in zip(acc, base[1]))

@@ -98,7 +98,7 @@ class Halfspace(torch.nn.Module):
 def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=100):
     """Rows (r_j, tau_j, exact, false certificates, trials, rate, 95 % interval) at pA = tau_j, every level;
     each run first draws its selection votes k0 ~ Binomial(N0, tau_j), which set its prior (certify.grid_plan)."""
-    plan = certify.grid_plan(radii, sigma, N, 1000, alpha, beta, True)
+    plan = certify.grid_plan(radii, sigma, N, alpha, beta, True)
     if negative:   # a fixed-n Clopper-Pearson test at alpha at every look: thresholds without any correction
         taus = norm.cdf(np.array(plan["radii"]) / sigma)
         plan = dict(plan, **common.grid_tables(taus, plan["checks"], alpha, beta, alpha, N, True))
@@ -122,7 +122,7 @@ def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=
 
 def pipeline(radii, sigma, N, alpha, beta, trials, seed, label_mode):
     """The same through certify.grid_certify_many on a halfspace, packed 64 examples a group."""
-    plan = certify.grid_plan(radii, sigma, N, 1000, alpha, beta, True)
+    plan = certify.grid_plan(radii, sigma, N, alpha, beta, True)
     torch.manual_seed(seed)
     w, b = torch.randn(4, dtype=torch.float64).float(), torch.tensor(0.3)
     model = Halfspace(w, b)
@@ -181,7 +181,7 @@ def main(argv=None):
             ok &= holds(rows, alpha)
             parts.append(f"## 2. Pipeline (certify.grid_certify_many, 64 examples a group, N_max = {N // 2:,}), "
                          f"{'label' if label_mode else 'predict'} mode, α = {alpha:g}\n\n{table(rows)}\n")
-    plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], 0.5, 100_000, 1000, 0.001, beta, True)
+    plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], 0.5, 100_000, 0.001, beta, True)
     worst = []   # per prior: (k0, spent, alpha_fin, the largest exact total over the levels)
     for k0 in [None, *range(101)]:
         tables = plan if k0 is None else certify.final_look_tables(plan, certify.job_tables(plan, k0, 100))

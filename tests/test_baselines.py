@@ -318,7 +318,8 @@ def test_warm_ups_and_the_deferred_term_follow_the_epoch():
     def kw(method, epoch, *argv):
         s = tb.settings(parse("--method", method, "--sigma", 1.0, *argv))
         return tb.make_loss_fn(method, vars(s), s.sigma, epoch, target=torch.zeros(1)).keywords
-    assert kw("smoothadv", 0)["eps"] == pytest.approx(0.2) and kw("smoothadv", 9)["eps"] == 2.0
+    assert kw("smoothadv", 0)["warm"] == pytest.approx(0.1) and kw("smoothadv", 9)["warm"] == 1.0   # eps 2.0
+    assert kw("smoothadv", 0)["eps"] == 2.0
     assert kw("smoothmix", 4)["warm"] == pytest.approx(0.5) and kw("smoothmix", 20)["warm"] == 1.0
     assert kw("macer", 50)["lbd"] == 0.0 and kw("macer", 51)["lbd"] == 12.0   # lambda = 0 in epochs 0..50
     assert kw("catrs", 79, "--double_eps_from", 80)["eps"] == 1.0

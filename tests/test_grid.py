@@ -111,7 +111,7 @@ def test_the_selection_votes_set_the_prior_and_label_mode_keeps_kt():
         def forward(self, x):
             return torch.stack([torch.zeros(len(x)), torch.ones(len(x))], dim=1)
     x = torch.zeros(1, 1, 4)
-    plan = certify.grid_plan([0.5, 1.0], 0.5, 5000, 500, 0.001, 0.2, True)
+    plan = certify.grid_plan([0.5, 1.0], 0.5, 5000, 0.001, 0.2, True)
     out = certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0), plan)
     assert set(plan["cache"]) == {common.KT_PRIOR, (60.5, 0.5)}
     informed = certify.prior_tables(plan, (60.5, 0.5))
@@ -119,13 +119,13 @@ def test_the_selection_votes_set_the_prior_and_label_mode_keeps_kt():
     first = lambda tables: (tables["lower"] <= np.array(plan["checks"])).argmax(axis=1)   # noqa: E731
     assert np.all(first(informed) <= first(plan))      # with every vote for cA, no level comes later than KT's
     plain = certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0),
-                                 certify.grid_plan([0.5, 1.0], 0.5, 5000, 500, 0.001, 0.2, True,
+                                 certify.grid_plan([0.5, 1.0], 0.5, 5000, 0.001, 0.2, True,
                                                    selection_prior=False))
     assert out["radius"] == plain["radius"] == 1.0 and out["N"] <= plain["N"]    # the same answer, no later
     for k0 in (0, 37, 60):   # curtailing's final thresholds never exceed the exact accounting's
         tables = certify.final_look_tables(plan, certify.prior_tables(plan, (k0 + 0.5, 60 - k0 + 0.5)))
         assert np.all(tables["final_bound"] <= tables["final"]) and tables["spent"] + tables["alpha_fin"] <= 0.001
-    label = certify.grid_plan([0.5, 1.0], 0.5, 5000, 500, 0.001, 0.2, True)
+    label = certify.grid_plan([0.5, 1.0], 0.5, 5000, 0.001, 0.2, True)
     certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0), label, candidate=1)
     assert set(label["cache"]) == {common.KT_PRIOR}
 
@@ -161,14 +161,14 @@ def test_confidence_sequence_covers_at_every_look_and_a_repeated_cp_test_does_no
 def test_table_boundaries_agree_with_the_radius_formula():
     # at the threshold count the bound certifies r (sigma Phi^-1(L) >= r), one vote fewer it does not
     sigma, N = 0.5, 5000
-    two_sided = certify.grid_plan([0.25, 0.5, 1.0], sigma, N, 500, 0.001, 0.001, True, one_sided=False)
+    two_sided = certify.grid_plan([0.25, 0.5, 1.0], sigma, N, 0.001, 0.001, True, one_sided=False)
     for j, r in enumerate(two_sided["radii"]):   # the rule before: the KT interval's lower end crosses tau_j
         for i, t in enumerate(two_sided["checks"]):
             A = int(two_sided["lower"][j, i])
             if A <= t:
                 assert common.kt_interval(A, t, two_sided["alpha_seq"], 0.5)[0] >= norm.cdf(r / sigma) - 1e-12
                 assert common.kt_interval(A - 1, t, two_sided["alpha_seq"], 0.5)[0] < norm.cdf(r / sigma) + 1e-12
-    plan = certify.grid_plan([0.25, 0.5, 1.0], sigma, N, 500, 0.001, 0.001, True)
+    plan = certify.grid_plan([0.25, 0.5, 1.0], sigma, N, 0.001, 0.001, True)
     for j, r in enumerate(plan["radii"]):
         A = int(plan["final"][j])
         L = common.clopper_pearson_lower(A, N, plan["alpha_fin"])
@@ -209,7 +209,7 @@ def test_false_certificate_rate_at_the_worst_case_stays_within_alpha():
     torch.manual_seed(0)
     w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
     model = Halfspace(w, b)
-    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, 1000, alpha, alpha, True)
+    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True)
     runs = 300
     for r in (0.25, 0.5):
         for d in (r, r - 0.02 * sigma):                                   # exactly at, and just below, r
@@ -229,7 +229,7 @@ def test_limiting_configuration_equals_fixed_n_certify():
     w, b, sigma, N = torch.randn(4), torch.tensor(0.1), 0.5, 5000
     model = Halfspace(w, b)
     radii = [0.1 * k for k in range(1, 12)]
-    plan = certify.grid_plan(radii, sigma, N, 500, 0.001, 0.0, True, selection_prior=False)   # its own tables
+    plan = certify.grid_plan(radii, sigma, N, 0.001, 0.0, True, selection_prior=False)   # its own tables
     checks = [int(t) for t in np.cumsum(common.pass_sizes(N, 500))]   # CERTIFY's passes: the same noise chunks
     plan = dict(plan, checks=checks, **common.grid_tables(norm.cdf(np.array(plan["radii"]) / sigma), checks, 0.0,
                                                           0.0, 0.001, N))
@@ -250,7 +250,7 @@ def test_curtailment_never_changes_the_answer_and_draws_never_exceed_the_budget(
     torch.manual_seed(2)
     w, b, sigma = torch.randn(4), torch.tensor(0.0), 0.5
     model = Halfspace(w, b)
-    plan = certify.grid_plan([0.25, 0.5, 1.0, 2.5], sigma, 20_000, 1000, 0.001, 0.001, True, selection_prior=False)
+    plan = certify.grid_plan([0.25, 0.5, 1.0, 2.5], sigma, 20_000, 0.001, 0.001, True, selection_prior=False)
     full = dict(plan, reach=np.full_like(plan["reach"], -10 ** 9))       # never curtailed
     for d in (0.3, 0.6, 1.2, 3.0):                                        # 3.0: the top level is out of reach
         x = point_at(w, b, d)
@@ -261,7 +261,7 @@ def test_curtailment_never_changes_the_answer_and_draws_never_exceed_the_budget(
 
 
 def test_levels_never_fall_and_more_votes_never_certify_less():
-    plan = certify.grid_plan([0.25, 0.5, 1.0], 0.5, 10_000, 1000, 0.001, 0.001, True)
+    plan = certify.grid_plan([0.25, 0.5, 1.0], 0.5, 10_000, 0.001, 0.001, True)
     for i in range(len(plan["checks"])):
         levels = [certify.decided_levels(plan, A, i)[0] for A in range(0, plan["checks"][i] + 1, 7)]
         assert levels == sorted(levels)
@@ -277,7 +277,7 @@ def test_draw_accounting_counts_every_forward_call():
     torch.manual_seed(3)
     w = torch.randn(4)
     model = Counting(w, torch.tensor(0.0))
-    plan = certify.grid_plan([0.25, 0.5], 0.5, 20_000, 1000, 0.001, 0.001, True)
+    plan = certify.grid_plan([0.25, 0.5], 0.5, 20_000, 0.001, 0.001, True)
     out = certify.grid_certify(model, point_at(w, torch.tensor(0.0), 0.4), 0.5, 100, 1000, 2,
                                common.example_generator(0, 0), plan)
     assert sum(calls) == 100 + out["N"] and out["N"] in plan["checks"]
@@ -389,10 +389,10 @@ def test_exact_accounting_gives_the_final_look_the_rest_and_spends_at_most_alpha
     looking after 32 draws and then every 25 % more (at most 500 apart), spend about half of it (the two-sided
     KT sequence about a tenth: its boundary is wider); the final look gets the rest, and the total is alpha,
     not more."""
-    plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 1000, 0.001, 0.2, True)
+    plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 0.001, 0.2, True)
     assert plan["alpha_seq"] == 0.001 and 0.3 * 0.001 < plan["spent"] < 0.6 * 0.001
     assert plan["spent"] + plan["alpha_fin"] <= 0.001 + 1e-15 and plan["alpha_fin"] > 0.4 * 0.001
-    two_sided = certify.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 1000, 0.001, 0.2, True, one_sided=False)
+    two_sided = certify.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 0.001, 0.2, True, one_sided=False)
     assert 0 < two_sided["spent"] < 0.15 * 0.001 and two_sided["alpha_fin"] > 0.85 * 0.001
     for j, tau in enumerate(norm.cdf(np.array(plan["radii"]) / 0.5)):   # every level within its share
         assert common.crossing_probability(plan["lower"][j], plan["checks"], tau) <= plan["spent"] + 1e-15
@@ -410,7 +410,7 @@ def test_label_mode_false_certificate_rate_stays_within_alpha_and_spends_no_sele
             calls.append(len(x))
             return super().forward(x)
     model = Counting(w, b)
-    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, 1000, alpha, alpha, True)
+    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True)
     runs = 300
     for r in (0.25, 0.5):
         for d in (r, r - 0.02 * sigma):
@@ -473,7 +473,7 @@ def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws()
     w, b, sigma = torch.randn(4), torch.tensor(0.3), 0.5
     model = Halfspace(w, b)
     d = 0.5 + 0.2 * sigma
-    plan = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 1000, 0.01, 0.2, True)
+    plan = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True)
     real = [certify.grid_certify(model, point_at(w, b, d), sigma, 100, 1000, 2, common.example_generator(3, k),
                                  plan, candidate=1) for k in range(200)]
     draws, acc = beta_curve.simulate(plan, np.array([norm.cdf(d / sigma)]), np.array([True]), 4000, 0)
@@ -483,7 +483,7 @@ def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws()
     assert abs(real_at_05 - acc[2]) < 4 * math.sqrt(acc[2] * (1 - acc[2]) / 200) + 0.01
     p = np.array([0.3, 0.55, 0.7, 0.85, 0.95, 0.99])
     ok = np.ones(len(p), bool)
-    costs = [beta_curve.simulate(certify.grid_plan([0.25, 0.5], sigma, 20_000, 1000, 0.01, beta, True), p, ok,
+    costs = [beta_curve.simulate(certify.grid_plan([0.25, 0.5], sigma, 20_000, 0.01, beta, True), p, ok,
                                  50, 1) for beta in (0.0, 0.01, 0.2, 0.5)]
     assert all(a[0] >= b_[0] for a, b_ in zip(costs, costs[1:]))          # draws never rise with beta
     assert all(a <= b_ + 1e-12 for c in costs[1:] for a, b_ in zip(c[1], costs[0][1]))   # nor certificates
@@ -494,7 +494,7 @@ def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws()
     real_draws = np.array([o["N"] for o in real], dtype=float)
     assert abs(real_draws.mean() - draws) < 4 * real_draws.std() / math.sqrt(200) + 1
     # and the point of that prior: fewer draws than KT's at every pA where there is something to decide
-    kt = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 1000, 0.01, 0.2, True, selection_prior=False)
+    kt = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True, selection_prior=False)
     for pA in (0.6, 0.8, 0.9, 0.99):
         informed = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 1000, 2, N0=100)[0]
         assert informed < 0.95 * beta_curve.simulate(kt, np.array([pA]), np.array([True]), 1000, 2, N0=100)[0], pA
@@ -505,7 +505,7 @@ def test_packing_gives_each_example_the_result_it_gets_alone_and_fills_the_batch
     gets the result it gets alone; the forward passes are full batches while more than one example is left."""
     model, _ = machinery.load_model(digits_model)
     data = common.get_dataset("digits", "test")
-    plan = certify.grid_plan([0.25, 0.5], 0.25, 5000, 200, 0.001, 0.2, True)
+    plan = certify.grid_plan([0.25, 0.5], 0.25, 5000, 0.001, 0.2, True)
     sizes = []
     hook = model.register_forward_pre_hook(lambda m, inp: sizes.append(len(inp[0])))
     items = lambda: [(data[i][0], common.example_generator(0, i), None) for i in range(12)]
@@ -525,7 +525,7 @@ def test_false_certificate_rate_with_packing_stays_within_alpha():
     torch.manual_seed(0)
     w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
     model = Halfspace(w, b)
-    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, 1000, alpha, alpha, True)
+    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True)
     runs = 400
     for r in (0.25, 0.5):
         x = point_at(w, b, r)[0]
@@ -586,7 +586,7 @@ def test_wald_limit_matches_closed_forms_and_no_valid_rule_beats_it():
     beta_curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(beta_curve)
     sigma, radii = 0.5, [0.25, 0.5, 0.75]
-    plan = certify.grid_plan(radii, sigma, 20_000, 1000, 0.001, 0.2, True)
+    plan = certify.grid_plan(radii, sigma, 20_000, 0.001, 0.2, True)
     thresholds = norm.cdf(np.array(plan["radii"]) / sigma)
     for pA in (0.3, 0.6, 0.8, 0.9, 0.99, 1.0):
         for N0 in (0, 100):   # KT's prior (label mode), and the selection votes' (its own limit holds given them)
@@ -640,8 +640,8 @@ def test_no_zero_level_decides_only_the_listed_radii_and_stays_valid(digits_mode
     torch.manual_seed(0)
     w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
     model = Halfspace(w, b)
-    alone = certify.grid_plan([0.5], sigma, 20_000, 1000, alpha, 0.2, True, zero_level=False)
-    both = certify.grid_plan([0.5], sigma, 20_000, 1000, alpha, 0.2, True)
+    alone = certify.grid_plan([0.5], sigma, 20_000, alpha, 0.2, True, zero_level=False)
+    both = certify.grid_plan([0.5], sigma, 20_000, alpha, 0.2, True)
     assert alone["radii"] == [0.5] and both["radii"] == [0.0, 0.5]
     runs = 300
     outs = [certify.grid_certify(model, point_at(w, b, 0.5), sigma, 100, 1000, 2, common.example_generator(12, k),
