@@ -2,16 +2,19 @@
 # The paper's experiments, one target each (README, Experiments): make table3 SIGMA=0.5 DATA_DIR=..., ...
 PYTHON ?= python3
 SIGMA ?= 0.5
+# make test runs the suite in parallel (pytest-xdist), one worker a core and at most 4 (each worker's torch
+# uses one thread; more workers than that mostly add memory)
+JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))" 2>/dev/null || echo 2)
 
 .PHONY: install test demo fuzz table2 table3 table4 table5 ecdf budget gpu-check
 
 # Install the requirements only when one of them is missing (a no-op on a prepared machine).
 install:
-	@$(PYTHON) -c "import torch, torchvision, numpy, scipy, matplotlib, sklearn, pandas, pytest, hypothesis" 2>/dev/null \
+	@$(PYTHON) -c "import torch, torchvision, numpy, scipy, matplotlib, sklearn, pandas, pytest, hypothesis, xdist" 2>/dev/null \
 		|| $(PYTHON) -m pip install -r requirements.txt
 
 test: install
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n $(JOBS) tests
 
 # Train, certify and analyse four small models on 8x8 digits; writes runs/demo/report.md (scripts/demo.sh).
 demo: install

@@ -299,6 +299,8 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=
     beta defaults to DEFAULT_BETA, final_look to True (certify.py's defaults).
     """
     beta = DEFAULT_BETA if beta is None else beta
+    common.check(0 < alpha < 1 and 0 <= beta < 1 and N_max >= 1, f"grid_plan needs 0 < alpha < 1, 0 <= beta < 1 "
+                                                                 f"and N_max >= 1 (got {alpha}, {beta}, {N_max})")
     radii = sorted({0.0, *map(float, radii)} if zero_level else set(map(float, radii)))
     common.check(len(radii) > 0, "--radii needs at least one radius")
     checks = look_schedule(N_max)

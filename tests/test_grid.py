@@ -625,7 +625,7 @@ def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tm
     spec.loader.exec_module(grid_validity)
     out = tmp_path / "report.md"
     assert grid_validity.main(["--out", str(out), "--trials", "3000", "--pipeline-trials", "0",
-                               "--alphas", "0.05"]) == 0
+                               "--alphas", "0.05", "--priors", "0", "57", "100"]) == 0
     text = out.read_text()
     assert "**All checks hold**" in text and "The harness can fail" in text
     rows, plan = grid_validity.vote_process([0.25, 0.5], 0.5, 5000, 0.05, 0.2, 2000, 3, negative=True)

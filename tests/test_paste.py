@@ -161,7 +161,7 @@ result.append(net.training)
 result = [predict(net, images[i], 0.25, 300, 0.001, 100, 10, torch.Generator().manual_seed(i)) for i in range(3)]
 """),
     "grid_certify": (["certify:grid_certify", "certify:grid_plan"], """
-plan = grid_plan([0.25, 0.5], 0.5, 2000, 100, 0.001)
+plan = grid_plan([0.25, 0.5], 0.5, 2000, 0.001)
 result = [grid_certify(net.eval(), images[i], 0.5, 50, 100, 10, torch.Generator().manual_seed(i), plan)
           for i in range(2)]
 """),
