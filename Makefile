@@ -14,7 +14,7 @@ install:
 		|| $(PYTHON) -m pip install -r requirements.txt
 
 test: install
-	$(PYTHON) -m pytest -q -n $(JOBS) tests
+	$(PYTHON) -m pytest -q -n $(JOBS) --dist worksteal tests
 
 # Train, certify and analyse four small models on 8x8 digits; writes runs/demo/report.md (scripts/demo.sh).
 demo: install

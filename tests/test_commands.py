@@ -388,6 +388,13 @@ def test_a_students_own_module_of_the_same_name_earlier_on_sys_path_is_one_clear
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError:") and f"{shadow}.py shadows this project's module" in last, done.stderr
-    ok = subprocess.run([sys.executable, "-c", f"import sys; sys.path[:0] = [{ROOT!r}]; import {module}"],
-                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def test_without_a_shadowing_module_every_script_imports(tmp_path):
+    """The negative control of the test above: a student's modules of these names in the working directory, and
+    the project's folder first on sys.path: every script imports."""
+    for shadow in ("common", "certify", "machinery"):
+        (tmp_path / f"{shadow}.py").write_text("def helper():\n    return 1\n")
+    code = f"import sys; sys.path[:0] = [{ROOT!r}]; import train_ours, certify, ddrs, analyze, train_gaussian"
+    ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
