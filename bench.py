@@ -668,7 +668,7 @@ def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=204
                                else -np.inf] for t, _ in tests])
             bounds = np.array([b for _, b in tests])
             walk, stop = np.zeros((len(tests), runs)), np.full((len(tests), runs), N_max)
-            done = np.array([[t == p] * runs for t, _ in tests])   # p on a threshold: never decided
+            done = np.zeros((len(tests), runs), bool)   # p on a threshold: its steps are 0, never decided
             drawn = 0
             while drawn < N_max and not done.all():
                 k = min(chunk, N_max - drawn)

@@ -511,7 +511,8 @@ def run_identity(script, dataset, data_dir=None):
 def check_precision(precision, device):
     """Raise a UserError unless `precision` (fp32, bf16, fp16) can run on `device` (fp16: CUDA only)."""
     device = torch.device(device)
-    common.check(precision in common.PRECISIONS, f"unknown precision {precision!r}; choose one of {', '.join(common.PRECISIONS)}")
+    common.check(precision in common.PRECISIONS,
+                 f"unknown precision {precision!r}; choose one of {', '.join(common.PRECISIONS)}")
     common.check(precision != "fp16" or device.type == "cuda", "fp16 needs a CUDA device; use bf16 on the CPU")
     common.check(precision != "bf16" or device.type != "cuda" or torch.cuda.is_bf16_supported(),
                  "this GPU does not support bf16; use fp16")
@@ -599,7 +600,8 @@ def load_checkpoint(path, device="cpu", trust=False):
                  f"checkpoint {path!r}: its 'state_dict' is not a dict of tensors")
     for name, ok in CHECKPOINT_FIELDS.items():
         if name in ckpt and not ok(ckpt[name]):
-            raise common.UserError(f"checkpoint {path!r}: field {name!r} has an invalid value ({type(ckpt[name]).__name__})")
+            raise common.UserError(f"checkpoint {path!r}: field {name!r} has an invalid value "
+                                   f"({type(ckpt[name]).__name__})")
     return ckpt
 
 
@@ -657,7 +659,8 @@ def load_model(path, dataset=None, arch=None, device="cpu", trust=False):
             model(torch.zeros(1, *common.INPUT_SHAPE[dataset], device=device))
     except RuntimeError as e:
         raise common.UserError(f"checkpoint {path!r} ({arch}) cannot take {dataset} inputs of shape "
-                               f"{common.INPUT_SHAPE[dataset]} ({str(e).splitlines()[0][:120]}); pass the right --dataset") from None
+                               f"{common.INPUT_SHAPE[dataset]} ({str(e).splitlines()[0][:120]}); pass the right "
+                               f"--dataset") from None
     return model, ckpt
 
 
@@ -673,7 +676,8 @@ def get_device(name=None):
         device = torch.device(name)
     except RuntimeError:
         raise common.UserError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
-    common.check(device.type != "cuda" or torch.cuda.is_available(), f"device {name!r} requested but CUDA is not available")
+    common.check(device.type != "cuda" or torch.cuda.is_available(),
+                 f"device {name!r} requested but CUDA is not available")
     return device
 
 
@@ -739,7 +743,8 @@ def make_outdir(outdir):
             pass
         os.remove(probe)
     except OSError as e:
-        raise common.UserError(f"cannot write to output folder {outdir!r} ({e.strerror}); pass a writable --outdir") from None
+        raise common.UserError(f"cannot write to output folder {outdir!r} ({e.strerror}); pass a writable "
+                               f"--outdir") from None
     return outdir
 
 

@@ -757,7 +757,8 @@ def train(args, device):
                                          args.trust_checkpoint, vars(args))
     model = machinery.wrap_model(model, device, args.sync_bn)
     if machinery.is_main_process():
-        machinery.write_json({**vars(args), "environment": machinery.environment()}, os.path.join(args.outdir, "args.json"),
+        machinery.write_json({**vars(args), "environment": machinery.environment()},
+                             os.path.join(args.outdir, "args.json"),
                              "settings of a run")
         if args.note:
             print(f"note: {args.note} hyper-parameters (override them with flags)")

@@ -269,7 +269,8 @@ def train(args, device):
     model = machinery.wrap_model(model, device, args.sync_bn)
     start = args.Et if args.discard else 0   # without discarding every part starts at epoch 0 (official code)
     if machinery.is_main_process():
-        machinery.write_json({**vars(args), "environment": machinery.environment()}, os.path.join(args.outdir, "args.json"),
+        machinery.write_json({**vars(args), "environment": machinery.environment()},
+                             os.path.join(args.outdir, "args.json"),
                              "settings of a run")
         print(f"training {args.arch} on {args.dataset}, sigma {args.sigma}, m {args.m}, discard {args.discard} "
               f"(Et {start}, pt {args.pt}), reweight {args.reweight}, attack T {args.T} eps {args.eps} "

@@ -563,25 +563,25 @@ def test_torchrun_grid_run_splits_groups_and_merges_like_one_process(digits_mode
     assert cells(dist) == cells(whole) and certify.part_files(str(dist)) == []
 
 
-def test_wald_limit_matches_closed_forms_and_no_valid_rule_beats_it():
-    """bench.wald_limit: with every draw voting cA the certify bound is the fixed-n one, ln(1/alpha) / ln(1/tau)
-    (tau^n <= alpha); below a threshold it is kl(1 - alpha, beta) / KL(p || tau); and the real grid rule
-    (scripts/beta_curve.py's simulation of it) never spends fewer draws on average than the limit at its pA."""
+def test_the_oracle_sprt_matches_walds_identity_and_the_rule_never_beats_it():
+    """bench.oracle_draws: with every draw voting cA the certify SPRT stops at the fixed-n count
+    ceil(ln(1/alpha) / ln(1/tau)); one SPRT's mean lies between Wald's identity's bound / KL(p || tau) and that
+    plus one step (the overshoot); at a threshold it never decides (cut at N_max every run); and the real
+    grid rule (scripts/beta_curve.py's simulation of it) spends at least the oracle's draws on average."""
     import bench
     import importlib.util
     from scipy.special import rel_entr
     tau = norm.cdf(2.0)
-    assert math.isclose(bench.wald_limit([1.0], [0.5, tau], 0.001, 0.2, 10**6)[0],
-                        math.log(1000) / math.log(1 / tau), rel_tol=1e-9)
+    mean, cut = bench.oracle_draws([1.0], [0.5, tau], 0.001, 0.2, 10**6, runs=50)
+    assert mean[0] == math.ceil(math.log(1000) / math.log(1 / tau)) and cut[0] == 0
     kl = lambda p, q: rel_entr(p, q) + rel_entr(1 - p, 1 - q)   # noqa: E731
-    p = 0.9
-    rule_out = kl(0.999, 0.2) / kl(p, tau)
-    certify_half = math.log(1000) / kl(p, 0.5)
-    assert math.isclose(bench.wald_limit([p], [0.5, tau], 0.001, 0.2, 10**6)[0], max(rule_out, certify_half))
-    assert bench.wald_limit([p], [0.5, tau], 0.001, 0.2, 10, N0=100)[0] == 110         # capped at the budget
-    assert bench.wald_limit([tau], [0.5, tau], 0.001, 0.2, 10**6)[0] == 10**6          # at a threshold: never
-    assert bench.wald_limit([p], [0.5, tau], 0.001, 0.2, 10**6, miss=0.2)[0] <= bench.wald_limit(
-        [p], [0.5, tau], 0.001, 0.2, 10**6)[0]
+    p, runs = 0.8, 4000                                          # certify 1/2, rule out tau: the certify test is the later
+    mean, _ = bench.oracle_draws([p], [0.5, 0.999], 0.001, 0.5, 10**6, runs=runs)
+    low = math.log(1000) / kl(p, 0.5)
+    high = (math.log(1000) + math.log(p / 0.5)) / kl(p, 0.5)
+    assert low * 0.97 <= mean[0] <= high * 1.03 + 4 * math.sqrt(low) / runs ** 0.5, (low, mean, high)
+    mean, cut = bench.oracle_draws([tau], [0.5, tau], 0.001, 0.2, 5000, runs=20)
+    assert mean[0] == 5000 and cut[0] == 1.0                     # at a threshold: never decided
     spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
     beta_curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(beta_curve)
@@ -589,9 +589,10 @@ def test_wald_limit_matches_closed_forms_and_no_valid_rule_beats_it():
     plan = certify.grid_plan(radii, sigma, 20_000, 0.001, 0.2, True)
     thresholds = norm.cdf(np.array(plan["radii"]) / sigma)
     for pA in (0.3, 0.6, 0.8, 0.9, 0.99, 1.0):
-        for N0 in (0, 100):   # KT's prior (label mode), and the selection votes' (its own limit holds given them)
+        oracle = bench.oracle_draws([pA], thresholds, 0.001, 0.2, 20_000, runs=400)[0][0]
+        for N0 in (0, 100):   # KT's prior (label mode), and the selection votes' (the oracle knows pA anyway)
             draws, _ = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 400, 0, N0)
-            assert draws >= bench.wald_limit([pA], thresholds, 0.001, 0.2, 20_000)[0] * 0.98, (pA, N0)
+            assert draws >= oracle * 0.97, (pA, N0, draws, oracle)
 
 
 def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp_path):
