@@ -20,6 +20,9 @@ Usage: python analyze.py theory --out figures
        python analyze.py table runs/certify/*.tsv --radii 0 0.25 0.5 0.75 1
        python analyze.py paper --root ../shared/reference/acr-weakness --out figures
 """
+if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import functools
 import glob

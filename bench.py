@@ -37,6 +37,9 @@ machine, its load, torch version, threads and settings:
 (a)-(c), (e), (f) use random weights and random inputs: throughput depends on neither. On a
 machine shared with other jobs, --threads 1 avoids measuring the scheduler (threads waiting for each other).
 """
+if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
 import copy

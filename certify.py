@@ -35,6 +35,9 @@ Usage (after `python train_gaussian.py --dataset digits --sigma 0.5 --epochs 5`;
 Several processes (`--` keeps torchrun from reading --max as its own --max-restarts):
     torchrun --nproc_per_node 2 certify.py -- --checkpoint CKPT --max 100
 """
+if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
 import datetime

@@ -69,6 +69,8 @@ def read_table(path, required, numeric):
     check(lines and lines[0].strip(), f"{path}: empty file (expected a header {' '.join(required)})")
     sep = "\t" if "\t" in lines[0] else None                  # Cohen's logs are tab-separated
     header = [h.strip() for h in lines[0].split(sep)]
+    twice = sorted({h for h in header if header.count(h) > 1})
+    check(not twice, f"{path}: column {' '.join(twice)} appears more than once in the header; keep one")
     missing = [c for c in required if c not in header]
     check(not missing, f"{path}: not the expected format: header lacks {' '.join(missing)} "
                               f"(expected columns {' '.join(required)})")
@@ -95,23 +97,23 @@ def read_lines(path):
     check(os.path.exists(path), f"{path}: file not found")
     check(os.path.isfile(path), f"{path}: not a regular file (a FIFO, device or socket)")
     try:
-        with open(path, errors="replace") as f:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:   # a byte-order mark is not a column
             return f.read().splitlines()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
 
 
+# A number as the project writes them: ASCII digits, optional sign, point and exponent, or inf / nan. Python's
+# float() also takes underscores ("0_5" is 5.0) and other scripts' digits; a reader must not.
+NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf|infinity|nan))")
+
+
 def to_numbers(path, column, cells, line_numbers):
-    """Column cells as a float array; the first non-number is a UserError with its line number."""
-    try:
-        return np.array(cells, dtype=float)
-    except ValueError:
-        for number, cell in zip(line_numbers, cells):
-            try:
-                float(cell)
-            except ValueError:
-                raise UserError(f"{path} line {number}: {column} {cell!r} is not a number") from None
-        raise
+    """Column cells as a float array; the first cell that is not a number (NUMBER) is a UserError with its line."""
+    for number, cell in zip(line_numbers, cells):
+        if not NUMBER.fullmatch(cell):
+            raise UserError(f"{path} line {number}: {column} {cell!r} is not a number")
+    return np.array(cells, dtype=float)
 
 
 def read_certification_log(path):
@@ -201,7 +203,7 @@ def read_json_object(path, what):
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:   # RecursionError: nested too deep
         raise UserError(f"{path}: cannot read the {what} ({type(e).__name__}); it must be JSON") from None
     check(isinstance(obj, dict), f"{path}: the {what} must be a JSON object, not {type(obj).__name__}")
     return obj
@@ -251,7 +253,7 @@ def read_log_prefix(path, columns):
         rows = rows[:-1]
     for k, row in enumerate(rows):
         cells = row.split("\t")
-        check(len(cells) == len(columns) and cells[0].isdigit(),
+        check(len(cells) == len(columns) and cells[0].isascii() and cells[0].isdigit(),
               f"{path!r} line {k + 2} is malformed; repair it, pass --overwrite, or choose another output")
     return rows, len("".join(line + "\n" for line in [lines[0]] + rows).encode("utf-8"))
 
@@ -498,6 +500,9 @@ def _digits(split):
     return TensorImages(images[part], labels[part])
 
 
+MAX_PIXELS = 2 ** 26   # an image folder's images are small (CIFAR-10: 32x32); a bigger one is not a dataset image
+
+
 def _image_folder_in_memory(folder, num_classes=None, shape=None):
     """Decode a small-image folder tree (`<class>/<image>`, classes sorted by name) into memory once.
 
@@ -519,10 +524,15 @@ def _image_folder_in_memory(folder, num_classes=None, shape=None):
         check(files, f"image folder {folder!r}: class folder {name!r} holds no images")
         for fname in files:
             path = os.path.join(folder, name, fname)
+            check(os.path.isfile(path), f"{path}: not a regular file (a FIFO, socket or folder); remove it")
             try:
                 with Image.open(path) as img:
+                    check(img.width * img.height <= MAX_PIXELS, f"{path}: {img.width}x{img.height} pixels, more "
+                                                                f"than any dataset here; remove it")
                     images.append(np.asarray(img.convert("RGB"), dtype=np.uint8))
-            except (OSError, UnidentifiedImageError, ValueError) as e:
+            except UserError:
+                raise
+            except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
                 raise UserError(f"{path}: not a readable image ({type(e).__name__}); remove it") from None
             want = images[0].shape if shape is None else (shape[1], shape[2], shape[0])
             check(images[-1].shape == want, f"{path}: image of size {images[-1].shape[1]}x{images[-1].shape[0]}, "
@@ -535,6 +545,8 @@ def _image_folder_in_memory(folder, num_classes=None, shape=None):
 def _cifar10(split, data_dir, train_transform):
     folder = os.path.join(data_dir, "train" if split == "train" else "test")
     transform = random_crop_flip if train_transform and split == "train" else None
+    check(not os.path.exists(folder) or os.path.isdir(folder), f"{folder!r} is not a folder; --data-dir must hold "
+                                                                 f"train/ and test/ image folders, or torchvision's files")
     if os.path.isdir(folder):  # image-folder layout, e.g. the JPEG copy on offline machines
         images, labels = _image_folder_in_memory(folder, NUM_CLASSES["cifar10"], INPUT_SHAPE["cifar10"])
         return TensorImages(images, labels, transform)

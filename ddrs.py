@@ -36,6 +36,9 @@ With probability >= 1 - alpha, the classifier z -> g_{sigma(z)}(z) itself is con
 sigma in [sigma(x) e^{-r d'}, sigma(x) e^{r d'}], d' <= d, keeps class A above 1/2 (semi_elastic_radius:
 searched at the two extreme sigmas, then verified on a grid of interior sigmas and distances).
 """
+if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
 import math

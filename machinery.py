@@ -65,6 +65,7 @@ def run(main):
     import signal
     try:
         signal.signal(signal.SIGTERM, _raise_interrupted)
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # the scripts stop quietly while importing
     except ValueError:   # not the main thread (a test runner's worker): keep the default
         pass
     try:
@@ -246,7 +247,7 @@ def _read_record(folder):
     try:
         with open(path, encoding="utf-8") as f:
             record = json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
         raise common.UserError(f"{path}: cannot read this folder's record of outputs ({type(e).__name__}); remove it "
                                f"(the files it listed then count as not written by this project)") from None
     common.check(isinstance(record, dict) and all(isinstance(v, dict) for v in record.values()),
@@ -450,8 +451,8 @@ def data_fingerprint(name, split, data_dir=None):
     if not os.path.isdir(folder):
         folder = os.path.join(data_dir, "cifar-10-batches-py")   # torchvision's CIFAR-10 files
     for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        for f in sorted(files):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))   # hidden files: the loader skips them too
+        for f in sorted(f for f in files if not f.startswith(".")):
             path = os.path.join(root, f)
             digest.update(f"{os.path.relpath(path, folder)}\t{os.path.getsize(path)}\n".encode())
     return digest.hexdigest()[:16]
@@ -629,6 +630,8 @@ CHECKPOINT_FIELDS = {"arch": lambda v: isinstance(v, str), "dataset": lambda v: 
 
 def strip_module_prefix(state_dict):
     """Drop every `module.` segment that DataParallel/DDP put into the keys (`1.module.conv1.weight`)."""
+    common.check(all(isinstance(k, str) for k in state_dict), "the checkpoint's state_dict has keys that are not "
+                                                               "parameter names (strings); not a model's weights")
     return {".".join(p for p in k.split(".") if p != "module"): v for k, v in state_dict.items()}
 
 

@@ -21,6 +21,9 @@ Shared protocol: SGD (momentum 0.9, wd 1e-4, lr 0.1), lr x0.1 every --lr_step ep
 epoch (decays from epoch 50 on, as the paper's code; the CAT-RS/Consistency/SmoothAdv scripts decay one epoch
 later), a loader batch of 256 cut into m chunks with one step each (MACER: 64 images x m copies, one step).
 """
+if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
 import functools

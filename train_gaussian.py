@@ -15,6 +15,9 @@ CIFAR-10, the paper's schedule (150 epochs, lr 0.1, x0.1 every 50), into runs/tr
 Gradient norms of Table 2 (TSV idx label pA grad_norm, written beside the checkpoint):
     python train_gaussian.py --gradnorm runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --probe 200
 """
+if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import os
 import time

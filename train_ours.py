@@ -25,6 +25,9 @@ Table 5 (ablation), the eight rows for sigma 0.5 on CIFAR-10 (add --data-dir):
 Gradient norms with and without the attack (Table 2, Fig. 5; TSV idx label pA grad_norm beside CKPT):
     python train_ours.py --gradnorm runs/train_ours_cifar10_sigma0.5/checkpoint.pth.tar --probe 1000
 """
+if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import os
 import sys

@@ -1,0 +1,120 @@
+"""The readers' whole contract, at the one reader of each format: numbers as the project writes them, no column
+twice, a byte-order mark, JSON nested without end, checkpoints whose keys are not names, special files among
+the images, hidden files in a data folder, a --data-dir whose split is a file; and Ctrl-C while a script is
+still importing. Each case is one UserError line (or a quiet stop), never a traceback or a hang."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import machinery
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOG = "idx\tlabel\tpredict\tradius\tcorrect\ttime\n0\t1\t1\t{}\t1\t0:00:01\n1\t2\t2\t0.25\t1\t0:00:01\n"
+
+
+@pytest.mark.parametrize("cell", ["0_5", "٣", "0x1", "1e", "--1", "½"])
+def test_a_number_is_ascii_digits_and_nothing_else(tmp_path, cell):
+    path = tmp_path / "log.tsv"
+    path.write_text(LOG.format(cell))
+    with pytest.raises(common.UserError, match="line 2: radius .* is not a number"):
+        common.read_certification_log(str(path))
+
+
+@pytest.mark.parametrize("cell", ["0.5", "-1", "1e-05", "2.5E+3", ".5", "1."])
+def test_numbers_as_the_project_writes_them_still_read(tmp_path, cell):
+    path = tmp_path / "log.tsv"
+    path.write_text(LOG.format(cell))
+    assert common.read_certification_log(str(path))["radius"][0] == float(cell)
+
+
+def test_a_column_twice_is_named_as_such(tmp_path):
+    path = tmp_path / "log.tsv"
+    path.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\tidx\n0\t1\t1\t0.5\t1\t0:00:01\t0\n")
+    with pytest.raises(common.UserError, match="column idx appears more than once"):
+        common.read_certification_log(str(path))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    path = tmp_path / "log.tsv"
+    path.write_bytes(b"\xef\xbb\xbf" + LOG.format("0.5").encode())
+    assert common.read_certification_log(str(path))["idx"].tolist() == [0, 1]
+
+
+def test_a_resumed_log_with_a_non_ascii_idx_is_malformed_not_a_crash(tmp_path):
+    path = tmp_path / "log.tsv"
+    path.write_text("idx\tlabel\n0\t1\n²\t2\n")
+    with pytest.raises(common.UserError, match="line 3 is malformed"):
+        common.read_log_prefix(str(path), ("idx", "label"))
+
+
+def test_json_nested_without_end_is_one_line(tmp_path):
+    path = tmp_path / "log.tsv.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(common.UserError, match="must be JSON"):
+        common.read_json_object(str(path), "settings file")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / machinery.RECORD).write_text("{\"a\": " * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(common.UserError, match="record of outputs"):
+        machinery._read_record(str(folder))
+
+
+def test_a_checkpoint_whose_keys_are_not_names_is_refused(tmp_path):
+    path = tmp_path / "ckpt.pth.tar"
+    torch.save({"arch": "digits_cnn", "dataset": "digits", "state_dict": {0: torch.zeros(1)}}, path)
+    with pytest.raises(common.UserError, match="keys that are not parameter names"):
+        machinery.load_model(str(path))
+
+
+def image_folder(root, fifo=False):
+    from PIL import Image
+    for split in ("train", "test"):
+        for name in ("airplane", "bird"):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(folder / "a.png")
+    if fifo:
+        os.mkfifo(root / "test" / "bird" / "x.png")
+
+
+def test_a_fifo_among_the_images_is_refused_without_waiting_for_it(tmp_path):
+    image_folder(tmp_path, fifo=True)
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); import common\n"
+            f"common._image_folder_in_memory({str(tmp_path / 'test')!r})")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "x.png: not a regular file" in done.stderr
+
+
+def test_hidden_files_the_loader_skips_do_not_change_the_data_fingerprint(tmp_path):
+    image_folder(tmp_path)
+    before = machinery.data_fingerprint("cifar10", "test", str(tmp_path))
+    (tmp_path / "test" / "bird" / ".DS_Store").write_bytes(b"finder")
+    (tmp_path / "test" / ".hidden").mkdir()
+    assert machinery.data_fingerprint("cifar10", "test", str(tmp_path)) == before
+    (tmp_path / "test" / "bird" / "b.png").write_bytes((tmp_path / "test" / "bird" / "a.png").read_bytes())
+    assert machinery.data_fingerprint("cifar10", "test", str(tmp_path)) != before   # a real image counts
+
+
+def test_a_data_dir_whose_split_is_a_file_says_so_and_downloads_nothing(tmp_path):
+    (tmp_path / "test").write_text("not a folder")
+    with pytest.raises(common.UserError, match="is not a folder"):
+        common.get_dataset("cifar10", "test", str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["test"]
+
+
+@pytest.mark.parametrize("script", ["certify.py", "analyze.py"])
+def test_ctrl_c_while_a_script_imports_stops_it_without_a_traceback(script, tmp_path):
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, script), "--help"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)   # torch is still loading
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
