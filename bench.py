@@ -37,8 +37,8 @@ machine, its load, torch version, threads and settings:
 (a)-(c), (e), (f) use random weights and random inputs: throughput depends on neither. On a
 machine shared with other jobs, --threads 1 avoids measuring the scheduler (threads waiting for each other).
 """
+import signal
 if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    import signal
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
@@ -62,8 +62,7 @@ import common
 import machinery
 for module in (certify, common, machinery):   # a student's module of one of these names is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
-                          f"on sys.path; rename it or put this project's folder first")
+        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 import train_baselines
 import train_ours
 

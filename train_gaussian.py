@@ -15,8 +15,8 @@ CIFAR-10, the paper's schedule (150 epochs, lr 0.1, x0.1 every 50), into runs/tr
 Gradient norms of Table 2 (TSV idx label pA grad_norm, written beside the checkpoint):
     python train_gaussian.py --gradnorm runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --probe 200
 """
+import signal
 if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    import signal
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import os
@@ -28,8 +28,7 @@ import common
 import machinery
 for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module of that name "
-                          f"on sys.path; rename it or put this project's folder first")
+        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
 
 def parse_args():

@@ -131,31 +131,32 @@ def test_the_selection_votes_set_the_prior_and_label_mode_keeps_kt():
 
 
 def cs_violations(p, n, alpha, beta, rng, checks):
-    """Share of seeded Bernoulli(p) streams where the KT interval excluded p at some check."""
-    bad = 0
-    for _ in range(n):
-        A = np.cumsum(rng.random(checks[-1]) < p)
-        for t in checks:
-            L, U = common.kt_interval(int(A[t - 1]), t, alpha, beta)
-            if not L <= p <= U:
-                bad += 1
-                break
-    return bad / n
+    """Share of seeded Bernoulli(p) streams where the KT interval excluded p at some check: p lies outside
+    kt_interval(A, t) exactly where the wealth at p reaches the level of its side (checked against the
+    interval itself on the first streams), so all streams and checks are decided at once."""
+    t = np.array(checks)
+    A = np.cumsum(rng.random((n, checks[-1])) < p, axis=1)[:, t - 1]
+    wealth = common.kt_log_wealth(A, t, p)
+    out = np.where(p < A / t, wealth >= math.log(1 / alpha), wealth >= math.log(1 / beta))
+    for k in range(5):   # the same verdict as the interval's ends
+        for i in range(0, len(checks), 7):
+            L, U = common.kt_interval(int(A[k, i]), int(t[i]), alpha, beta)
+            assert (not L <= p <= U) == bool(out[k, i]), (p, A[k, i], t[i], L, U)
+    return float(np.mean(out.any(axis=1)))
 
 
 def test_confidence_sequence_covers_at_every_look_and_a_repeated_cp_test_does_not():
     rng = np.random.default_rng(1)
-    alpha, n = 0.05, 400
+    alpha, n = 0.05, 2000
     checks = [int(c) for c in np.unique(np.geomspace(10, 4000, 40).astype(int))]
     se = math.sqrt(2 * alpha * (1 - 2 * alpha) / n)
     for p in (0.05, 0.5, 0.9, 0.99):
         assert cs_violations(p, n, alpha, alpha, rng, checks) <= 2 * alpha + 3 * se, p
     # negative control: a fixed-n Clopper-Pearson bound recomputed at every look is not anytime-valid
-    fails = 0
-    for _ in range(n):
-        A = np.cumsum(rng.random(checks[-1]) < 0.5)
-        fails += any(common.clopper_pearson_lower(int(A[t - 1]), t, alpha) > 0.5 for t in checks)
-    assert fails / n > alpha + 3 * math.sqrt(alpha * (1 - alpha) / n)    # clearly invalid: about 0.2
+    t = np.array(checks)
+    A = np.cumsum(rng.random((n, checks[-1])) < 0.5, axis=1)[:, t - 1]
+    fails = np.mean((common.clopper_pearson_lower(A, t, alpha) > 0.5).any(axis=1))
+    assert fails > alpha + 3 * math.sqrt(alpha * (1 - alpha) / n)          # clearly invalid: about 0.2
 
 
 def test_table_boundaries_agree_with_the_radius_formula():
@@ -213,9 +214,11 @@ def test_false_certificate_rate_at_the_worst_case_stays_within_alpha():
     runs = 300
     for r in (0.25, 0.5):
         for d in (r, r - 0.02 * sigma):                                   # exactly at, and just below, r
-            x = point_at(w, b, d)
-            wrong = sum(certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(7, k),
-                                             plan)["radius"] >= r for k in range(runs))
+            x = point_at(w, b, d)   # packed 64 a group: each run gets the result it gets alone (the packing test)
+            outs = [o for g in range(0, runs, 64) for o in certify.grid_certify_many(
+                model, [(x, common.example_generator(7, k), None) for k in range(g, min(g + 64, runs))], sigma,
+                100, 1000, 2, plan)]
+            wrong = sum(o["radius"] >= r for o in outs)
             assert wrong / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), (r, d)
     x = point_at(w, b, 0.5 + 0.4 * sigma)                                 # comfortably beyond 0.5: certified
     got = [certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(8, k), plan)
@@ -415,8 +418,9 @@ def test_label_mode_false_certificate_rate_stays_within_alpha_and_spends_no_sele
     for r in (0.25, 0.5):
         for d in (r, r - 0.02 * sigma):
             x = point_at(w, b, d)
-            grid = [certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(9, k), plan,
-                                         candidate=1) for k in range(runs)]
+            grid = [o for g in range(0, runs, 64) for o in certify.grid_certify_many(   # packed, as above
+                model, [(x, common.example_generator(9, k), 1) for k in range(g, min(g + 64, runs))], sigma, 100,
+                1000, 2, plan)]
             cert = [certify.certify(model, x, sigma, 100, 2000, alpha, 1000, 2, common.example_generator(9, k),
                                     candidate=1) for k in range(runs)]
             for outs in (grid, cert):
