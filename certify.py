@@ -213,7 +213,8 @@ class EarlyAbstention:
     """certify()'s `sample` with early abstention (--early-abstain): the selection draws as they are, then
     estimation draws that stop once abstain_rule says that pA(cA) < 1/2. A stopped example has nA < N / 2,
     so certify's bound abstains on it, as the full count would have with probability >= 1 - alpha; stopped_at
-    is then the number of draws made (None: not stopped). Unstopped, the result is that of the full run."""
+    is then the number of draws made (None: not stopped). Unstopped, the result is that of the full run.
+    One instance per example: it remembers that example's cA (candidate: the class certified without selection)."""
 
     def __init__(self, sample, alpha, candidate=None):
         self.sample, self.alpha, self.cA, self.stopped_at = sample, alpha, candidate, None
