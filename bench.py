@@ -842,6 +842,7 @@ def main():
 def run_sections(args):
     common.check(all(v is None or v >= 1 for v in (args.threads, args.reps, args.abstain_N, args.abstain_examples)),
                  "--threads, --reps, --abstain-N and --abstain-examples must be >= 1")
+    common.check(args.threads is None or args.threads <= 4096, f"--threads must be at most 4096 (got {args.threads})")
     common.check(all(v is None or v >= 1 for v in (args.grid_N, args.grid_examples)),
                  "--grid-N and --grid-examples must be >= 1")
     common.check(all(math.isfinite(r) and r > 0 for r in args.grid_radii or ()), "--grid-radii must be finite "

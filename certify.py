@@ -87,6 +87,8 @@ DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
 EARLY_ABSTAIN_ALPHA = 0.001
+# --radii: the largest budget N_max (about 20,000 looks; planning stays within seconds)
+MAX_GRID_DRAWS = 10 ** 7
 
 
 def build_parser(description=__doc__):
@@ -739,6 +741,9 @@ def check_args(args):
         common.check(not args.early_abstain, "--radii stops early by itself (its upper bound at --beta rules "
                                              "radii out); drop --early-abstain")
         common.check(all(r >= 0 for r in args.radii), f"--radii must be >= 0 (got {args.radii})")
+        common.check(args.N <= MAX_GRID_DRAWS, f"--radii: --N (the budget N_max) must be at most "
+                                               f"{MAX_GRID_DRAWS:,} (got {args.N:,}): beyond, the tables of its looks "
+                                               f"take minutes to plan")
     common.check(args.zero_level or args.radii is not None, "--no-zero-level goes with --radii")
     common.check(args.beta is None or (args.radii is not None and 0 <= args.beta < 1),
                  "--beta goes with --radii and must lie in [0, 1)")

@@ -713,6 +713,8 @@ def check_training_settings(settings):
     common.check(settings["momentum"] >= 0 and settings["weight_decay"] >= 0,
                  f"--momentum and --weight_decay must be >= 0, got {settings['momentum']} and {settings['weight_decay']}")
     common.check(settings["seed"] >= 0, f"--seed must be >= 0, got {settings['seed']}")
+    common.check(settings.get("max_batches") is None or settings["max_batches"] >= 1,
+                 f"--max-batches must be >= 1 (omit it for whole epochs), got {settings.get('max_batches')}")
 
 
 class TSVLog:

@@ -95,6 +95,7 @@ def gradnorm_mode(args):
     common.check(sigma is not None and sigma > 0, "--gradnorm: the checkpoint names no sigma; pass --sigma > 0")
     common.check(args.m >= 1 and args.probe >= 1 and args.N >= 1, "--m, --probe and --N must be >= 1")
     dataset = ckpt.get("dataset") or args.dataset
+    machinery.check_training_settings(dict(vars(args), sigma=sigma, dataset=dataset))   # sizes, seed, sigma
     train_set = common.get_dataset(dataset, "train", args.data_dir, train_transform=False)
     path = os.path.join(machinery.make_outdir(args.outdir or os.path.dirname(os.path.abspath(args.gradnorm))),
                         "gradnorm_gaussian.tsv")

@@ -118,3 +118,38 @@ def test_ctrl_c_while_a_script_imports_stops_it_without_a_traceback(script, tmp_
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+# ---- sizes: every size flag bounded before anything is allocated or planned ----------------------------------
+
+def run_training(monkeypatch, argv):
+    """train_gaussian.py's main on argv (it reads sys.argv), through machinery.run: the exit code."""
+    import train_gaussian
+    from helpers import run_main
+    monkeypatch.setattr(sys, "argv", ["train_gaussian.py", *map(str, argv)])
+    return run_main(lambda _: train_gaussian.main(), [])
+
+
+@pytest.mark.parametrize("flags, message", [(["--m", "1000000000"], "--batch x --m"),
+                                            (["--seed", "18446744073709551616"], "--seed must fit in 64 bits"),
+                                            (["--sigma", "1e30"], "--sigma must lie in")])
+def test_gradient_norm_mode_checks_its_sizes_before_it_allocates(tmp_path, monkeypatch, capsys, flags, message):
+    ckpt = tmp_path / "c.pth.tar"
+    machinery.save_checkpoint({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.5,
+                               "state_dict": common.get_architecture("digits_cnn", "digits").state_dict()}, str(ckpt))
+    assert run_training(monkeypatch, ["--gradnorm", ckpt, "--outdir", tmp_path / "out", *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out" / "gradnorm_gaussian.tsv").exists()
+
+
+def test_max_batches_below_one_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    assert run_training(monkeypatch, ["--dataset", "digits", "--sigma", "0.5", "--epochs", "1", "--workers", "0",
+                                      "--max-batches", "-1", "--outdir", tmp_path / "run"]) == 2
+    assert "--max-batches must be >= 1" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_a_grid_budget_that_would_take_minutes_to_plan_is_refused(tmp_path):
+    import certify
+    args = certify.parse_args(["--checkpoint", "c.pth.tar", "--radii", "0.5", "--N", "1000000000"])
+    with pytest.raises(common.UserError, match="budget N_max"):
+        certify.check_args(args)
