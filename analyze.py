@@ -808,6 +808,10 @@ def ecdf_report(logs, pmax, out, name="ecdf", baseline="gaussian"):
     """App. B.2, B.3: summary table of P(pA >= p), dominance per sigma on [0.5, pmax] and on [0.5, 1]; for logs
     with the true label's votes, §4.3 over the whole range [0, 1]; curve files and the plots."""
     common.check(0.5 <= pmax <= 1, f"--pmax must lie in [0.5, 1] (got {pmax})")
+    curves = [safe_name(f"{name}_{log['label']}_{fmt_sigma(s)}.tsv") for s, group in by_sigma(logs) for log in group]
+    twice = sorted({c for c in curves if curves.count(c) > 1})
+    common.check(not twice, f"two logs would write one curve file ({', '.join(twice)}): their labels and sigma "
+                            f"give one file name; give them distinct --labels")   # before anything is written
     rows, lines = [], []
     for sigma, group in by_sigma(logs):
         for log in group:

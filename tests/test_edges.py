@@ -153,3 +153,19 @@ def test_a_grid_budget_that_would_take_minutes_to_plan_is_refused(tmp_path):
     args = certify.parse_args(["--checkpoint", "c.pth.tar", "--radii", "0.5", "--N", "1000000000"])
     with pytest.raises(common.UserError, match="budget N_max"):
         certify.check_args(args)
+
+
+def test_two_logs_that_would_write_one_curve_file_are_refused_before_anything_is_written(tmp_path):
+    """Output names unique per input: labels 'a b' and 'a_b' both become ecdf_a_b_<sigma>.tsv."""
+    import analyze
+    from helpers import run_main
+    logs = []
+    for name in ("one", "two"):
+        path = tmp_path / f"{name}.tsv"
+        path.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN\tnY\n"
+                        "0\t1\t1\t0.5\t1\t0:00:01\t90\t100\t90\n1\t2\t2\t0.2\t1\t0:00:01\t70\t100\t70\n")
+        logs.append(str(path))
+    out = tmp_path / "out"
+    code = run_main(analyze.main, ["ecdf", *logs, "--labels", "a b", "a_b", "--sigmas", "0.5", "0.5",
+                                   "--out", out])
+    assert code == 2 and not out.exists()
