@@ -1,8 +1,10 @@
-"""Shared pytest set-up: the repository root on sys.path, one torch thread (tests run beside other work)."""
+"""Shared pytest set-up: the repository root on sys.path, one torch thread (tests run beside other work, and
+the suite runs one worker a core), in this process and in every process a test starts (OMP_NUM_THREADS)."""
 import os
 import sys
 
-import torch
+os.environ.setdefault("OMP_NUM_THREADS", "1")   # before torch: a child process with more threads than its share
+import torch                                     # of the cores spends their time waiting for each other
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
