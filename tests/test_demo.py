@@ -152,3 +152,18 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path):
                             env=dict(os.environ, DEMO_OUT=str(tmp_path), PYTHON=sys.executable))
     assert result.returncode == 2 and "not made by the demo" in result.stderr
     assert keep.read_text() == "precious"
+
+
+def test_demo_keeps_a_users_file_put_into_its_own_folder(tmp_path):
+    """A folder the demo made (its marker) with a user's notes put in it since: refused, the notes kept; the
+    demo's own files (its record lists them) do not stop it."""
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / ".demo").write_text("")
+    (out / ".rs-outputs.json").write_text('{"report.md": {"kind": "analyze.py output", "by": "analyze.py"}}')
+    (out / "report.md").write_text("old report")
+    (out / "notes.txt").write_text("precious")
+    result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, DEMO_OUT=str(out), PYTHON=sys.executable))
+    assert result.returncode == 2 and "notes.txt" in result.stderr and "did not write" in result.stderr
+    assert (out / "notes.txt").read_text() == "precious" and (out / "report.md").read_text() == "old report"
