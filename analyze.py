@@ -32,8 +32,7 @@ import re
 import sys
 
 import numpy as np
-from scipy.stats import binom, norm
-from scipy.stats import t as student_t
+from scipy.special import ndtri   # scipy.stats' norm.ppf (and -ndtri its isf), bit for bit, without its import time
 
 import common
 import machinery
@@ -412,6 +411,7 @@ def constant_pA_acr(pA, N, alpha, sigma):
 
 def expected_constant_pA_acr(pA, N, alpha, sigma):
     """The same classifier with Monte Carlo counts: E[radius] over nA ~ Binomial(N, pA) (abstaining gives 0)."""
+    from scipy.stats import binom   # here: scipy.stats takes seconds to import
     lo, hi = binom.ppf(1e-15, N, pA), binom.isf(1e-15, N, pA)     # the counts that carry any weight
     nA = np.arange(int(lo), int(hi) + 1)
     return float(np.sum(binom.pmf(nA, N, pA) * np.maximum(radius_of_count(nA, N, alpha, sigma), 0.0)))
@@ -1315,7 +1315,7 @@ def semi_elastic(log):
 
 def z_table(N, alpha):
     """Phi^-1 of the Clopper-Pearson lower bound for every count 0..N (-inf where it would abstain, < 1/2)."""
-    z = norm.ppf(common.clopper_pearson_lower(np.arange(N + 1), N, alpha))
+    z = ndtri(common.clopper_pearson_lower(np.arange(N + 1), N, alpha))
     return np.where(z >= 0, z, -np.inf)
 
 
@@ -1394,6 +1394,7 @@ def satterthwaite(terms):
 def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
     """(d, low, high, critical value) of one row: fa, fb each side's (seeds, images) values (paired: one image
     order), binary for 0/1 values, a its two-sided error; vote_a, vote_b: votes' variance bounds (or None)."""
+    from scipy.stats import t as student_t   # here: scipy.stats takes seconds to import
     d = float(fb.mean() - fa.mean())
     (ea, dfa, ca), (eb, dfb, cb) = seed_layout(fa), seed_layout(fb)
     one_model = fa.shape[0] == fb.shape[0] == 1
@@ -1404,10 +1405,10 @@ def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
         ma, mb = fa.mean(0), fb.mean(0)    # per-image means over seeds
         if paired and one_model and binary:
             x12, x21 = int(np.sum((mb > ma))), int(np.sum((ma > mb)))
-            return (d, *tango_interval(x12, x21, len(ma), norm.isf(a / 2)), norm.isf(a / 2))
+            return (d, *tango_interval(x12, x21, len(ma), -ndtri(a / 2)), -ndtri(a / 2))
         if not paired and one_model and binary:
-            return (d, *newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), norm.isf(a / 2)),
-                    norm.isf(a / 2))
+            return (d, *newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), -ndtri(a / 2)),
+                    -ndtri(a / 2))
         if paired:
             images = [(max(float(np.var(mb - ma, ddof=1)) / len(ma) - ca - cb, 0.0), len(ma) - 1)]
         else:
@@ -1415,17 +1416,17 @@ def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
     seeds = [(e, df) for f, e, df in ((fa, ea, dfa), (fb, eb, dfb)) if df > 0]
     # each independent part keeps its own critical value (Zou and Donner's MOVER): a pooled Satterthwaite t is
     # liberal when a 1-2 df seed part meets a well-known image part (3.7x the error at k = 2, test_compare.py)
-    crit = lambda terms: (norm.isf(a / 2) if math.isinf(df := satterthwaite(terms)) else student_t.isf(a / 2, df))
+    crit = lambda terms: (-ndtri(a / 2) if math.isinf(df := satterthwaite(terms)) else student_t.isf(a / 2, df))
     v_img, v_seed = sum(v for v, _ in images), sum(v for v, _ in seeds)
     half = math.sqrt((crit(images) ** 2 * v_img if v_img > 0 else 0.0) +
                      (crit(seeds) ** 2 * v_seed if v_seed > 0 else 0.0))
     if not binary and v_img + v_seed == 0:   # no spread at all (a log against itself): never zero width. With
         reach = float(max(np.abs(fa).max(), np.abs(fb).max()))   # |differences| <= R, n of them all 0 has
         half = max(half, reach * (1 - (a / 2) ** (1 / fa.shape[1])))   # probability <= (1 - |delta| / R)^n
-    t = half / math.sqrt(v_img + v_seed) if v_img + v_seed > 0 else norm.isf(a / 2)
+    t = half / math.sqrt(v_img + v_seed) if v_img + v_seed > 0 else -ndtri(a / 2)
     low, high = d - half, d + half
     if binary and vote_a is None:          # never narrower than the one-model score interval on the seed means
-        z = norm.isf(a / 2)
+        z = -ndtri(a / 2)
         ma, mb = fa.mean(0), fb.mean(0)
         floor = (tango_interval(float(np.maximum(mb - ma, 0).sum()), float(np.maximum(ma - mb, 0).sum()), len(ma), z)
                  if paired else newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), z))
@@ -1460,6 +1461,7 @@ def budget_for_votes(log, N_flag, alpha_flag):
 def radius_moments(p, N, z, sigma, chunk=256):
     """(mean, variance) of sigma * max(z[count], 0) over count ~ Binomial(N, p), for each p of an array; z is
     z_table(N, alpha). Summed over the counts within 7 standard deviations (the rest weighs < 3e-12)."""
+    from scipy.stats import binom   # here: scipy.stats takes seconds to import
     p = np.asarray(p, dtype=float)
     mean, var = np.zeros(len(p)), np.zeros(len(p))
     for start in range(0, len(p), chunk):
@@ -1507,6 +1509,7 @@ def vote_variances(log, radii, with_acr, with_pA, N_flag=None, alpha_flag=None, 
         (log["predict"] < 0) & (log["nY"] == log["nA"]) if "nY" in log and "nA" in log else False)
     count = np.where(known, count, 0)
     tail = (1 - VOTE_LEVEL) / 2
+    from scipy.stats import binom   # here: scipy.stats takes seconds to import
     p_low = np.atleast_1d(common.clopper_pearson_lower(count, N, tail))
     p_high = np.atleast_1d(common.clopper_pearson_upper(count, N, tail))
 
@@ -1627,7 +1630,7 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None):
     seeds = ({s: len(g) for s, g in ga.items()}, {s: len(g) for s, g in gb.items()})
     facts = {"paired": paired, "n": n_shared if paired else {k: len(rows_of[id(g[0])]) for k, g in
                                                            (("A", side_a), ("B", side_b))},
-             "left": left, "m": m, "z": float(norm.isf(a / 2)), "with_acr": with_acr, "with_pA": with_pA,
+             "left": left, "m": m, "z": float(-ndtri(a / 2)), "with_acr": with_acr, "with_pA": with_pA,
              "sigmas": sigmas, "seeds": seeds, "over": "images" if votes is None else "test-set",
              "critical": max(crits)}
     return rows, facts

@@ -19,8 +19,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from scipy.stats import beta as beta_dist
-from scipy.stats import norm
+from scipy.special import betaincinv, ndtri   # scipy.stats' beta.ppf and norm.ppf, bit for bit, without its import time
 
 PROJECT = "acr-weakness"   # the scripts check it: a student's own common.py earlier on sys.path is not this one
 
@@ -627,7 +626,7 @@ def clopper_pearson_lower(nA, N, alpha):
     of Beta(nA, N - nA + 1), 0 at nA = 0 (alpha ** (1 / N) at nA = N); elementwise on numpy arrays."""
     nA, N = np.asarray(nA, dtype=float), np.asarray(N, dtype=float)
     with np.errstate(invalid="ignore"):
-        bound = beta_dist.ppf(alpha, np.maximum(nA, 1), N - nA + 1)
+        bound = betaincinv(np.maximum(nA, 1), N - nA + 1, alpha)
     bound = np.where(nA > 0, bound, 0.0)
     return float(bound) if bound.ndim == 0 else bound
 
@@ -636,14 +635,14 @@ def clopper_pearson_upper(nA, N, alpha):
     """One-sided (1 - alpha) Clopper-Pearson upper bound: the (1 - alpha)-quantile of Beta(nA + 1, N - nA); 1 at nA == N."""
     nA, N = np.asarray(nA, dtype=float), np.asarray(N, dtype=float)
     with np.errstate(invalid="ignore"):
-        bound = beta_dist.ppf(1 - alpha, nA + 1, np.maximum(N - nA, 1))
+        bound = betaincinv(nA + 1, np.maximum(N - nA, 1), 1 - alpha)
     bound = np.where(nA < N, bound, 1.0)
     return float(bound) if bound.ndim == 0 else bound
 
 
 def certified_radius(pA_lower, sigma):
     """Certified l2 radius sigma * Phi^-1(pA_lower) of Cohen et al.'s Theorem 1 (negative below 1/2)."""
-    return sigma * norm.ppf(pA_lower)
+    return sigma * ndtri(pA_lower)
 
 
 # ----------------------------------------------------------------------------------------------------------
