@@ -41,4 +41,4 @@ gpu-check: install
 # The long property-based campaign of tests/test_fuzz.py (FUZZ_EXAMPLES per target, default 1000; failing
 # examples are kept in .hypothesis/ and replayed first next time). Prints the outcomes tried per target.
 fuzz: install
-	HYPOTHESIS_PROFILE=fuzz $(PYTHON) -m pytest -q tests/test_fuzz.py --hypothesis-show-statistics -p no:cacheprovider
+	HYPOTHESIS_PROFILE=fuzz FAULT_RUNS=all $(PYTHON) -m pytest -q tests/test_fuzz.py tests/test_faults.py --hypothesis-show-statistics -p no:cacheprovider

@@ -625,15 +625,26 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
     sidecar_problem = machinery.output_problem(outfile + ".json", "settings of a log", inputs, claimed=claimed)
     common.check(sidecar_problem is None, sidecar_problem)
     done = set()
-    for main_path, cols, kind in files:
+    for main_path, cols, kind in files:   # the log first: it decides what is done
         for path in [main_path] + part_files(main_path):
             if overwrite:
                 machinery.remove_output(path, kind, claimed)
             elif os.path.exists(path):
                 rows, keep = read_rows(path, cols)
-                os.truncate(path, keep)
                 if main_path == outfile:
                     done.update(int(row.split("\t", 1)[0]) for row in rows)
+                ids = [int(row.split("\t", 1)[0]) for row in rows]
+                if main_path == outfile or (set(ids) <= done and len(set(ids)) == len(ids)):
+                    with machinery.open_file(path, "a") as f:   # cut a torn last line
+                        f.truncate(keep)
+                else:   # counts of examples the log lacks (a stop between the two writes): the rerun redraws them
+                    seen, kept = set(), []
+                    for i, row in zip(ids, rows):
+                        if i in done and i not in seen:
+                            seen.add(i)
+                            kept.append(row + "\n")
+                    text = "\t".join(cols) + "\n" + "".join(kept)
+                    machinery.write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, True, claimed)
     machinery.write_json(settings, outfile + ".json", "settings of a log", inputs, claimed)
     for path, cols, kind in files:
         open_tsv(path, cols, kind, inputs, claimed).close()
@@ -1034,7 +1045,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
                                 args.label_mode, radius_fn)
             if sigma_of is not None:
                 line += f"\t{s:.6g}"
-            # the counts row first: a kill between the two writes repeats a row there (readers keep the first)
+            # the counts row first: after a stop between the two writes, the resume drops it (prepare_outputs)
             if counts_out is not None:
                 print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
             print(line, file=out, flush=True)

@@ -11,6 +11,7 @@ and do the writing, broadcasting and printing here.
 import argparse
 import contextlib
 import datetime
+import errno
 import json
 import math
 import os
@@ -145,6 +146,41 @@ def check_batch_bytes(inputs, shape, what="--batch"):
 # "by", "sha256"}} (no sha256 for appended logs). A whole file is written to a temporary file, fsynced and
 # renamed over the old one, so a failed or interrupted write leaves the previous file as it was.
 
+def open_file(path, mode, new=False, encoding=None):
+    """Open a file this project writes or keeps (an output, a temporary, a lock, the record): never through a
+    symbolic link, never waiting on a FIFO, never a device. mode: "r", "a" or "w" (plus "b" for bytes).
+
+    O_NOFOLLOW refuses a link as the last part of the path; O_NONBLOCK makes the open of a FIFO return at once
+    (a FIFO or device is then refused by its type, read from the open descriptor, so nothing can swap the file
+    in between); new=True adds O_EXCL (a temporary file: created here, or refused). "w" does not truncate: only
+    a new file is written whole. Raises UserError with one line naming the path.
+    """
+    import stat
+    flags = {"r": os.O_RDONLY, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT, "w": os.O_WRONLY | os.O_CREAT}[mode[0]]
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags |= (os.O_EXCL if new else 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if os.path.islink(path):
+            raise common.UserError(f"{path!r} is a symbolic link (to {os.readlink(path)!r}); this project writes "
+                                   f"only plain files: move the link away") from None
+        if new and e.errno == errno.EEXIST:
+            raise common.UserError(f"{path!r} exists (a file left by another program?); move it away") from None
+        if not os.path.exists(path) or stat.S_ISREG(os.stat(path).st_mode):
+            raise common.UserError(f"cannot open {path!r} ({e.strerror or type(e).__name__})") from None
+        raise common.UserError(f"{path!r} is not a regular file (a FIFO, device or socket); move it away") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise common.UserError(f"{path!r} is not a regular file (a FIFO, device or socket); move it away")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 @contextlib.contextmanager
 def exclusive_lock(path, what):
     """Hold an exclusive lock on the file `path` (created if missing) for the block: one run per output.
@@ -158,7 +194,7 @@ def exclusive_lock(path, what):
     except ImportError:
         yield
         return
-    f = open(path, "a")
+    f = open_file(path, "a")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -181,7 +217,7 @@ def is_locked(path):
         return False
     if not os.path.exists(path):
         return False
-    with open(path, "a") as f:
+    with open_file(path, "r") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -208,6 +244,9 @@ RECORD = ".rs-outputs.json"
 
 
 RECORD_LOCK = ".rs-outputs.lock"
+
+
+RECORD_TMP = ".rs-outputs.json.tmp"   # the record's next version, before its rename
 
 
 _WRITTEN = []        # the files this process has completed, for the message of a failed write
@@ -242,10 +281,10 @@ def written_so_far():
 
 def _read_record(folder):
     path = os.path.join(folder, RECORD)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_file(path, "r", encoding="utf-8") as f:
             record = json.load(f)
     except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
         raise common.UserError(f"{path}: cannot read this folder's record of outputs ({type(e).__name__}); remove it "
@@ -255,29 +294,57 @@ def _read_record(folder):
     return record
 
 
+def _save_record(folder, record):
+    """Write the record through a new temporary file, fsync, rename: it is always one whole version."""
+    import stat
+    path, tmp = os.path.join(folder, RECORD), os.path.join(folder, RECORD_TMP)
+    if os.path.lexists(tmp) and stat.S_ISREG(os.lstat(tmp).st_mode):
+        os.remove(tmp)   # a reserved name, written only here under the folder's lock: a stopped writer's
+    f = open_file(tmp, "w", new=True, encoding="utf-8")
+    try:
+        with f:
+            f.write(json.dumps(record, indent=1, sort_keys=True))   # one write, not one per token
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.remove(tmp)
+        raise
+
+
+TEMPORARY = "temporary"   # the record's kind for a file being written: listed before it exists
+
+
+def _remove_leftovers(folder, record):
+    """Remove the temporary files the record lists (a writer stopped before it could remove its own): the
+    record names each before it is created, so only files this project made go, and only regular files."""
+    import stat
+    for name in [n for n, entry in record.items() if entry.get("kind") == TEMPORARY]:
+        path = os.path.join(folder, name)
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.remove(path)
+        except FileNotFoundError:
+            pass
+        del record[name]
+
+
 @contextlib.contextmanager
 def _folder_record(folder):
-    """The output record of `folder`, read and (when the block ends without error) written back under a lock."""
+    """The output record of `folder` under its lock (one writer at a time in a folder), with the temporary
+    files of stopped writers removed; yields (record, save), save() writing the record as it is now."""
     make_outdir(folder)
-    with open(os.path.join(folder, RECORD_LOCK), "a") as lock:
+    with open_file(os.path.join(folder, RECORD_LOCK), "a") as lock:
         try:
             import fcntl
             fcntl.flock(lock, fcntl.LOCK_EX)   # held for one file write at most
         except ImportError:
             pass
         record = _read_record(folder)
-        yield record
-        path = os.path.join(folder, RECORD)
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(record, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        if any(entry.get("kind") == TEMPORARY for entry in record.values()):
+            _remove_leftovers(folder, record)
+            _save_record(folder, record)
+        yield record, lambda: _save_record(folder, record)
 
 
 def output_problem(path, kind, inputs=(), record=None, append=False, claimed=False):
@@ -289,10 +356,10 @@ def output_problem(path, kind, inputs=(), record=None, append=False, claimed=Fal
     so a file missing from the folder's record (copied from elsewhere) may still be resumed or replaced.
     """
     name = os.path.basename(path)
-    if name in ("", ".", "..", RECORD, RECORD_LOCK):
+    if name in ("", ".", "..", RECORD, RECORD_LOCK, RECORD_TMP):
         return f"{path!r} is not a file name this command may write"
     if os.path.islink(path):
-        return f"{path!r} is a symbolic link (to {os.path.realpath(path)!r}); name a plain file"
+        return f"{path!r} is a symbolic link (to {os.readlink(path)!r}); name a plain file"
     for source in list(inputs) + _INPUTS:
         if source and os.path.exists(source) and os.path.exists(path) and os.path.samefile(source, path):
             return f"{path!r} is an input of this command ({source!r}); choose another output"
@@ -312,12 +379,14 @@ def output_problem(path, kind, inputs=(), record=None, append=False, claimed=Fal
     entry = record.get(name)
     if entry is None and claimed:
         return None
-    if entry is None:
+    if entry is None or entry.get("kind") == TEMPORARY:
         return (f"{path!r} exists and was not written by this project (no entry in "
                 f"{os.path.join(os.path.dirname(path), RECORD)!r}); move it away or choose another output")
     if entry.get("kind") != kind:
         return f"{path!r} was written as {entry.get('kind')!r}, not as {kind!r}; choose another output"
-    if not (append or claimed or entry.get("append")) and entry.get("sha256") != file_sha256(path):
+    # "was": the content before a replacement that a stop may have cut short (write_output)
+    if not (append or claimed or entry.get("append")) and file_sha256(path) not in (entry.get("sha256"),
+                                                                                   entry.get("was")):
         return (f"{path!r} changed since {entry.get('by', 'this project')} wrote it; move it away or choose "
                 f"another output")
     return None
@@ -335,30 +404,60 @@ def _entry(kind, sha256=None):
 def write_output(path, kind, write, inputs=(), append=False, claimed=False):
     """Write the file `path` as `kind` ('table', 'checkpoint', ...) through the guard; returns path.
 
-    write(f): puts the whole content into the binary file object f. The content goes to a temporary file,
+    write(f): puts the whole content into the binary file object f. The content goes to a new temporary file,
     is fsynced and replaces `path` in one rename; a failed write (disk full, `ulimit -f`, Ctrl-C) removes the
     temporary file, leaves `path` as it was and says so. append=True: a log that open_append extends later.
+
+    The record changes with the file, so that a stop at any point (a kill included) leaves a folder the next
+    run accepts: the temporary file is listed before it is created (a later run removes it if it is left),
+    and the new content's hash is recorded before the rename, beside the old one ("was"), until the rename
+    is done.
     """
     folder = os.path.dirname(os.path.abspath(path))
-    with _folder_record(folder) as record:
+    name = os.path.basename(path)
+    with _folder_record(folder) as (record, save):
         problem = output_problem(path, kind, inputs, record, append, claimed)
         common.check(problem is None, problem)
-        tmp = f"{path}.tmp{os.getpid()}"
+        before, tmp = record.get(name), f"{path}.tmp{os.getpid()}"
+        common.check(not os.path.lexists(tmp), f"{tmp!r} exists (a file left by another program?); move it away")
+        record[os.path.basename(tmp)] = {"kind": TEMPORARY, "of": name}
+        made = False
         try:
-            with open(tmp, "wb") as f:
+            save()
+            f = open_file(tmp, "wb", new=True)
+            made = True
+            with f:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
-            digest = None if append else file_sha256(tmp)
+            entry = _entry(kind, None if append else file_sha256(tmp))
+            if not append and os.path.exists(path):
+                entry["was"] = file_sha256(path)
+            record[name] = entry
+            save()
             os.replace(tmp, path)
         except BaseException as e:
-            if os.path.exists(tmp):
+            if made and os.path.lexists(tmp):
                 os.remove(tmp)
+            record.pop(os.path.basename(tmp), None)
+            if before is None:
+                record.pop(name, None)
+            else:
+                record[name] = before
+            try:
+                save()
+            except (OSError, common.UserError):
+                pass   # the record as last saved is valid too: the next run removes the temporary it lists
             if isinstance(e, OSError):
                 raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
                                        f"is intact; {written_so_far()}") from None
             raise
-        record[os.path.basename(path)] = _entry(kind, digest)
+        del record[os.path.basename(tmp)]
+        entry.pop("was", None)
+        try:
+            save()
+        except (OSError, common.UserError):
+            pass   # the record saved before the rename lists the new content too: nothing is lost
     fsync_dir(path)
     _WRITTEN.append(path)
     return path
@@ -377,14 +476,15 @@ def write_json(obj, path, kind="settings", inputs=(), claimed=False):
 
 def open_append(path, kind, header, inputs=(), claimed=False):
     """Open the log `path` (kind `kind`) to append rows, through the guard; a new or empty file gets `header`
-    (a line) first. The caller flushes each row: a kill leaves at most a torn last line, which the readers
-    drop (read_log_prefix)."""
+    (a line) first. The record lists the log before it is created. The caller flushes each row: a kill leaves
+    at most a torn last line, which the readers drop (read_log_prefix)."""
     folder = os.path.dirname(os.path.abspath(path))
-    with _folder_record(folder) as record:
+    with _folder_record(folder) as (record, save):
         problem = output_problem(path, kind, inputs, record, append=True, claimed=claimed)
         common.check(problem is None, problem)
         record[os.path.basename(path)] = _entry(kind)
-    f = open(path, "a", encoding="utf-8")
+        save()
+    f = open_file(path, "a", encoding="utf-8")
     if f.tell() == 0:
         f.write(header + "\n")
         f.flush()
@@ -403,27 +503,29 @@ def remove_output(path, kind, claimed=False):
     if not os.path.lexists(path):
         return
     folder = os.path.dirname(os.path.abspath(path))
-    with _folder_record(folder) as record:
+    with _folder_record(folder) as (record, save):
         problem = output_problem(path, kind, (), record, append=True, claimed=claimed)
         if problem is not None:
             raise common.UserError(problem.replace("choose another output", "refusing to remove it"))
         os.remove(path)
         record.pop(os.path.basename(path), None)
+        save()
 
 
 def adopt_outputs(paths, kind):
     """Enter existing files in their folders' records as written by this project as `kind` (for files made
     before the record existed: results/ of earlier versions). Only for files you know this project wrote."""
     for path in paths:
-        with _folder_record(os.path.dirname(os.path.abspath(path))) as record:
+        with _folder_record(os.path.dirname(os.path.abspath(path))) as (record, save):
             record[os.path.basename(path)] = _entry(kind, file_sha256(path))
+            save()
 
 
 def file_sha256(path):
     """The sha256 of a file's bytes (hex), read in 1 MiB blocks."""
     import hashlib
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_file(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -542,8 +644,12 @@ def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
 def save_checkpoint(state, path, kind="checkpoint", inputs=()):
     """torch.save through the guard (write_output): a temporary file, fsync, then os.replace, so a crash or
     power cut never leaves a torn checkpoint and a failed write (disk full) leaves the old one in place.
-    inputs: files the command reads, never written over (hard links included)."""
-    write_output(path, kind, lambda f: torch.save(state, f), inputs)
+    inputs: files the command reads, never written over (hard links included). torch.save fills a buffer in
+    memory first: a write that fails inside torch's zip writer surfaces as a RuntimeError, not an OSError."""
+    import io
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_output(path, kind, lambda f: f.write(buffer.getbuffer()), inputs)
 
 
 def numpy_array_globals():
@@ -743,13 +849,12 @@ def make_outdir(outdir):
     """Create the run folder (or raise a UserError saying it is not writable); returns it."""
     try:
         os.makedirs(outdir, exist_ok=True)
-        probe = os.path.join(outdir, f".write_test{os.getpid()}")  # per process: torchrun ranks probe at once
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
     except OSError as e:
-        raise common.UserError(f"cannot write to output folder {outdir!r} ({e.strerror}); pass a writable "
+        raise common.UserError(f"cannot create the output folder {outdir!r} ({e.strerror}); pass another "
                                f"--outdir") from None
+    # access() asks without writing anything (it knows read-only file systems too)
+    common.check(os.access(outdir, os.W_OK | os.X_OK), f"cannot write to output folder {outdir!r} (permission "
+                                                        f"denied or read-only); pass a writable --outdir")
     return outdir
 
 
@@ -1083,15 +1188,6 @@ def resume_mismatches(saved_args, args):
     return diff
 
 
-def remove_stale_temporaries(outdir):
-    """Remove the *.tmp<pid> files a killed or failed writer left in outdir (we hold the run's lock)."""
-    import glob
-    import re
-    for path in glob.glob(os.path.join(glob.escape(outdir), "*.tmp*")):
-        if re.search(r"\.tmp\d+$", path):
-            os.remove(path)
-
-
 def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False, args=None):
     """Start a new run in outdir, or (resume=True) restore it from outdir/checkpoint.pth.tar.
 
@@ -1102,7 +1198,6 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     settings (a dict); on resume every one that is not RESUME_MAY_CHANGE must equal the checkpoint's (lr, m,
     seed, batch, ...: the restored optimizer and schedule would otherwise contradict args.json).
     """
-    remove_stale_temporaries(outdir)
     path = os.path.join(outdir, CHECKPOINT)
     if not resume:
         common.check(not os.path.isfile(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "

@@ -2,6 +2,7 @@
 first code block, with the sizes shrunk (epochs, N, examples) and the lines that name data a clone lacks
 (CKPT, DATA, /data/...) left out. `make demo` and `make gpu-check` run shrunk in tests/test_demo.py and
 tests/test_commands.py."""
+import json
 import os
 import re
 import shlex
@@ -63,33 +64,44 @@ def clone(tmp_path):
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_the_first_steps_of_every_docs_page_run_in_order(page, clone):
+def test_the_first_steps_of_every_docs_page_run_in_order(page, clone, tmp_path):
+    """The page's commands run in order in one Python process (tests/docs_runner.py: each script as
+    `python script.py` runs it, make and bash as child processes): one torch import per page, not per step."""
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", RUNS=str(clone / "runs" / "paper"))
     published = os.path.join(os.path.dirname(ROOT), "shared", "reference", "acr-weakness")
     if os.path.isdir(published):                   # this workspace's copy of the paper's logs (make ecdf, budget)
         env["PUBLISHED"] = published
-    ran = 0
+    commands = []
     for words in first_block(page):
         line = " ".join(words)
         if not words or PLACEHOLDER.search(line) or line.startswith(COVERED_ELSEWHERE):
             continue
+        step_env = {}
         while re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
             key, value = words.pop(0).split("=", 1)
-            env[key] = value
+            step_env[key] = value
         words = [sys.executable if w == "python" else w for w in tiny(["python" if w == "python" else w
                                                                        for w in words])]
-        done = subprocess.run(words, cwd=clone, env=env, capture_output=True, text=True, timeout=600)
-        err = [e for e in done.stderr.splitlines() if e.startswith(("error", "Traceback")) or "Error" in e]
-        if done.returncode == 2 and words[0] == "make":
-            # a make target whose input a fresh clone lacks says which command makes it, in one line
-            assert len([e for e in done.stderr.splitlines() if "missing" in e or "no logs" in e]) == 1, done.stderr
-            ran += 1
-            continue
-        assert done.returncode == 0 and "Traceback" not in done.stderr, (page, line, done.stderr[-2000:])
-        assert not err, (page, line, err)
-        ran += 1
+        commands.append((step_env, words))
     if page not in ("cpu_results.md", "reliability.md", "demo.md", "speed.md"):
-        assert ran >= 1, f"{page}: no first step ran"
+        assert commands, f"{page}: no first step to run"
+    if not commands:
+        return
+    (tmp_path / "commands.json").write_text(json.dumps(commands))
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "docs_runner.py"), str(tmp_path / "commands.json"),
+                           str(tmp_path / "results.json")], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=900)
+    results = json.loads((tmp_path / "results.json").read_text()) if (tmp_path / "results.json").exists() else []
+    assert done.returncode == 0 and len(results) == len(commands), (page, done.stderr[-3000:], results[-1:])
+    for (_, words), result in zip(commands, results):
+        line, stderr = " ".join(words), result["stderr"]
+        err = [e for e in stderr.splitlines() if e.startswith(("error", "Traceback")) or "Error" in e]
+        if result["returncode"] == 2 and words[0] == "make":
+            # a make target whose input a fresh clone lacks says which command makes it, in one line
+            assert len([e for e in stderr.splitlines() if "missing" in e or "no logs" in e]) == 1, stderr
+            continue
+        assert result["returncode"] == 0 and "Traceback" not in stderr, (page, line, stderr[-2000:])
+        assert not err, (page, line, err)
 
 
 def test_the_python_page_runs_as_one_script_and_quotes_the_copy_sizes(clone):

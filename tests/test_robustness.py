@@ -5,6 +5,7 @@ with other settings, non-finite values, a kill between two writes, stale tempora
 that does not fit the data, bad target files, live workers of an earlier run, and the noisy evaluation's
 dependence on the loader's workers."""
 import errno
+import json
 import shutil
 import sys
 
@@ -185,7 +186,13 @@ def test_stale_temporaries_are_removed_and_a_full_disk_is_one_line(tmp_path, mon
     out = tmp_path / "run"
     argv = [*DIGITS, "--max-batches", 1, "--outdir", out]
     assert run(train_gaussian, [*argv, "--epochs", 1], monkeypatch)[0] == 0
-    (out / "checkpoint.pth.tar.tmp4242").write_bytes(b"x" * 1000)   # left by a writer killed mid-save
+    # a writer killed mid-save leaves its temporary file, which the folder's record lists (it is listed before
+    # it is created); a file of the same pattern that the record does not list is someone else's: it stays
+    (out / "checkpoint.pth.tar.tmp4242").write_bytes(b"x" * 1000)
+    (out / "notes.tmp4243").write_bytes(b"a user's file")
+    record = json.loads((out / machinery.RECORD).read_text())
+    record["checkpoint.pth.tar.tmp4242"] = {"kind": machinery.TEMPORARY, "of": "checkpoint.pth.tar"}
+    (out / machinery.RECORD).write_text(json.dumps(record))
     before = (out / "checkpoint.pth.tar").read_bytes()
 
     def no_space(*a, **k):
@@ -194,7 +201,8 @@ def test_stale_temporaries_are_removed_and_a_full_disk_is_one_line(tmp_path, mon
     code, err = run(train_gaussian, [*argv, "--epochs", 2, "--resume"], monkeypatch, capsys)
     assert code == 2 and one_line(err) and "No space left" in err
     assert (out / "checkpoint.pth.tar").read_bytes() == before    # the last good checkpoint stays
-    assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == []
+    assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == ["notes.tmp4243"]
+    assert (out / "notes.tmp4243").read_bytes() == b"a user's file"
 
 
 # 8. checks before anything is written ---------------------------------------------------------------------
