@@ -38,7 +38,8 @@ budget:
 gpu-check: install
 	$(PYTHON) scripts/gpu_check.py
 
-# The long property-based campaign of tests/test_fuzz.py (FUZZ_EXAMPLES per target, default 1000; failing
-# examples are kept in .hypothesis/ and replayed first next time). Prints the outcomes tried per target.
+# The long campaigns: tests/test_fuzz.py (FUZZ_EXAMPLES per target, default 1000; failing examples are kept
+# in .hypothesis/ and replayed first next time; prints the outcomes tried per target), and tests/test_faults.py
+# stopping a certification and a training at every one of their file operations (a few minutes).
 fuzz: install
 	HYPOTHESIS_PROFILE=fuzz FAULT_RUNS=all $(PYTHON) -m pytest -q tests/test_fuzz.py tests/test_faults.py --hypothesis-show-statistics -p no:cacheprovider

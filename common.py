@@ -90,11 +90,17 @@ def read_table(path, required, numeric):
     return cols
 
 
-def read_lines(path):
-    """The lines of a text file; a missing, special or unreadable one is a UserError."""
+def check_regular(path):
+    """A file that can be read without waiting: a missing one, a folder or a FIFO, device or socket (whose
+    reading could block for ever) is a UserError."""
     check(not os.path.isdir(path), f"{path}: is a folder; name a file")
     check(os.path.exists(path), f"{path}: file not found")
     check(os.path.isfile(path), f"{path}: not a regular file (a FIFO, device or socket)")
+
+
+def read_lines(path):
+    """The lines of a text file; a missing, special or unreadable one is a UserError."""
+    check_regular(path)
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as f:   # a byte-order mark is not a column
             return f.read().splitlines()
@@ -199,6 +205,7 @@ def _is_int(v):
 def read_json_object(path, what):
     """A JSON file holding an object (dict); anything else is a UserError naming the file and `what` it is."""
     check(not os.path.isdir(path), f"{path}: is a folder, not the {what}")
+    check_regular(path)
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
@@ -232,6 +239,7 @@ def read_log_prefix(path, columns):
     A last line without its newline or with the wrong field count is torn (cut off by a kill): it is left out.
     A file without any complete line counts as empty. A wrong header or a malformed earlier line is a UserError.
     """
+    check_regular(path)
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -259,6 +267,7 @@ def read_log_prefix(path, columns):
 
 def read_header(path):
     """The first line of a text file without its newline ('' for an empty file)."""
+    check_regular(path)
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.readline().rstrip("\n")
 
@@ -550,9 +559,13 @@ def _cifar10(split, data_dir, train_transform):
         images, labels = _image_folder_in_memory(folder, NUM_CLASSES["cifar10"], INPUT_SHAPE["cifar10"])
         return TensorImages(images, labels, transform)
     import torchvision
+    made = not os.path.lexists(data_dir)
     try:
         ds = torchvision.datasets.CIFAR10(data_dir, train=(split == "train"), download=True)
     except Exception as e:  # offline, unwritable, corrupt: one line saying where we looked
+        if made:   # the folder the failed download created, with its partial archive: nothing is left behind
+            import shutil
+            shutil.rmtree(data_dir, ignore_errors=True)
         raise UserError(f"CIFAR-10 not found in {data_dir!r} and could not be downloaded ({type(e).__name__}); "
                         f"put torchvision's cifar-10-batches-py or train/ and test/ image folders there "
                         f"and pass --data-dir") from None

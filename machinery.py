@@ -521,6 +521,44 @@ def adopt_outputs(paths, kind):
             save()
 
 
+def remove_outputs(folder, also=()):
+    """Remove the folder tree `folder` if it holds only what this project wrote (scripts/demo.sh starts afresh
+    this way, not with rm -rf): every file listed in its folder's record with its content (logs: as growing),
+    the records and locks themselves, and the names in `also` at the top. Anything else (a user's file, a
+    link, a FIFO, a changed output) stops it before anything is removed, with one line naming it."""
+    import re
+    import stat
+    own_names = {RECORD, RECORD_LOCK, RECORD_TMP}
+    files, folders, foreign = [], [], []
+
+    def is_own_lock(name, path):   # empty, and the lock of a recorded output, of a rank's part, or of a run
+        base = re.sub(r"\.rank\d+$", "", name[:-len(".lock")])
+        return name.endswith(".lock") and os.path.getsize(path) == 0 and (name == "run.lock" or base in record)
+    for root, dirs, names in os.walk(folder):   # os.walk does not enter links to folders
+        folders.append(root)
+        record = _read_record(root)
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = os.path.join(root, name)
+            entry = record.get(name)
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                foreign.append(path)
+            elif name in own_names or (root == folder and name in also) or is_own_lock(name, path):
+                files.append(path)
+            elif entry is None or entry.get("kind") == TEMPORARY or not (
+                    entry.get("append") or file_sha256(path) in (entry.get("sha256"), entry.get("was"))):
+                foreign.append(path)
+            else:
+                files.append(path)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise common.UserError(f"{folder!r} holds files this project did not write, or that changed since: "
+                               f"{', '.join(foreign[:3])}{more}; move them away, or choose another folder")
+    for path in sorted(files, key=lambda p: os.path.basename(p) in own_names):   # the records last
+        os.remove(path)
+    for root in sorted(folders, key=len, reverse=True):
+        os.rmdir(root)
+
+
 def file_sha256(path):
     """The sha256 of a file's bytes (hex), read in 1 MiB blocks."""
     import hashlib

@@ -27,28 +27,14 @@ export PYTHONUNBUFFERED=1   # progress lines appear as they are printed, not whe
 # 2 cores do about twice the work of one two-threaded process.
 export OMP_NUM_THREADS=1
 
-# The demo folder is the demo's own: start afresh, but never delete a folder the demo did not make, nor a
-# file in it that the demo did not write (its record of outputs lists those).
+# The demo folder is the demo's own: start afresh, but never delete a folder the demo did not make (its
+# marker), nor anything in it that the project did not write (each folder's record of outputs lists those,
+# with their content's hash): scripts/remove_outputs.py checks the whole tree before it removes a file.
 if [ -e "$OUT" ] && [ ! -f "$OUT/.demo" ]; then
     echo "demo: $OUT exists and was not made by the demo; set DEMO_OUT to another folder" >&2
     exit 2
 fi
-if [ -d "$OUT" ]; then
-    foreign=$("$PYTHON" -c 'import json, os, sys
-out = sys.argv[1]
-record = os.path.join(out, ".rs-outputs.json")
-try:
-    own = set(json.load(open(record))) if os.path.isfile(record) else set()
-except ValueError:
-    own = set()
-own |= {".demo", "train", "certify", ".rs-outputs.json", ".rs-outputs.lock"}
-print(" ".join(sorted(set(os.listdir(out)) - own)))' "$OUT")
-    if [ -n "$foreign" ]; then
-        echo "demo: $OUT holds files the demo did not write ($foreign); move them, or set DEMO_OUT to another folder" >&2
-        exit 2
-    fi
-fi
-rm -rf "$OUT"
+"$PYTHON" scripts/remove_outputs.py "$OUT" --also .demo || exit 2
 mkdir -p "$OUT/train" "$OUT/certify"
 touch "$OUT/.demo"
 start=$SECONDS

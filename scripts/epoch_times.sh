@@ -17,8 +17,8 @@ COMMON=(--dataset cifar10 --data-dir "$DATA_DIR" --arch cifar_resnet20 --sigma 0
 one() {  # NAME SCRIPT FLAGS...
     local name=$1 script=$2
     shift 2
-    [ -f "$RUNS/$name/checkpoint.pth.tar" ] && return 0   # finished in an earlier call
-    rm -rf "$RUNS/$name"
+    # finished in an earlier call; a folder left by a stopped run (no checkpoint yet) is started again in place
+    [ -f "$RUNS/$name/checkpoint.pth.tar" ] && return 0
     "$PYTHON" "$script" "${COMMON[@]}" --outdir "$RUNS/$name" "$@"
 }
 one gaussian_m2 train_gaussian.py --m 2

@@ -10,6 +10,7 @@ import pytest
 
 import analyze
 import common
+import machinery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -167,3 +168,28 @@ def test_demo_keeps_a_users_file_put_into_its_own_folder(tmp_path):
                             env=dict(os.environ, DEMO_OUT=str(out), PYTHON=sys.executable))
     assert result.returncode == 2 and "notes.txt" in result.stderr and "did not write" in result.stderr
     assert (out / "notes.txt").read_text() == "precious" and (out / "report.md").read_text() == "old report"
+
+
+def test_demo_keeps_a_users_file_or_link_deep_in_its_folder(tmp_path):
+    """The whole tree is checked before anything is removed: a user's file in a run folder of the demo, or a
+    link there, stops it, and every file stays."""
+    out = tmp_path / "demo"
+    (out / "train" / "gaussian").mkdir(parents=True)
+    (out / ".demo").write_text("")
+    machinery.write_text_output(str(out / "train" / "gaussian" / "args.json"), "settings", "{}")
+    (out / "train" / "gaussian" / "notes.txt").write_text("precious")
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("mine")
+    for planted in ("notes.txt", "link"):
+        if planted == "link":
+            (out / "train" / "gaussian" / "notes.txt").unlink()
+            (out / "train" / "gaussian" / "link").symlink_to(elsewhere)
+        result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                                env=dict(os.environ, DEMO_OUT=str(out), PYTHON=sys.executable))
+        assert result.returncode == 2 and planted in result.stderr and len(result.stderr.splitlines()) == 1
+        assert (out / "train" / "gaussian" / "args.json").read_text() == "{}"
+    assert elsewhere.read_text() == "mine" and (out / "train" / "gaussian" / "link").is_symlink()
+    # with only the demo's own files left, the demo's start removes the tree (records and locks included)
+    (out / "train" / "gaussian" / "link").unlink()
+    machinery.remove_outputs(str(out), [".demo"])
+    assert not out.exists()

@@ -110,6 +110,29 @@ def test_a_data_dir_whose_split_is_a_file_says_so_and_downloads_nothing(tmp_path
     assert sorted(os.listdir(tmp_path)) == ["test"]
 
 
+def test_a_failed_download_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """No data and no network: torchvision's CIFAR10 makes the folder and a partial archive, then fails; the
+    folder it made goes (a folder that was there before stays, with what was in it)."""
+    import urllib.error
+
+    import torchvision
+
+    def offline(root, train, download):
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, "cifar-10-python.tar.gz"), "wb") as f:
+            f.write(b"partial")
+        raise urllib.error.URLError("no network")
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", offline)
+    with pytest.raises(common.UserError, match="could not be downloaded"):
+        common.get_dataset("cifar10", "test", str(tmp_path / "data"))
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    with pytest.raises(common.UserError, match="could not be downloaded"):
+        common.get_dataset("cifar10", "test", str(tmp_path / "mine"))
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "kept"
+
+
 @pytest.mark.parametrize("script", ["certify.py", "analyze.py"])
 def test_ctrl_c_while_a_script_imports_stops_it_without_a_traceback(script, tmp_path):
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, script), "--help"], cwd=tmp_path,
@@ -169,3 +192,40 @@ def test_two_logs_that_would_write_one_curve_file_are_refused_before_anything_is
     code = run_main(analyze.main, ["ecdf", *logs, "--labels", "a b", "a_b", "--sigmas", "0.5", "0.5",
                                    "--out", out])
     assert code == 2 and not out.exists()
+
+
+# Files the guard does not name: locks, sidecars, temporaries, records --------------------------------------
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from helpers import digits_checkpoint
+    return digits_checkpoint(tmp_path_factory.mktemp("ckpt") / "c.pth.tar", steps=5)
+
+
+def certify_into(ckpt, out, capsys):
+    import certify
+    from helpers import run_main
+    code = run_main(certify.main, ["--checkpoint", ckpt, "--outfile", out, "--max", 2, "--N0", 10, "--N", 40])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("helper", ["o.tsv.lock", "o.tsv.json", ".rs-outputs.lock", ".rs-outputs.json",
+                                    ".rs-outputs.json.tmp", "o.tsv.json.tmp<pid>", "o.tsv.counts"])
+def test_a_link_in_place_of_a_helper_file_is_refused_and_its_target_is_not_made(ckpt, tmp_path, capsys, helper):
+    helper = helper.replace("<pid>", str(os.getpid()))   # the temporary file of this process's sidecar
+    os.symlink(tmp_path / "target", tmp_path / helper)
+    code, err = certify_into(ckpt, str(tmp_path / "o.tsv"), capsys)
+    if helper == "o.tsv.counts":   # not an output of this command (no --save-counts): left alone
+        assert code == 0
+    else:
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "link" in err, err
+    assert not (tmp_path / "target").exists() and os.path.islink(tmp_path / helper)
+
+
+@pytest.mark.parametrize("helper", ["o.tsv.lock", "o.tsv.json", ".rs-outputs.lock", ".rs-outputs.json"])
+def test_a_fifo_in_place_of_a_helper_file_is_refused_at_once(ckpt, tmp_path, capsys, helper):
+    os.mkfifo(tmp_path / helper)
+    start = time.time()
+    code, err = certify_into(ckpt, str(tmp_path / "o.tsv"), capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and time.time() - start < 30, err
+    assert "FIFO" in err or "not a regular file" in err or "cannot read" in err, err
