@@ -347,22 +347,24 @@ def _folder_record(folder):
         yield record, lambda: _save_record(folder, record)
 
 
-def output_problem(path, kind, inputs=(), record=None, append=False, claimed=False):
+def output_problem(path, kind, inputs=(), record=None, append=False, claimed=False, source=None):
     """Why `path` may not be written as `kind` by this command (a message), or None when it may.
 
     inputs: the files this command reads (an output may not be one of them, links and hard links included).
     record: the folder's record (read when None). append: the file grows (no checksum is kept for it).
     claimed: the caller has read the file's own record (a certification log's sidecar naming certify.py),
     so a file missing from the folder's record (copied from elsewhere) may still be resumed or replaced.
+    source: what the output is made from (source_of: an input's path relative to the output's folder); a
+    file that the record says was made from another source is not replaced (two inputs, one output name).
     """
     name = os.path.basename(path)
     if name in ("", ".", "..", RECORD, RECORD_LOCK, RECORD_TMP):
         return f"{path!r} is not a file name this command may write"
     if os.path.islink(path):
         return f"{path!r} is a symbolic link (to {os.readlink(path)!r}); name a plain file"
-    for source in list(inputs) + _INPUTS:
-        if source and os.path.exists(source) and os.path.exists(path) and os.path.samefile(source, path):
-            return f"{path!r} is an input of this command ({source!r}); choose another output"
+    for given in list(inputs) + _INPUTS:
+        if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
+            return f"{path!r} is an input of this command ({given!r}); choose another output"
     if os.path.exists(path):
         import stat
         mode = os.stat(path).st_mode
@@ -384,29 +386,47 @@ def output_problem(path, kind, inputs=(), record=None, append=False, claimed=Fal
                 f"{os.path.join(os.path.dirname(path), RECORD)!r}); move it away or choose another output")
     if entry.get("kind") != kind:
         return f"{path!r} was written as {entry.get('kind')!r}, not as {kind!r}; choose another output"
-    # "was": the content before a replacement that a stop may have cut short (write_output)
-    if not (append or claimed or entry.get("append")) and file_sha256(path) not in (entry.get("sha256"),
-                                                                                   entry.get("was")):
+    if source is not None and entry.get("from") not in (None, source):
+        return (f"{path!r} was made from {entry['from']!r}, not from {source!r}: two inputs would share one output; "
+                f"choose another output (--outdir) or move it away")
+    if not claimed and not content_is_recorded(path, entry, whole=not append):
         return (f"{path!r} changed since {entry.get('by', 'this project')} wrote it; move it away or choose "
                 f"another output")
     return None
 
 
-def _entry(kind, sha256=None):
+def content_is_recorded(path, entry, whole=True):
+    """True when the file's bytes are what its record entry says this project wrote: the whole content's hash
+    (or "was", the content before a replacement that a stop may have cut short: write_output), or for a log
+    that grows, the hash of the first "size" bytes (what it held when last closed: lines are only added). An
+    entry of an older version without a hash counts as a log; whole=False accepts that for any entry."""
+    if entry.get("append") and "size" in entry:
+        return os.path.getsize(path) >= entry["size"] and file_sha256(path, entry["size"]) == entry.get("sha256")
+    if entry.get("append") or not whole:
+        return True
+    return file_sha256(path) in (entry.get("sha256"), entry.get("was"))
+
+
+def _entry(kind, sha256=None, append=False, size=None):
+    """A record entry: kind, the script that wrote it, the content's sha256; a log that grows (append) keeps
+    the hash of its first `size` bytes, what it held when last closed (none while it is first opened)."""
     entry = {"kind": kind, "by": os.path.basename(sys.argv[0] or "python")}
-    if sha256 is None:
+    if append:
         entry["append"] = True
-    else:
+        if sha256 is not None:
+            entry["sha256"], entry["size"] = sha256, size
+    elif sha256 is not None:
         entry["sha256"] = sha256
     return entry
 
 
-def write_output(path, kind, write, inputs=(), append=False, claimed=False):
+def write_output(path, kind, write, inputs=(), append=False, claimed=False, source=None):
     """Write the file `path` as `kind` ('table', 'checkpoint', ...) through the guard; returns path.
 
     write(f): puts the whole content into the binary file object f. The content goes to a new temporary file,
     is fsynced and replaces `path` in one rename; a failed write (disk full, `ulimit -f`, Ctrl-C) removes the
     temporary file, leaves `path` as it was and says so. append=True: a log that open_append extends later.
+    source: what the output is made from, kept in the record (output_problem).
 
     The record changes with the file, so that a stop at any point (a kill included) leaves a folder the next
     run accepts: the temporary file is listed before it is created (a later run removes it if it is left),
@@ -416,7 +436,7 @@ def write_output(path, kind, write, inputs=(), append=False, claimed=False):
     folder = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(path)
     with _folder_record(folder) as (record, save):
-        problem = output_problem(path, kind, inputs, record, append, claimed)
+        problem = output_problem(path, kind, inputs, record, append, claimed, source)
         common.check(problem is None, problem)
         before, tmp = record.get(name), f"{path}.tmp{os.getpid()}"
         common.check(not os.path.lexists(tmp), f"{tmp!r} exists (a file left by another program?); move it away")
@@ -430,7 +450,9 @@ def write_output(path, kind, write, inputs=(), append=False, claimed=False):
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
-            entry = _entry(kind, None if append else file_sha256(tmp))
+            entry = _entry(kind, file_sha256(tmp), append, os.path.getsize(tmp))
+            if source is not None:
+                entry["from"] = source
             if not append and os.path.exists(path):
                 entry["was"] = file_sha256(path)
             record[name] = entry
@@ -474,21 +496,70 @@ def write_json(obj, path, kind="settings", inputs=(), claimed=False):
     return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, claimed=claimed)
 
 
-def open_append(path, kind, header, inputs=(), claimed=False):
+def open_append(path, kind, header, inputs=(), claimed=False, source=None):
     """Open the log `path` (kind `kind`) to append rows, through the guard; a new or empty file gets `header`
     (a line) first. The record lists the log before it is created. The caller flushes each row: a kill leaves
     at most a torn last line, which the readers drop (read_log_prefix)."""
     folder = os.path.dirname(os.path.abspath(path))
     with _folder_record(folder) as (record, save):
-        problem = output_problem(path, kind, inputs, record, append=True, claimed=claimed)
+        problem = output_problem(path, kind, inputs, record, append=True, claimed=claimed, source=source)
         common.check(problem is None, problem)
-        record[os.path.basename(path)] = _entry(kind)
-        save()
+        entry = record.get(os.path.basename(path))
+        if not (entry and entry.get("kind") == kind and entry.get("append") and os.path.exists(path)):
+            record[os.path.basename(path)] = _entry(kind, append=True)   # a new log, or one adopted (claimed)
+            if source is not None:
+                record[os.path.basename(path)]["from"] = source
+            save()
     f = open_file(path, "a", encoding="utf-8")
     if f.tell() == 0:
         f.write(header + "\n")
         f.flush()
-    return f
+    return AppendedLog(f, path)
+
+
+class AppendedLog:
+    """A log open for appending (open_append), used like a text file. Closing it records the length and hash
+    of its content, so that a later run can tell that the file is still the one this project wrote (a log
+    only grows: the recorded bytes stay its prefix, a stop in between included)."""
+
+    def __init__(self, f, path):
+        self.file, self.path = f, path
+
+    def write(self, text):
+        return self.file.write(text)
+
+    def flush(self):
+        self.file.flush()
+
+    def fileno(self):
+        return self.file.fileno()
+
+    def tell(self):
+        return self.file.tell()
+
+    def close(self):
+        if self.file.closed:
+            return
+        self.file.close()
+        self.record_prefix()
+
+    def record_prefix(self):
+        """Record the log's length and hash now (close does; a log with a row per epoch does at each row)."""
+        folder, name = os.path.dirname(os.path.abspath(self.path)), os.path.basename(self.path)
+        try:
+            with _folder_record(folder) as (record, save):
+                if name in record and record[name].get("append"):
+                    size = os.path.getsize(self.path)
+                    record[name].update(sha256=file_sha256(self.path, size), size=size)
+                    save()
+        except (OSError, common.UserError):
+            pass   # the entry saved before still names a prefix of the file: nothing is lost
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def copy_training_log(source, path):
@@ -544,8 +615,7 @@ def remove_outputs(folder, also=()):
                 foreign.append(path)
             elif name in own_names or (root == folder and name in also) or is_own_lock(name, path):
                 files.append(path)
-            elif entry is None or entry.get("kind") == TEMPORARY or not (
-                    entry.get("append") or file_sha256(path) in (entry.get("sha256"), entry.get("was"))):
+            elif entry is None or entry.get("kind") == TEMPORARY or not content_is_recorded(path, entry):
                 foreign.append(path)
             else:
                 files.append(path)
@@ -559,13 +629,25 @@ def remove_outputs(folder, also=()):
         os.rmdir(root)
 
 
-def file_sha256(path):
-    """The sha256 of a file's bytes (hex), read in 1 MiB blocks."""
+def source_of(path, output):
+    """An input's name as an output's record keeps it: its path relative to the output's folder (links
+    resolved; no machine's absolute path in a committed record)."""
+    folder = os.path.dirname(os.path.abspath(output))
+    return os.path.relpath(os.path.realpath(path), os.path.realpath(folder))
+
+
+def file_sha256(path, size=None):
+    """The sha256 of a file's bytes (hex), or of its first `size` bytes, read in 1 MiB blocks."""
     import hashlib
     digest = hashlib.sha256()
+    left = math.inf if size is None else size
     with open_file(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        while left > 0:
+            block = f.read(int(min(1 << 20, left)))
+            if not block:
+                break
             digest.update(block)
+            left -= len(block)
     return digest.hexdigest()
 
 
@@ -866,18 +948,20 @@ class TSVLog:
 
     A new log (append=False) replaces an earlier log of the same kind; every write goes through the guard."""
 
-    def __init__(self, path, columns, kind, append=False, sync=False, inputs=()):
+    def __init__(self, path, columns, kind, append=False, sync=False, inputs=(), source=None):
         self.columns, self.sync = list(columns), sync   # sync: fsync every row (the epoch log)
         header = "\t".join(self.columns)
         if not append:
-            write_output(path, kind, lambda f: f.write((header + "\n").encode()), inputs, append=True)
-        self.file = open_append(path, kind, header, inputs)
+            write_output(path, kind, lambda f: f.write((header + "\n").encode()), inputs, append=True,
+                         source=source)
+        self.file = open_append(path, kind, header, inputs, source=source)
 
     def row(self, **values):
         cells = [values.get(c, "") for c in self.columns]
         print("\t".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in cells), file=self.file, flush=True)
         if self.sync:
             os.fsync(self.file.fileno())
+            self.file.record_prefix()
 
     def close(self):
         self.file.close()
@@ -888,7 +972,7 @@ def make_outdir(outdir):
     try:
         os.makedirs(outdir, exist_ok=True)
     except OSError as e:
-        raise common.UserError(f"cannot create the output folder {outdir!r} ({e.strerror}); pass another "
+        raise common.UserError(f"cannot write to output folder {outdir!r} ({e.strerror}); pass a writable "
                                f"--outdir") from None
     # access() asks without writing anything (it knows read-only file systems too)
     common.check(os.access(outdir, os.W_OK | os.X_OK), f"cannot write to output folder {outdir!r} (permission "
@@ -1226,6 +1310,26 @@ def resume_mismatches(saved_args, args):
     return diff
 
 
+# The files a training run writes into its folder (training scripts, ddrs.py train), with their kinds
+RUN_OUTPUTS = [(r"checkpoint(_epoch\d+)?\.pth\.tar", "checkpoint"), (r"args\.json", "settings of a run"),
+               (r"log\.tsv", "training log"), (r"pA_epoch\d+_(discard|weights)\.tsv", "pA estimates"),
+               (r"discard\.json", "discard summary")]
+
+
+def check_run_outputs(outdir):
+    """Every file of the run folder that the run may write (RUN_OUTPUTS) may be written by it (the guard's
+    verdict, output_problem): checked when the run starts, before any epoch, not when the file is due."""
+    import re
+    if not os.path.isdir(outdir):
+        return
+    for name in sorted(os.listdir(outdir)):
+        for pattern, kind in RUN_OUTPUTS:
+            if re.fullmatch(pattern, name):
+                problem = output_problem(os.path.join(outdir, name), kind, append=kind in ("training log",
+                                                                                          "pA estimates"))
+                common.check(problem is None, problem)
+
+
 def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False, args=None):
     """Start a new run in outdir, or (resume=True) restore it from outdir/checkpoint.pth.tar.
 
@@ -1240,7 +1344,9 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     if not resume:
         common.check(not os.path.isfile(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "
                                         f"continue it, or choose another --outdir")
+        check_run_outputs(outdir)
         return 0, {}
+    check_run_outputs(outdir)   # before the checkpoint is read and any epoch is trained
     common.check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
     ckpt = load_checkpoint(path, next(model.parameters()).device, trust)
     missing = [k for k in ("epoch", "optimizer", "scheduler") if k not in ckpt]
@@ -1319,13 +1425,22 @@ def progress_line(prefix, every=60.0):
     return show
 
 
+def check_gradnorm_output(path, inputs):
+    """The guard's verdict on a gradient-norm file made from the checkpoint inputs[0] (measure_grad_norms)."""
+    source = source_of(inputs[0], path) if inputs and inputs[0] else None
+    problem = output_problem(path, "gradient norms", inputs, source=source)
+    common.check(problem is None, problem)
+
+
 def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs=()):
     """The gradient-norm mode of the training scripts (Table 2, Fig. 5): TSV `idx label pA grad_norm`.
 
     Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the
     training set without augmentation). pA: fraction of n noisy copies labelled correctly (count_correct).
-    grad_norm: per_example_grad_norms of loss_fn. Returns the rows as a dict of lists.
+    grad_norm: per_example_grad_norms of loss_fn. Returns the rows as a dict of lists. inputs[0]: the
+    checkpoint, the output's source: a file of another checkpoint at `path` is refused before any work.
     """
+    check_gradnorm_output(path, inputs)
     seed_everything(seed)
     probe_idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:probe]
     counts, labels = common.count_correct(model, dataset, probe_idx, sigma, n, batch)
@@ -1334,7 +1449,8 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
     norms = common.per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
     rows = {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
             "grad_norm": norms.tolist()}
-    log = TSVLog(path, common.GRADNORM_COLUMNS, "gradient norms", inputs=inputs)
+    log = TSVLog(path, common.GRADNORM_COLUMNS, "gradient norms", inputs=inputs,
+                 source=source_of(inputs[0], path) if inputs and inputs[0] else None)
     for i in range(len(probe_idx)):
         log.row(**{k: v[i] for k, v in rows.items()})
     log.close()

@@ -241,6 +241,8 @@ def gradnorm_mode(args):
     common.check(args.probe >= 1, "--probe must be >= 1")
     train_set = common.get_dataset(s.dataset, "train", s.data_dir, train_transform=False)
     outdir = machinery.make_outdir(args.outdir or os.path.dirname(os.path.abspath(args.gradnorm)))
+    for name in ("attack", "noattack"):   # both outputs checked before either is measured
+        machinery.check_gradnorm_output(os.path.join(outdir, f"gradnorm_ours_{name}.tsv"), [args.gradnorm])
     for T, name in ((s.T, "attack"), (0, "noattack")):
         def loss_fn(f, x, y, idx):
             return ours_loss(f, x, y, s.sigma, s.m, T, s.eps, s.attack)

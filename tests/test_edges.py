@@ -229,3 +229,62 @@ def test_a_fifo_in_place_of_a_helper_file_is_refused_at_once(ckpt, tmp_path, cap
     code, err = certify_into(ckpt, str(tmp_path / "o.tsv"), capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and time.time() - start < 30, err
     assert "FIFO" in err or "not a regular file" in err or "cannot read" in err, err
+
+
+# "Ours" by content, one output per input, resume checks before work -------------------------------------
+
+def train_into(out, capsys, *extra):
+    import train_gaussian
+    from helpers import run_main
+    argv = ["--dataset", "digits", "--sigma", 0.25, "--max-batches", 1, "--workers", 0, "--outdir", out, *extra]
+    old = sys.argv
+    sys.argv = ["train_gaussian.py", *map(str, argv)]
+    try:
+        code = run_main(lambda a: train_gaussian.main(), argv)
+    finally:
+        sys.argv = old
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_checkpoint_copied_into_a_new_folder_is_refused_before_any_epoch(tmp_path, capsys):
+    assert train_into(tmp_path / "a", capsys, "--epochs", 1)[0] == 0
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "checkpoint.pth.tar").write_bytes((tmp_path / "a" / "checkpoint.pth.tar").read_bytes())
+    code, out, err = train_into(tmp_path / "b", capsys, "--epochs", 2, "--resume")
+    assert code == 2 and "not written by this project" in err and "epoch" not in out
+    assert sorted(p.name for p in (tmp_path / "b").iterdir() if not p.name.startswith(".")) in (
+        ["checkpoint.pth.tar"], ["checkpoint.pth.tar", "run.lock"])
+
+
+def test_a_log_changed_since_it_was_written_is_not_resumed_but_one_cut_by_a_kill_is(tmp_path, capsys):
+    assert train_into(tmp_path / "a", capsys, "--epochs", 1)[0] == 0
+    log = tmp_path / "a" / "log.tsv"
+    ours = log.read_bytes()
+    log.write_bytes(ours.replace(b"\n0\t", b"\n7\t", 1))   # an edited row, same length
+    code, _, err = train_into(tmp_path / "a", capsys, "--epochs", 2, "--resume")
+    assert code == 2 and "changed since" in err and len(err.strip().splitlines()) == 1
+    log.write_bytes(ours + b"2\t0.1")                       # what a kill mid-row leaves: a longer log
+    assert train_into(tmp_path / "a", capsys, "--epochs", 2, "--resume")[0] == 0
+    assert log.read_bytes().startswith(ours) and log.read_bytes().count(b"\n") == 3
+
+
+def test_two_checkpoints_never_share_one_gradient_norm_file(tmp_path, capsys):
+    import train_gaussian
+    from helpers import digits_checkpoint, run_main
+    a = digits_checkpoint(tmp_path / "a.pth.tar", arch="digits_cnn", steps=2)
+    b = digits_checkpoint(tmp_path / "b.pth.tar", arch="digits_cnn", steps=2, seed=1)
+
+    def gradnorm(ckpt):
+        argv = ["--gradnorm", ckpt, "--outdir", tmp_path / "g", "--probe", 10, "--N", 5]
+        old, sys.argv = sys.argv, ["train_gaussian.py", *map(str, argv)]
+        try:
+            return run_main(lambda a: train_gaussian.main(), argv), capsys.readouterr()
+        finally:
+            sys.argv = old
+    assert gradnorm(a)[0] == 0
+    first = (tmp_path / "g" / "gradnorm_gaussian.tsv").read_bytes()
+    code, captured = gradnorm(b)
+    assert code == 2 and "two inputs would share one output" in captured.err and "wrote" not in captured.out
+    assert (tmp_path / "g" / "gradnorm_gaussian.tsv").read_bytes() == first
+    assert gradnorm(a)[0] == 0   # the same checkpoint again: its own file is replaced
