@@ -605,15 +605,21 @@ def grid_from_logs(paths):
     budget N (the reference), the others CERTIFY at another N or certify.py --radii runs. Certification logs
     resume, so a benchmark too long for one sitting (scripts/grid_cpu.sh) is built from them."""
     import analyze
+    names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise common.UserError(f"--grid-logs: two logs named {twice[0]!r}: the arms are named by file name; rename "
+                               f"one (or copy it under another name)")
     logs = analyze.load_logs(paths)
+    for log in logs:   # every log first, before any work: the kinds this comparison can count
+        check_bench_log(log)
     results, grid_arms, radii = {}, set(), set()
-    for log in logs:
+    for log, name in zip(logs, names):
         cols = analyze.read_columns(log["path"], analyze.COHEN_COLUMNS, ("idx",))
         common.check("N" in log, f"{log['path']}: no N column (the draws made; certify.py writes it)")
         order = np.argsort(cols["idx"])
-        name = os.path.splitext(os.path.basename(log["path"]))[0]
         results[name] = {"idx": cols["idx"][order], "radius": log["radius"][order], "correct": log["correct"][order],
-                         "evals": log["sidecar"].get("N0", 100) + log["N"][order],
+                         "evals": selection_draws(log) + log["N"][order],
                          "time": sum(common.log_seconds(t, f"{log['path']} line {line}")
                                      for t, line in zip(cols["time"], cols["_line"]))}
         if log.get("grid"):
@@ -629,7 +635,7 @@ def grid_from_logs(paths):
         common.check(np.array_equal(row["idx"], results[reference]["idx"]),
                      f"{name}: not the examples of {reference} (finish both runs: certify.py resumes)")
     first = logs[0]
-    N, N0 = first["sidecar"].get("N"), first["sidecar"].get("N0", 100)
+    N, N0 = first["sidecar"].get("N"), selection_draws(first)
     common.check(isinstance(N, int) and not first.get("grid"), f"{first['path']}: the first log must be CERTIFY "
                                                                 f"(no --radii) with its settings file (N)")
     print(f"  {len(results[reference]['idx'])} examples, sigma {first['sigma']}, N0 {N0}, reference "
@@ -641,6 +647,29 @@ def grid_from_logs(paths):
         for name in sorted(grid_arms):
             print_oracle(name, results[name], results[reference]["pA"], first["sigma"], N, N0,
                         *results[name]["levels"])
+
+
+def selection_draws(log):
+    """N0 of a CERTIFY or grid log: its settings file's, or Cohen's 100 for a log without one."""
+    return log["sidecar"].get("N0", 100)
+
+
+def check_bench_log(log):
+    """The logs (g) can count: certify.py's CERTIFY (the reference, and arms at other N) and its grid runs
+    (--radii, with or without r = 0), where each example drew N0 selection votes and then N. Refused, in one
+    line: PREDICT logs, label mode (no selection draws), ddrs.py logs (per-input sigma, semi-elastic)."""
+    path, side = log["path"], log["sidecar"]
+    common.check(side.get("script", "certify.py") == "certify.py" and not side.get("ddrs") and "sigma_x" not in log,
+                 f"{path}: a ddrs.py log (per-input sigma); --grid-logs compares certify.py logs of one model")
+    common.check(side.get("mode", "certify") in ("certify", "grid"),
+                 f"{path}: a {side.get('mode')} log; --grid-logs compares CERTIFY (certify.py) and grid "
+                 f"(certify.py --radii) logs")
+    common.check(side.get("candidate", "selected") == "selected" and not log.get("label_mode"),
+                 f"{path}: a label-mode log (--label-mode draws no selection votes); --grid-logs counts N0 + N "
+                 f"evaluations per example: certify without --label-mode")
+    N0 = side.get("N0", 100)
+    common.check(isinstance(N0, int) and not isinstance(N0, bool) and N0 >= 1,
+                 f"{path}: its settings file gives N0 {N0!r}; --grid-logs needs the selection draws (an integer)")
 
 
 def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=2048):

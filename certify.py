@@ -724,6 +724,13 @@ def resolve_seed(seed, sidecar):
         old = common.read_json_object(sidecar, "settings file of a log")
         if old.get("seed") == "random" and isinstance(old.get("seed_value"), int):
             return old["seed_value"]
+        log = sidecar[:-len(".json")]
+        rows = [path for path in [log] + part_files(log) if os.path.isfile(path) and
+                len(common.read_log_prefix(path, common.read_header(path).split("\t"))[0]) > 0]
+        common.check(old.get("seed") != "random" or not rows,
+                     f"{sidecar}: the log was certified with --seed random but its seed is not recorded "
+                     f"(seed_value {old.get('seed_value')!r}); its rows cannot be continued with the same noise: "
+                     f"pass --overwrite, or another --outfile")
     import secrets
     return secrets.randbits(62)
 

@@ -1346,7 +1346,6 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
                                         f"continue it, or choose another --outdir")
         check_run_outputs(outdir)
         return 0, {}
-    check_run_outputs(outdir)   # before the checkpoint is read and any epoch is trained
     common.check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
     ckpt = load_checkpoint(path, next(model.parameters()).device, trust)
     missing = [k for k in ("epoch", "optimizer", "scheduler") if k not in ckpt]
@@ -1365,6 +1364,7 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     except (RuntimeError, ValueError, KeyError) as e:
         raise common.UserError(f"--resume: {path!r} does not fit this model/optimizer ({type(e).__name__}); "
                                f"use the same settings or another --outdir") from None
+    check_run_outputs(outdir)   # before any epoch is trained
     _set_rng_state(ckpt.get("rng"))
     return int(ckpt["epoch"]), ckpt.get("extra") or {}
 

@@ -288,3 +288,44 @@ def test_two_checkpoints_never_share_one_gradient_norm_file(tmp_path, capsys):
     assert code == 2 and "two inputs would share one output" in captured.err and "wrote" not in captured.out
     assert (tmp_path / "g" / "gradnorm_gaussian.tsv").read_bytes() == first
     assert gradnorm(a)[0] == 0   # the same checkpoint again: its own file is replaced
+
+
+def test_a_random_seed_whose_value_is_lost_is_not_resumed_with_another(ckpt, tmp_path, capsys):
+    import certify
+    from helpers import run_main
+    argv = ["--checkpoint", ckpt, "--outfile", tmp_path / "o.tsv", "--N0", 10, "--N", 40, "--seed", "random"]
+    assert run_main(certify.main, argv + ["--max", 2]) == 0
+    capsys.readouterr()
+    sidecar = json.loads((tmp_path / "o.tsv.json").read_text())
+    sidecar["seed_value"] = None
+    (tmp_path / "o.tsv.json").write_text(json.dumps(sidecar))
+    before = (tmp_path / "o.tsv").read_bytes()
+    assert run_main(certify.main, argv + ["--max", 3]) == 2
+    err = capsys.readouterr().err
+    assert "seed is not recorded" in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "o.tsv").read_bytes() == before
+
+
+def test_the_grid_benchmark_refuses_logs_it_cannot_count(ckpt, tmp_path, capsys):
+    import bench
+    import certify
+    from helpers import run_main
+    logs = {}
+    for name, extra in (("a/cert", []), ("b/cert", []), ("grid", ["--radii", 0.25]),
+                        ("label", ["--label-mode"]), ("predict", ["--predict"])):
+        logs[name] = str(tmp_path / f"{name}.tsv")
+        assert run_main(certify.main, ["--checkpoint", ckpt, "--outfile", logs[name], "--max", 2, "--N0", 10,
+                                       "--N", 40, *extra]) == 0, name
+    capsys.readouterr()
+    with pytest.raises(common.UserError, match="two logs named 'cert'"):
+        bench.grid_from_logs([logs["a/cert"], logs["b/cert"]])
+    with pytest.raises(common.UserError, match="label-mode"):
+        bench.grid_from_logs([logs["a/cert"], logs["label"]])
+    with pytest.raises(common.UserError, match="PREDICT log"):
+        bench.grid_from_logs([logs["a/cert"], logs["predict"]])
+    sidecar = json.loads(open(logs["grid"] + ".json").read())
+    sidecar["N0"] = None
+    with open(logs["grid"] + ".json", "w") as f:
+        json.dump(sidecar, f)
+    with pytest.raises(common.UserError, match="N0 None"):
+        bench.grid_from_logs([logs["a/cert"], logs["grid"]])
