@@ -545,7 +545,7 @@ def train_main(args):
     s.run = machinery.run_identity("ddrs.py train", s.dataset, s.data_dir)   # checked on --resume
     machinery.set_inputs([args.init_checkpoint])   # files this run reads: never written over
     device = machinery.get_device(args.device)
-    with machinery.run_folder_lock(s.outdir):
+    with machinery.run_folder_lock(s.outdir, getattr(s, "amp", None) or "fp32", device):
         ds_train(s, hp, device)
 
 

@@ -1113,9 +1113,11 @@ def sync_batchnorm(model, device):
     return model
 
 
-def run_folder_lock(outdir):
+def run_folder_lock(outdir, precision="fp32", device="cpu"):
     """The run folder, created, and locked for this run on rank 0 (a context manager): two training runs on one
-    --outdir would overwrite each other's checkpoints and log; the second one gets a UserError instead."""
+    --outdir would overwrite each other's checkpoints and log; the second one gets a UserError instead. The
+    run's precision is checked on its device first: a run that cannot start leaves no folder behind."""
+    check_precision(precision, device)
     make_outdir(outdir)
     if not is_main_process():
         return contextlib.nullcontext()

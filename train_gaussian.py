@@ -161,7 +161,7 @@ def main():
     args = settings(args)
     args.run = machinery.run_identity('train_gaussian.py', args.dataset, args.data_dir)   # checked on --resume
     device = machinery.setup_distributed(args.device)
-    with machinery.run_folder_lock(args.outdir):   # one run per folder
+    with machinery.run_folder_lock(args.outdir, args.amp or "fp32", device):   # one run per folder
         train(args, device)
     machinery.end_distributed()
 

@@ -10,8 +10,8 @@
 #    clean accuracy or the ECDF at low pA, relative to Gaussian training.
 #
 # Usage: bash scripts/demo.sh      (or `make demo`; everything lands in runs/demo, started afresh)
-# Size knobs (the test runs a small demo): DEMO_EPOCHS (default 20), DEMO_N (10000), DEMO_MAX (default: all
-# test digits), DEMO_OUT (runs/demo); PYTHON (python3); DEMO_CERTIFY_FLAGS (extra certify.py flags, e.g.
+# Size knobs (the test runs a small demo): DEMO_EPOCHS (default 20), DEMO_MAX_BATCHES (batches per epoch;
+# default: all), DEMO_N (10000), DEMO_MAX (default: all test digits), DEMO_OUT (runs/demo); PYTHON (python3); DEMO_CERTIFY_FLAGS (extra certify.py flags, e.g.
 # "--precision bf16" on a slow CPU; the certificate then holds for the bf16 classifier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +20,7 @@ PYTHON=${PYTHON:-python3}
 EPOCHS=${DEMO_EPOCHS:-20}
 N=${DEMO_N:-10000}
 MAX=${DEMO_MAX:-}
+MAX_BATCHES=${DEMO_MAX_BATCHES:-}
 OUT=${DEMO_OUT:-runs/demo}
 CERTIFY_FLAGS=${DEMO_CERTIFY_FLAGS:-}
 export PYTHONUNBUFFERED=1   # progress lines appear as they are printed, not when a pipe buffer fills
@@ -44,7 +45,8 @@ model() {
     local name=$1 script=$2
     shift 2
     {
-        "$PYTHON" "$script" --dataset digits --epochs "$EPOCHS" --outdir "$OUT/train/$name" "$@" &&
+        "$PYTHON" "$script" --dataset digits --epochs "$EPOCHS" ${MAX_BATCHES:+--max-batches "$MAX_BATCHES"} \
+            --outdir "$OUT/train/$name" "$@" &&
         "$PYTHON" certify.py --checkpoint "$OUT/train/$name/checkpoint.pth.tar" --N "$N" --alpha 0.001 \
             --batch 2500 ${MAX:+--max "$MAX"} --outfile "$OUT/certify/$name.tsv" $CERTIFY_FLAGS
     } 2>&1 | sed -u "s/^/[$name] /"

@@ -22,10 +22,11 @@ EXAMPLES, N = 12, 200
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """The demo with 1 epoch, N = 200 and 12 test digits (the real one: 20 epochs, N = 10,000, all 360)."""
+    """The demo with 1 epoch of 3 batches, N = 200 and 12 test digits (the real one: 20 epochs, N = 10,000,
+    all 360)."""
     out = tmp_path_factory.mktemp("demo") / "demo"
-    env = dict(os.environ, DEMO_EPOCHS="1", DEMO_N=str(N), DEMO_MAX=str(EXAMPLES), DEMO_OUT=str(out),
-               PYTHON=sys.executable)
+    env = dict(os.environ, DEMO_EPOCHS="1", DEMO_MAX_BATCHES="3", DEMO_N=str(N), DEMO_MAX=str(EXAMPLES),
+               DEMO_OUT=str(out), PYTHON=sys.executable)
     result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

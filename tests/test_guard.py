@@ -266,11 +266,13 @@ def test_certify_stopped_by_sigterm_exits_143_and_resumes_to_the_uninterrupted_l
     import time
     from helpers import digits_checkpoint
     ckpt = digits_checkpoint(tmp_path / "c.pth.tar", steps=20)
-    argv = [sys.executable, os.path.join(ROOT, "certify.py"), "--checkpoint", ckpt, "--N0", "10", "--N", "2000",
-            "--batch", "500", "--device", "cpu", "--max", "40"]
+    import certify
+    from helpers import run_main
+    flags = ["--checkpoint", ckpt, "--N0", "10", "--N", "2000", "--batch", "500", "--device", "cpu", "--max", "40"]
+    argv = [sys.executable, os.path.join(ROOT, "certify.py"), *flags]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    whole = tmp_path / "whole.tsv"
-    assert subprocess.run(argv + ["--outfile", str(whole)], capture_output=True, env=env).returncode == 0
+    whole = tmp_path / "whole.tsv"   # the uninterrupted run and the resume in this process, the stopped one not
+    assert run_main(certify.main, flags + ["--outfile", str(whole)]) == 0
     cut = tmp_path / "cut.tsv"
     proc = subprocess.Popen(argv + ["--outfile", str(cut)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
@@ -281,7 +283,7 @@ def test_certify_stopped_by_sigterm_exits_143_and_resumes_to_the_uninterrupted_l
     _, err = proc.communicate(timeout=60)
     lines = [ln for ln in err.splitlines() if not ln.startswith(("certify:", "note:")) and "examples," not in ln]
     assert proc.returncode == 143 and lines == [lines[-1]] and "SIGTERM" in lines[-1], err
-    assert subprocess.run(argv + ["--outfile", str(cut)], capture_output=True, env=env).returncode == 0
+    assert run_main(certify.main, flags + ["--outfile", str(cut)]) == 0
     strip = lambda p: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in p.read_text().splitlines()]   # no time
     assert strip(cut) == strip(whole)
 
