@@ -24,6 +24,7 @@ import signal
 if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
+import contextlib
 import functools
 import glob
 import math
@@ -1702,6 +1703,13 @@ def compare_words(rows, facts, labels, level):
 
 def main(argv=None):
     args = parse_args(argv)
+    out = getattr(args, "out", None)
+    with machinery.folder_lock(out, f"--out {out!r}") if out else contextlib.nullcontext():
+        analyze(args)
+
+
+def analyze(args):
+    """The command of the parsed arguments, run: its report printed, its files written under --out."""
     c = args.command
     machinery.set_inputs([p for p in (getattr(args, "logs", None) or []) + (getattr(args, "vs", None) or []) +
                           (getattr(args, "acr", None) or []) + [getattr(args, "root", None)] if p not in (None, "-")])

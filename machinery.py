@@ -209,6 +209,35 @@ def exclusive_lock(path, what):
         f.close()
 
 
+@contextlib.contextmanager
+def folder_lock(folder, what):
+    """Hold an exclusive lock on the folder itself (created if missing) for the block: one command writing
+    several files into it at a time (analyze.py --out), so that two never mix their outputs. A second one gets
+    a UserError at once. The kernel's lock on the folder's own descriptor: no file is added to the folder."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    made = not os.path.lexists(folder)
+    make_outdir(folder)
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise common.UserError(f"{what} is in use by another command writing into it; wait for it to end, "
+                                   f"or choose another folder") from None
+        yield
+    finally:
+        os.close(fd)
+        if made:   # a command that wrote nothing (refused, failed) leaves no folder: rmdir takes only an empty one
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+
+
 def is_locked(path):
     """True when another process holds exclusive_lock(path) now."""
     try:

@@ -329,3 +329,21 @@ def test_the_grid_benchmark_refuses_logs_it_cannot_count(ckpt, tmp_path, capsys)
         json.dump(sidecar, f)
     with pytest.raises(common.UserError, match="N0 None"):
         bench.grid_from_logs([logs["a/cert"], logs["grid"]])
+
+
+def test_two_analyses_into_one_folder_do_not_mix_their_outputs(tmp_path, capsys):
+    """A second analyze.py writing into an --out that a running one holds is refused at once, and leaves the
+    folder as it was; without the other one it writes (the lock is the folder's own: no file is added)."""
+    import analyze
+    from helpers import run_main
+    log = tmp_path / "a.tsv"
+    log.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\n0\t1\t1\t0.5\t1\t0:00:01\n")
+    out = tmp_path / "out"
+    argv = ["table", log, "--sigmas", 0.25, "--out", out]
+    with machinery.folder_lock(str(out), "--out"):
+        assert run_main(analyze.main, argv) == 2
+        err = capsys.readouterr().err
+        assert "in use by another command" in err and len(err.strip().splitlines()) == 1
+        assert os.listdir(out) == []
+    assert run_main(analyze.main, argv) == 0
+    assert not [f for f in os.listdir(out) if f.endswith(".lock") and f != machinery.RECORD_LOCK]
