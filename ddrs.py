@@ -457,8 +457,11 @@ def semi_elastic_main(args):
 def memory_main(args):
     """Algorithm 3 over a finished DDRS log, in index order: the memory's class, radius and case per example."""
     rows = read_ddrs_log(args.log)
-    sidecar = common.read_sidecar(args.log, required=("dataset", "split"))
+    sidecar = common.read_sidecar(args.log, required=("dataset", "split", "data"))
     dataset = common.get_dataset(sidecar["dataset"], sidecar["split"], args.data_dir, train_transform=False)
+    common.check(machinery.data_fingerprint(sidecar["dataset"], sidecar["split"], args.data_dir) == sidecar["data"],
+                 f"{args.log}: certified on other images than {sidecar['dataset']} {sidecar['split']} here "
+                 f"(--data-dir?): the memory would pair its radii with other inputs")
     outfile = args.outfile or os.path.splitext(args.log)[0] + "_memory.tsv"
     memory, cases, lines = [], {"none": 0, "inside": 0, "touching": 0}, []
     columns = ("idx", "label", "predict", "radius", "correct", "raw_predict", "raw_radius", "sigma", "case")
@@ -603,6 +606,7 @@ def report_main(args):
     comes from (the share of inputs whose pA at sigma_0 is near 1). Differences with intervals: analyze.py
     compare (scripts/compare_cpu.sh). Writes report.md and report.tsv in --out."""
     from scipy.stats import norm
+    machinery.check_same_run([args.fixed, *args.logs])   # one model, one set of images: before any work
     fixed = common.read_certification_log(args.fixed)
     common.check("sigma_x" not in fixed and "nA" in fixed and not fixed["grid"],
                  f"{args.fixed}: --fixed needs certify.py's CERTIFY log (with nA and N)")

@@ -684,6 +684,22 @@ def file_sha256(path, size=None):
 # Run identity: what a sidecar records so that a resume or a pairing of logs can be checked
 # ----------------------------------------------------------------------------------------------------------
 
+def check_same_run(paths, keys=("checkpoint_sha256", "data", "split")):
+    """The logs at `paths` come from one model on one set of images: their settings files (certify.py's
+    sidecars) name the same checkpoint hash, data fingerprint and split. A log without them is refused: what
+    it was made from cannot be checked (ddrs.py report pairs a DDRS log with the fixed-sigma log this way)."""
+    sides = [common.read_sidecar(p) for p in paths]
+    for path, side in zip(paths, sides):
+        missing = [k for k in keys if side.get(k) is None]
+        common.check(not missing, f"{path}: its settings file does not record {', '.join(missing)} (the run's "
+                                  f"identity), so it cannot be paired with {paths[0]}; certify it with certify.py")
+    for path, side in zip(paths[1:], sides[1:]):
+        for k in keys:
+            common.check(side[k] == sides[0][k], f"{path}: another {k.replace('_sha256', '')} than {paths[0]} "
+                                                 f"({str(side[k])[:16]} vs {str(sides[0][k])[:16]}): not the same "
+                                                 f"model on the same images")
+
+
 def data_fingerprint(name, split, data_dir=None):
     """A short hash naming the data a run reads (its identity; a resume on other data is refused).
 
@@ -1329,6 +1345,9 @@ def resume_mismatches(saved_args, args):
     (only keys both know, and not RESUME_MAY_CHANGE). The run identity ('run': script and data) is compared
     part by part, so the message names what differs."""
     diff = []
+    if isinstance(args.get("run"), dict) and not isinstance(saved_args.get("run"), dict):
+        diff.append("the checkpoint records no run identity (script and data): it was not written by a training "
+                    "run of this version, so what it was trained on cannot be checked")
     for k in sorted(set(saved_args) & set(args) - RESUME_MAY_CHANGE):
         old, new = saved_args[k], args[k]
         if k == "run" and isinstance(old, dict) and isinstance(new, dict):

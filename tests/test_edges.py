@@ -347,3 +347,39 @@ def test_two_analyses_into_one_folder_do_not_mix_their_outputs(tmp_path, capsys)
         assert os.listdir(out) == []
     assert run_main(analyze.main, argv) == 0
     assert not [f for f in os.listdir(out) if f.endswith(".lock") and f != machinery.RECORD_LOCK]
+
+
+# Run identity checked by every consumer ---------------------------------------------------------------------
+
+def test_a_resume_from_a_checkpoint_without_its_run_identity_is_refused(tmp_path, capsys):
+    assert train_into(tmp_path / "a", capsys, "--epochs", 1)[0] == 0
+    path = tmp_path / "a" / "checkpoint.pth.tar"
+    ckpt = torch.load(path, weights_only=False)
+    del ckpt["args"]["run"]
+    torch.save(ckpt, path)
+    machinery.adopt_outputs([str(path)], "checkpoint")   # ours, as an older version wrote it
+    code, out, err = train_into(tmp_path / "a", capsys, "--epochs", 2, "--resume")
+    assert code == 2 and "no run identity" in err and "epoch 2" not in out
+
+
+def test_ddrs_pairs_only_logs_of_one_model_on_the_images_it_reads(ckpt, tmp_path, capsys):
+    import certify
+    import ddrs
+    from helpers import digits_checkpoint, run_main
+    other = digits_checkpoint(tmp_path / "other.pth.tar", steps=3, seed=5)
+    common_flags = ["--max", 2, "--N0", 10, "--N", 40]
+    assert run_main(certify.main, ["--checkpoint", other, "--outfile", tmp_path / "fixed.tsv", *common_flags]) == 0
+    assert run_main(ddrs.main, ["certify", "--checkpoint", ckpt, "--outfile", tmp_path / "ds.tsv", "--K", 2,
+                                *common_flags]) == 0
+    capsys.readouterr()
+    assert run_main(ddrs.main, ["report", tmp_path / "ds.tsv", "--fixed", tmp_path / "fixed.tsv",
+                                "--out", tmp_path / "report"]) == 2
+    err = capsys.readouterr().err
+    assert "another checkpoint" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "report").exists()
+    side = json.loads((tmp_path / "ds.tsv.json").read_text())
+    side["data"] = "0" * 16   # a log certified on other images
+    (tmp_path / "ds.tsv.json").write_text(json.dumps(side))
+    assert run_main(ddrs.main, ["memory", tmp_path / "ds.tsv"]) == 2
+    err = capsys.readouterr().err
+    assert "other images" in err and not (tmp_path / "ds_memory.tsv").exists()
