@@ -419,3 +419,151 @@ def test_the_harness_fails_on_a_traceback_a_changed_file_and_a_two_line_error(tm
             check_promises(main, [], str(tmp_path))
         victim.write_text("before\n")
     assert check_promises(lambda argv: None, [], str(tmp_path)) == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sequences of commands in one folder (hypothesis's RuleBasedStateMachine)
+# ----------------------------------------------------------------------------------------------------------
+
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule  # noqa: E402
+
+import errno  # noqa: E402
+
+
+def sequence_checkpoint():
+    """One digits checkpoint shared by every sequence (made once per process)."""
+    if not hasattr(sequence_checkpoint, "path"):
+        sequence_checkpoint.path = digits_checkpoint(tempfile.mkdtemp(prefix="seq") + "/c.pth.tar", steps=5)
+    return sequence_checkpoint.path
+
+
+REFERENCE = {}   # (N, seed) -> {idx: row without its time}: the uninterrupted run's lines
+
+
+def rows_of(path):
+    """{idx: the row without its time column} of a certification log (its complete lines)."""
+    if not os.path.isfile(path):
+        return {}
+    lines = open(path, encoding="utf-8").read().split("\n")[1:-1]
+    out = {}
+    for line in lines:
+        cells = line.split("\t")
+        out[int(cells[0])] = cells[:5] + cells[6:]
+    return out
+
+
+class CommandSequences(RuleBasedStateMachine):
+    """A folder with a user's files planted (a plain file, a symlink and a hard link to the checkpoint, a
+    FIFO), and random sequences of certify (resumed, with changed settings, --overwrite, a full disk at a
+    random file operation), analyze table and ddrs memory. After every step: user files byte-identical, exit 0
+    or 2 with one line and no traceback, every line of the log equal to the uninterrupted run's, the folder's
+    record true of its files."""
+
+    def __init__(self):
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="seq")
+        self.ckpt = sequence_checkpoint()
+        self.log = os.path.join(self.dir, "cert.tsv")
+        with open(os.path.join(self.dir, "notes.txt"), "w") as f:
+            f.write("a user's notes\n")
+        os.symlink(self.ckpt, os.path.join(self.dir, "link.pth.tar"))
+        os.link(self.ckpt, os.path.join(self.dir, "hard.pth.tar"))
+        os.mkfifo(os.path.join(self.dir, "pipe.tsv"))
+        self.user = snapshot(self.dir)
+
+    def teardown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def step(self, main, argv, faults_at=None):
+        patches = contextlib.ExitStack()
+        if faults_at is not None:   # a full disk at the k-th write through the guard
+            seen = [0]
+            real = machinery.open_file
+
+            def full(*a, **k):
+                seen[0] += 1
+                if seen[0] == faults_at:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real(*a, **k)
+            mp = pytest.MonkeyPatch()
+            mp.setattr(machinery, "open_file", full)
+            patches.callback(mp.undo)
+        with patches:
+            code, _, err = run_entry(main, argv)
+        note(f"{argv} -> {code}: {err.strip()[-300:]}")
+        assert code in (0, 2) and "Traceback" not in err, (argv, code, err)
+        if code == 2:
+            assert len([ln for ln in err.splitlines() if ln.startswith("error")]) == 1, err
+        return code
+
+    def certify_args(self, N, seed, counts, extra=()):
+        return ["--checkpoint", self.ckpt, "--outfile", self.log, "--max", 4, "--N0", 10, "--N", N,
+                "--seed", seed, *(["--save-counts"] if counts else []), *extra]
+
+    @rule(N=st.sampled_from([30, 40]), seed=st.sampled_from([0, 1]), counts=st.booleans(),
+          overwrite=st.booleans(), fault=st.one_of(st.none(), st.integers(1, 12)))
+    def certify(self, N, seed, counts, overwrite, fault):
+        code = self.step(certify.main, self.certify_args(N, seed, counts, ["--overwrite"] if overwrite else []),
+                         fault)
+        event(f"certify {'overwrite ' if overwrite else ''}{'fault ' if fault else ''}-> {code}")
+
+    def reference(self, N, seed):
+        """The uninterrupted run's lines at these settings, made once, in a folder of its own."""
+        if (N, seed) not in REFERENCE:
+            ref = tempfile.mkdtemp(prefix="ref")
+            assert run_entry(certify.main, ["--checkpoint", self.ckpt, "--outfile", ref + "/cert.tsv", "--max", 4,
+                                            "--N0", 10, "--N", N, "--seed", seed])[0] == 0
+            REFERENCE[(N, seed)] = rows_of(ref + "/cert.tsv")
+            shutil.rmtree(ref)
+        return REFERENCE[(N, seed)]
+
+    @rule()
+    def analyze_table(self):
+        if os.path.isfile(self.log):
+            self.step(analyze.main, ["table", self.log, "--out", os.path.join(self.dir, "tables")])
+
+    @rule(name=st.sampled_from(["notes.txt", "link.pth.tar", "hard.pth.tar", "pipe.tsv"]))
+    def certify_into_a_users_file(self, name):
+        code = self.step(certify.main, ["--checkpoint", self.ckpt, "--outfile", os.path.join(self.dir, name),
+                                        "--max", 2, "--N0", 10, "--N", 30])
+        assert code == 2
+
+    @invariant()
+    def users_files_are_untouched(self):
+        now = snapshot(self.dir)
+        assert {p: now.get(p) for p in self.user} == self.user
+
+    @invariant()
+    def every_line_is_the_uninterrupted_runs(self):
+        """Each line of the log (at the settings its sidecar records) is the uninterrupted run's line."""
+        if not os.path.isfile(self.log) or not os.path.isfile(self.log + ".json"):
+            return
+        side = json.load(open(self.log + ".json"))
+        ref = self.reference(side["N"], side["seed"])
+        got = rows_of(self.log)
+        assert all(ref.get(i) == row for i, row in got.items()), (side["N"], side["seed"], got, ref)
+        if side.get("save_counts") and os.path.isfile(self.log + ".counts"):   # one counts row per logged example
+            ids = [int(line.split("\t")[0]) for line in open(self.log + ".counts").read().split("\n")[1:-1]]
+            assert len(ids) == len(set(ids)) and set(ids) <= set(got) | {max(got, default=-1) + 1}
+
+    @invariant()
+    def the_record_is_true(self):
+        record_path = os.path.join(self.dir, machinery.RECORD)
+        if not os.path.isfile(record_path):
+            return
+        record = json.load(open(record_path))
+        for name, entry in record.items():
+            path = os.path.join(self.dir, name)
+            if entry.get("kind") == machinery.TEMPORARY:
+                continue
+            if os.path.isfile(path):
+                assert machinery.content_is_recorded(path, entry), name
+
+
+CommandSequences.TestCase.settings = hypothesis.settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", 4)) if os.environ.get("HYPOTHESIS_PROFILE") != "fuzz"
+    else int(os.environ.get("FUZZ_EXAMPLES", 200)),
+    stateful_step_count=6 if os.environ.get("HYPOTHESIS_PROFILE") != "fuzz" else 25,
+    deadline=None, derandomize=os.environ.get("HYPOTHESIS_PROFILE") != "fuzz", database=None,
+    suppress_health_check=list(hypothesis.HealthCheck))
+test_sequences_of_commands_keep_every_promise = CommandSequences.TestCase
