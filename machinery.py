@@ -906,12 +906,13 @@ def strip_module_prefix(state_dict):
     return {".".join(p for p in k.split(".") if p != "module"): v for k, v in state_dict.items()}
 
 
-def load_model(path, dataset=None, arch=None, device="cpu", trust=False):
+def load_model(path, dataset=None, arch=None, device="cpu", trust=False, precision="fp32"):
     """Build the architecture named by the checkpoint (or `arch`) and load its weights with strict key matching.
 
     Returns (model in eval mode on device, checkpoint dict). Dataset defaults to the checkpoint's, else
     guessed from the architecture. A state_dict that does not fit is a UserError naming the first bad keys.
-    trust: see safe_load (--trust-checkpoint).
+    trust: see safe_load (--trust-checkpoint). precision: the weights must also be finite once cast to it
+    (fp16 overflows above 65504, bf16 just below float32's largest number), as autocast will use them.
     """
     ckpt = load_checkpoint(path, device, trust)
     arch = arch or ckpt.get("arch")
@@ -927,6 +928,11 @@ def load_model(path, dataset=None, arch=None, device="cpu", trust=False):
         raise common.UserError(f"checkpoint {path!r} does not fit architecture {arch!r} on {dataset}: {first}") from None
     bad = [k for k, v in ckpt["state_dict"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
     common.check(not bad, f"checkpoint {path!r} has non-finite weights ({', '.join(bad[:2])}): a diverged run?")
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    bad = [k for k, v in ckpt["state_dict"].items() if dtype is not None and v.is_floating_point() and
+           not torch.isfinite(v.to(dtype)).all()]
+    common.check(not bad, f"checkpoint {path!r} has weights too large for --precision {precision} ({', '.join(bad[:2])} "
+                          f"overflow when cast); certify in fp32")
     model = model.to(device).eval()
     try:   # one forward pass on a dummy input: a model that cannot take this dataset's inputs fails here
         with torch.no_grad():

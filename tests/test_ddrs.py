@@ -241,9 +241,9 @@ def test_smoothed_class_is_the_prediction_of_the_model_smoothed_at_sigma0(ckpt):
     model, _ = machinery.load_model(ckpt)
     test = common.get_dataset("digits", "test", None, train_transform=False)
     checked = 0
-    for idx in range(0, 360, 6):
+    for idx in range(0, 360, 9):
         x = test[idx][0]
-        big = common.sample_counts(model, x.unsqueeze(0), 0.25, 20_000, 5000, 10,
+        big = common.sample_counts(model, x.unsqueeze(0), 0.25, 12_000, 4000, 10,
                                    torch.Generator().manual_seed(10_000 + idx))[0]
         top2 = torch.topk(big, 2).values.tolist()
         from scipy.stats import binomtest
@@ -252,7 +252,7 @@ def test_smoothed_class_is_the_prediction_of_the_model_smoothed_at_sigma0(ckpt):
         c, drawn = ddrs.smoothed_class(model, x, 0.25, 10, ddrs.sigma_generator(0, idx, "cpu", ddrs.CLASS_STREAM))
         assert c == int(big.argmax()) and 100 <= drawn <= ddrs.CLASS_MAX_DRAWS
         checked += 1
-    assert checked >= 40
+    assert checked >= 30
 
 
 def test_fixed_cA_keeps_the_class_it_is_given_at_every_step(monkeypatch):

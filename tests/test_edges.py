@@ -383,3 +383,19 @@ def test_ddrs_pairs_only_logs_of_one_model_on_the_images_it_reads(ckpt, tmp_path
     assert run_main(ddrs.main, ["memory", tmp_path / "ds.tsv"]) == 2
     err = capsys.readouterr().err
     assert "other images" in err and not (tmp_path / "ds_memory.tsv").exists()
+
+
+def test_weights_finite_in_float32_but_not_in_the_runs_precision_are_refused_before_any_output(tmp_path, capsys):
+    import certify
+    from helpers import run_main, train_digits_model
+    model = train_digits_model(steps=2)
+    state = model.state_dict()
+    first = next(k for k, v in state.items() if v.is_floating_point())
+    state[first].view(-1)[0] = 3.4e38   # finite in float32, inf once rounded to bfloat16
+    path = str(tmp_path / "big.pth.tar")
+    machinery.save_checkpoint({"arch": "lenet", "dataset": "digits", "sigma": 0.25, "state_dict": state}, path)
+    out = tmp_path / "o.tsv"
+    assert run_main(certify.main, ["--checkpoint", path, "--outfile", out, "--max", 1, "--N0", 10, "--N", 20,
+                                   "--precision", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert "too large for --precision bf16" in err and not out.exists() and not (tmp_path / "o.tsv.json").exists()
