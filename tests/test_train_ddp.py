@@ -77,9 +77,19 @@ def test_gloo_sync_batchnorm_on_two_ranks_equals_batchnorm_on_the_whole_batch(tm
 @pytest.mark.skipif(not GLOO, reason="torch.distributed with gloo is not available")
 def test_a_failing_torchrun_shows_each_ranks_own_stderr(tmp_path):
     script = tmp_path / "dies.py"
-    script.write_text("import os, sys\n"
+    # rank 1 fails only once rank 0 has spoken: the launcher then stops rank 0, which on a loaded machine
+    # could otherwise be stopped before its interpreter has started
+    done = tmp_path / "rank0_spoke"
+    script.write_text("import os, sys, time\n"
                       "rank = os.environ['RANK']\n"
                       "sys.stderr.write(f'last words of rank {rank}\\n' + 'x' * 5000 + '\\n')\n"
+                      "sys.stderr.flush()\n"
+                      f"done = {str(done)!r}\n"
+                      "if rank == '0':\n"
+                      "    open(done, 'w').close()\n"
+                      "deadline = time.time() + 60\n"
+                      "while rank == '1' and not os.path.exists(done) and time.time() < deadline:\n"
+                      "    time.sleep(0.05)\n"
                       "sys.exit(3 if rank == '1' else 0)\n")
     proc = run_torchrun([script], tmp_path / "logs", timeout=120)
     report = failure_report(proc, tmp_path / "logs", tail=6000)
