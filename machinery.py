@@ -931,8 +931,8 @@ def load_model(path, dataset=None, arch=None, device="cpu", trust=False, precisi
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     bad = [k for k, v in ckpt["state_dict"].items() if dtype is not None and v.is_floating_point() and
            not torch.isfinite(v.to(dtype)).all()]
-    common.check(not bad, f"checkpoint {path!r} has weights too large for --precision {precision} ({', '.join(bad[:2])} "
-                          f"overflow when cast); certify in fp32")
+    common.check(not bad, f"checkpoint {path!r} has weights too large for --precision {precision} "
+                          f"({', '.join(bad[:2])} overflow when cast); certify in fp32")
     model = model.to(device).eval()
     try:   # one forward pass on a dummy input: a model that cannot take this dataset's inputs fails here
         with torch.no_grad():

@@ -11,8 +11,9 @@
 #
 # Usage: bash scripts/demo.sh      (or `make demo`; everything lands in runs/demo, started afresh)
 # Size knobs (the test runs a small demo): DEMO_EPOCHS (default 20), DEMO_MAX_BATCHES (batches per epoch;
-# default: all), DEMO_N (10000), DEMO_MAX (default: all test digits), DEMO_OUT (runs/demo); PYTHON (python3); DEMO_CERTIFY_FLAGS (extra certify.py flags, e.g.
-# "--precision bf16" on a slow CPU; the certificate then holds for the bf16 classifier).
+# default: all), DEMO_N (10000), DEMO_MAX (default: all test digits), DEMO_OUT (runs/demo); PYTHON
+# (python3); DEMO_CERTIFY_FLAGS (extra certify.py flags, e.g. "--precision bf16" on a slow CPU; the
+# certificate then holds for the bf16 classifier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -88,9 +88,9 @@ def test_the_first_steps_of_every_docs_page_run_in_order(page, clone, tmp_path):
     if not commands:
         return
     (tmp_path / "commands.json").write_text(json.dumps(commands))
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "docs_runner.py"), str(tmp_path / "commands.json"),
-                           str(tmp_path / "results.json")], cwd=clone, env=env, capture_output=True, text=True,
-                          timeout=900)
+    runner = os.path.join(ROOT, "tests", "docs_runner.py")
+    done = subprocess.run([sys.executable, runner, str(tmp_path / "commands.json"), str(tmp_path / "results.json")],
+                          cwd=clone, env=env, capture_output=True, text=True, timeout=900)
     results = json.loads((tmp_path / "results.json").read_text()) if (tmp_path / "results.json").exists() else []
     assert done.returncode == 0 and len(results) == len(commands), (page, done.stderr[-3000:], results[-1:])
     for (_, words), result in zip(commands, results):

@@ -109,7 +109,8 @@ def snapshot(folder, ignore_columns=("time",)):
             out[name] = [[row.split("\t")[i] for i in keep] for row in lines]
         elif name.endswith(".json"):
             obj = json.loads(data)
-            out[name] = {k: v for k, v in obj.items() if k not in ("environment", "time", "started", "seconds", "outdir", "resume")}
+            volatile = ("environment", "time", "started", "seconds", "outdir", "resume")
+            out[name] = {k: v for k, v in obj.items() if k not in volatile}
         elif name.endswith(".pth.tar"):
             import torch
             state = torch.load(path, weights_only=True)["state_dict"]
@@ -169,14 +170,14 @@ def stop_everywhere(tmp_path, monkeypatch, main, argv_of, rerun_of):
 def ckpt(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     mp = pytest.MonkeyPatch()
-    assert command(lambda a: train_gaussian.main(), [*DIGITS, "--epochs", "1", "--max-batches", "2", "--outdir", str(out)],
-                   mp) == 0
+    argv = [*DIGITS, "--epochs", "1", "--max-batches", "2", "--outdir", str(out)]
+    assert command(lambda a: train_gaussian.main(), argv, mp) == 0
     return str(out / "checkpoint.pth.tar")
 
 
 def test_certify_stopped_at_any_file_operation_resumes_to_the_uninterrupted_files(ckpt, tmp_path, monkeypatch):
-    argv = lambda out: ["--checkpoint", ckpt, "--outfile", str(out / "log.tsv"), "--max", "3", "--N0", "10",  # noqa: E731
-                        "--N", "40", "--batch", "100", "--save-counts"]
+    argv = lambda out: ["--checkpoint", ckpt, "--outfile", str(out / "log.tsv"), "--max", "3",  # noqa: E731
+                        "--N0", "10", "--N", "40", "--batch", "100", "--save-counts"]
     stop_everywhere(tmp_path, monkeypatch, certify.main, argv, argv)
 
 
