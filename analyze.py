@@ -1701,6 +1701,18 @@ def compare_words(rows, facts, labels, level):
 
 # ----------------------------------------------------------------------------------------------------------
 
+def check_same_images(logs):
+    """compare pairs examples by idx: every log whose settings file names its data (fingerprint and split)
+    must name the same, or its idx would be other images (a log without a settings file, such as the
+    published ones, is taken as it comes)."""
+    named = [(log["path"], (log["sidecar"].get("data"), log["sidecar"].get("split"))) for log in logs
+             if log["sidecar"].get("data") is not None]
+    for path, data in named[1:]:
+        common.check(data == named[0][1], f"{path}: certified on other images than {named[0][0]} (data "
+                                          f"{data[0]} {data[1]} vs {named[0][1][0]} {named[0][1][1]}): its idx "
+                                          f"are not the same examples")
+
+
 def main(argv=None):
     args = parse_args(argv)
     out = getattr(args, "out", None)
@@ -1727,6 +1739,7 @@ def analyze(args):
         common.check(args.vs or len(args.logs) == 2, f"compare takes two logs (A B), or A's logs then --vs and "
                                                       f"B's logs; got {len(args.logs)} logs and no --vs")
         logs = load_logs(side_a + side_b, sigmas=args.sigmas)
+        check_same_images(logs)
         labels = args.labels or [label_from_path(side_a[0]), label_from_path(side_b[0])]
         if labels[0] == labels[1]:
             labels = [f"A ({labels[0]})", f"B ({labels[1]})"]

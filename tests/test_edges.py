@@ -399,3 +399,21 @@ def test_weights_finite_in_float32_but_not_in_the_runs_precision_are_refused_bef
                                    "--precision", "bf16"]) == 2
     err = capsys.readouterr().err
     assert "too large for --precision bf16" in err and not out.exists() and not (tmp_path / "o.tsv.json").exists()
+
+
+def test_compare_refuses_logs_of_other_images_under_the_same_idx(ckpt, tmp_path, capsys):
+    import analyze
+    import certify
+    from helpers import run_main
+    for name in ("a", "b"):
+        assert run_main(certify.main, ["--checkpoint", ckpt, "--outfile", tmp_path / f"{name}.tsv", "--max", 3,
+                                       "--N0", 10, "--N", 40, "--seed", 1 if name == "b" else 0]) == 0
+    argv = ["compare", tmp_path / "a.tsv", tmp_path / "b.tsv", "--out", tmp_path / "cmp"]
+    assert run_main(analyze.main, argv) == 0   # one model, one set of images, two seeds
+    side = json.loads((tmp_path / "b.tsv.json").read_text())
+    side["data"] = "0" * 16
+    (tmp_path / "b.tsv.json").write_text(json.dumps(side))
+    capsys.readouterr()
+    assert run_main(analyze.main, argv[:-1] + [tmp_path / "cmp2"]) == 2
+    err = capsys.readouterr().err
+    assert "other images" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "cmp2").exists()
