@@ -226,13 +226,40 @@ def per_log(values, logs, flag):
     return values or [None] * len(logs)
 
 
-def load_logs(paths, labels=None, sigmas=None, reader=read_log):
-    """Read every log first (bad input fails before anything is written); attach label, sigma and sidecar."""
+# What each analysis does with each kind of certification log (common.LOG_KINDS): the kinds listed here are
+# refused, in one line, before anything is written; every other kind is handled, and the reports say how
+# (a grid log has no ACR and its accuracy is exact at its levels; label mode, DDRS and semi-elastic logs are
+# named with what their radii certify). A PREDICT log has no radius: the reader refuses it for every analysis.
+NO_PA = "its nA / N is biased by the adaptive stopping, so it estimates no pA; certify without --radii"
+PER_INPUT_SIGMA = "each input was certified at its own sigma, and the conversion assumes one sigma per log"
+NO_VOTES = "its radii do not follow from the votes of one sigma; compare it with --over images"
+PREDICT_REFUSED = {"PREDICT": "it has no radius; certify without --predict"}
+REFUSED = {
+    "table": PREDICT_REFUSED, "envelope": PREDICT_REFUSED, "ablation": PREDICT_REFUSED, "paper": PREDICT_REFUSED,
+    "compare": PREDICT_REFUSED,
+    "compare --over test-set": {**PREDICT_REFUSED, "grid": "it records no vote counts to redraw; compare it with "
+                                                          "--over images",
+                                "grid without r = 0": "it records no vote counts to redraw; compare it with "
+                                                      "--over images",
+                                "DDRS": NO_VOTES, "semi-elastic": NO_VOTES},
+    "ecdf": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA},
+    "budget": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA, "DDRS": PER_INPUT_SIGMA,
+               "semi-elastic": PER_INPUT_SIGMA},
+    "trainpa": {**PREDICT_REFUSED, "grid": common.NO_NY, "grid without r = 0": common.NO_NY},   # its reader says so
+    "gradnorm --acr": PREDICT_REFUSED,   # a grid log's ACR shows as n/a
+}
+
+
+def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None):
+    """Read every log first (bad input fails before anything is written); attach label, sigma and sidecar.
+    command: the analysis (a key of REFUSED), whose refused kinds of certification log stop it here."""
     labels, sigmas = per_log(labels, paths, "--labels"), per_log(sigmas, paths, "--sigmas")
     logs = []
     for path, label, sigma in zip(paths, labels, sigmas):
         log = reader(path)
         log["sidecar"] = read_sidecar(path)
+        if command is not None and "radius" in log:   # a certification log (not an ECDF or a pA estimate file)
+            common.check_log_kinds(log, log["sidecar"], REFUSED[command], f"analyze.py {command}")
         log["label"] = label or label_from_path(path)
         own, guessed = log["sidecar"].get("sigma"), sigma_from_path(path)
         if sigma is None and isinstance(own, (int, float)) and guessed is not None and float(own) != guessed:
@@ -1183,6 +1210,7 @@ def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, repl
     if acr_paths is not None:
         common.check(len(acr_paths) == len(logs), f"--acr needs one certification log per gradient-norm file "
                                                   f"('-' for none): got {len(acr_paths)} for {len(logs)}")
+        certified = [None if p == "-" else load_logs([p], command="gradnorm --acr")[0] for p in acr_paths]
     own, vs, paired = gradnorm_intervals(logs, level, replicates, seed)
     rows = []
     for i, log in enumerate(logs):
@@ -1192,9 +1220,8 @@ def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, repl
                "" if i == 0 else "n/a" if vs[i] is None else f"{vs[i][0]:.2f} [{vs[i][1]:.2f}, {vs[i][2]:.2f}]",
                "" if i == 0 else "n/a" if vs[i] is None else vs[i][3]]
         if acr_paths is not None:
-            certified = None if acr_paths[i] == "-" else read_log(acr_paths[i])
-            row.insert(1, "" if certified is None else "n/a" if certified["grid"] else
-                       f"{acr(certified['radius'], certified['correct']):.3f}")
+            row.insert(1, "" if certified[i] is None else "n/a" if certified[i]["grid"] else
+                       f"{acr(certified[i]['radius'], certified[i]['correct']):.3f}")
         rows.append(row)
     pct = f"{100 * level:g} %"
     header = ["method", "easy", "hard", "easy / hard", "n easy", "n hard", f"easy / hard [{pct}]",
@@ -1233,7 +1260,7 @@ def plot_gradnorm(logs, out, name):
 # paper: the published logs -> Tables 3, 4, Figs. 2, 3, 6-9, 11 and the §7 envelope
 # ----------------------------------------------------------------------------------------------------------
 
-def paper_logs(root, figure):
+def paper_logs(root, figure, read=read_log):
     """The logs of one PAPER_FIGURES entry that exist under root (maybe none), with the paper's method names."""
     paths, labels = [], []
     for sigma in figure["sigmas"]:
@@ -1242,15 +1269,15 @@ def paper_logs(root, figure):
             if found:
                 paths.append(found[0])
                 labels.append(PAPER_NAMES.get(method, method))
-    return load_logs(paths, labels) if paths else []
+    return load_logs(paths, labels, reader=read, command="paper") if paths else []
 
 
 def paper_report(root, out):
     """Every entry of PAPER_FIGURES whose logs exist under root, then the §4 numbers."""
     common.check(os.path.isdir(root), f"--root {root!r} is not a folder")
-    parts = []
+    parts, read = [], functools.lru_cache(maxsize=None)(read_log)   # a log serves several figures: read once
     for figure in PAPER_FIGURES:
-        logs = paper_logs(root, figure)
+        logs = paper_logs(root, figure, lambda path: dict(read(path)))   # a copy: the reports add their keys
         kind, name = figure["kind"], figure["name"]
         parts.append(f"## {figure['title']}")
         if not logs:
@@ -1733,12 +1760,14 @@ def analyze(args):
         text = gradnorm_report(load_logs(args.logs, args.labels, args.sigmas, read_gradnorm), args.out,
                                acr_paths=args.acr, level=args.level, replicates=args.replicates, seed=args.seed)
     elif c == "trainpa":
-        text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA), args.pt, args.out)
+        text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA, command="trainpa"), args.pt,
+                               args.out)
     elif c == "compare":
         side_a, side_b = (args.logs, args.vs) if args.vs else (args.logs[:1], args.logs[1:])
         common.check(args.vs or len(args.logs) == 2, f"compare takes two logs (A B), or A's logs then --vs and "
                                                       f"B's logs; got {len(args.logs)} logs and no --vs")
-        logs = load_logs(side_a + side_b, sigmas=args.sigmas)
+        logs = load_logs(side_a + side_b, sigmas=args.sigmas,
+                         command="compare --over test-set" if args.over == "test-set" else "compare")
         check_same_images(logs)
         labels = args.labels or [label_from_path(side_a[0]), label_from_path(side_b[0])]
         if labels[0] == labels[1]:
@@ -1746,14 +1775,14 @@ def analyze(args):
         text = compare_report(logs[:len(side_a)], logs[len(side_a):], labels, args.radii, args.level, args.over,
                               args.out, args.N, args.alpha)
     elif c == "budget":
-        logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log)
+        logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log, command="budget")
         text = budget_report(logs, args.N, args.alpha, args.radii, args.log_N, args.log_alpha, args.out)
     else:
         by_seed = c == "table" and args.group_by_seed
         labels = args.labels
         if by_seed and not labels:   # labels from the paths without their seed parts
             labels = [label_from_path(strip_seed(path)) for path in args.logs]
-        logs = load_logs(args.logs, labels, args.sigmas)
+        logs = load_logs(args.logs, labels, args.sigmas, command=c)
         if by_seed:
             text = seed_table_report(logs, args.radii, args.format, args.out)
         elif c == "table":
@@ -1797,4 +1826,4 @@ PAPER_FIGURES = [
 ]
 
 if __name__ == "__main__":
-    machinery.run(main)
+    machinery.run(main, exit_process=True)

@@ -613,6 +613,12 @@ def grid_from_logs(paths):
     logs = analyze.load_logs(paths)
     for log in logs:   # every log first, before any work: the kinds this comparison can count
         check_bench_log(log)
+    analyze.check_same_images(logs)   # one model on one set of images, where the settings files say so
+    named = [log for log in logs if log["sidecar"].get("checkpoint_sha256")]
+    for log in named[1:]:
+        common.check(log["sidecar"]["checkpoint_sha256"] == named[0]["sidecar"]["checkpoint_sha256"],
+                     f"{log['path']}: certified another checkpoint than {named[0]['path']}; --grid-logs compares "
+                     f"the arms of one model")
     results, grid_arms, radii = {}, set(), set()
     for log, name in zip(logs, names):
         cols = analyze.read_columns(log["path"], analyze.COHEN_COLUMNS, ("idx",))
@@ -654,19 +660,18 @@ def selection_draws(log):
     return log["sidecar"].get("N0", 100)
 
 
+# The kinds of log (common.LOG_KINDS) --grid-logs refuses; it counts N0 + N evaluations per example, so it
+# takes certify.py's CERTIFY (the reference, and arms at other N) and grid logs, with or without r = 0.
+GRID_LOGS_REFUSED = {"PREDICT": "it draws no estimation votes to compare",
+                     "label mode": "it draws no selection votes (N0); certify without --label-mode",
+                     "DDRS": "its sigma differs per input; --grid-logs compares certify.py logs of one model",
+                     "semi-elastic": "its sigma differs per input; --grid-logs compares certify.py logs of one model"}
+
+
 def check_bench_log(log):
-    """The logs (g) can count: certify.py's CERTIFY (the reference, and arms at other N) and its grid runs
-    (--radii, with or without r = 0), where each example drew N0 selection votes and then N. Refused, in one
-    line: PREDICT logs, label mode (no selection draws), ddrs.py logs (per-input sigma, semi-elastic)."""
+    """The logs (g) can count (GRID_LOGS_REFUSED says which not, and why), with their selection draws N0."""
     path, side = log["path"], log["sidecar"]
-    common.check(side.get("script", "certify.py") == "certify.py" and not side.get("ddrs") and "sigma_x" not in log,
-                 f"{path}: a ddrs.py log (per-input sigma); --grid-logs compares certify.py logs of one model")
-    common.check(side.get("mode", "certify") in ("certify", "grid"),
-                 f"{path}: a {side.get('mode')} log; --grid-logs compares CERTIFY (certify.py) and grid "
-                 f"(certify.py --radii) logs")
-    common.check(side.get("candidate", "selected") == "selected" and not log.get("label_mode"),
-                 f"{path}: a label-mode log (--label-mode draws no selection votes); --grid-logs counts N0 + N "
-                 f"evaluations per example: certify without --label-mode")
+    common.check_log_kinds(log, side, GRID_LOGS_REFUSED, "bench.py --grid-logs")
     N0 = side.get("N0", 100)
     common.check(isinstance(N0, int) and not isinstance(N0, bool) and N0 >= 1,
                  f"{path}: its settings file gives N0 {N0!r}; --grid-logs needs the selection draws (an integer)")
@@ -941,4 +946,4 @@ def run_sections(args):
 
 
 if __name__ == "__main__":
-    machinery.run(main)
+    machinery.run(main, exit_process=True)

@@ -1072,4 +1072,4 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
 
 
 if __name__ == "__main__":
-    machinery.run(main)
+    machinery.run(main, exit_process=True)

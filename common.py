@@ -176,6 +176,35 @@ def check_rows(cols, path, ok, what):
     check(len(bad) == 0, f"{path} line {cols['_line'][bad[0]] if len(bad) else 0}: {what}")
 
 
+# The kinds of certification log the scripts write; each analysis says which it handles (analyze.REFUSED,
+# bench.check_bench_log, ddrs.py's report and memory) and refuses the others in one line.
+LOG_KINDS = ("CERTIFY", "PREDICT", "grid", "grid without r = 0", "label mode", "DDRS", "semi-elastic")
+
+
+def log_kinds(log, sidecar):
+    """The kinds (LOG_KINDS) of a log as read_certification_log returns it, with its settings file
+    (read_sidecar: {} for a log from elsewhere, read as CERTIFY). One of CERTIFY, PREDICT, grid and grid
+    without r = 0 (certify.py --radii without the level 0), then label mode, DDRS or semi-elastic (ddrs.py
+    certify) where they apply."""
+    radii = sidecar.get("radii")
+    kinds = [("grid without r = 0" if isinstance(radii, list) and 0 not in radii else "grid") if log.get("grid")
+             else "PREDICT" if sidecar.get("mode") == "predict" else "CERTIFY"]
+    if log.get("label_mode") or sidecar.get("candidate") == "label":
+        kinds.append("label mode")
+    ddrs = sidecar.get("ddrs")
+    if isinstance(ddrs, dict) and ddrs.get("semi_elastic"):
+        kinds.append("semi-elastic")
+    elif "sigma_x" in log or sidecar.get("script") == "ddrs.py certify":
+        kinds.append("DDRS")
+    return kinds
+
+
+def check_log_kinds(log, sidecar, refused, command):
+    """A UserError in one line if the log is of a kind that `command` refuses (refused: {kind: why})."""
+    for kind in log_kinds(log, sidecar):
+        check(kind not in refused, f"{log['path']}: a {kind} log, which {command} does not take: {refused.get(kind)}")
+
+
 # The sidecar's fields that readers use, with their contract (a field may be missing: older logs lack some).
 SIDECAR_FIELDS = {
     "script": lambda v: isinstance(v, str),
@@ -287,6 +316,9 @@ def read_args_json(path):
     return args
 
 
+NO_NY = "it records no nY (the true label's votes); certify.py --split train without --radii writes it"
+
+
 def read_train_pA(path):
     """Training-set pA: train_ours.py's estimates (`idx label count n`: count / n) or a certification log of
     the train split with the true label's votes (nY / N)."""
@@ -299,7 +331,7 @@ def read_train_pA(path):
         return {"path": path, "pA_all": cols["count"] / cols["n"], "source": "count/n"}
     log = read_certification_log(path)
     check("nY" in log, f"{path}: neither train_ours.py's pA estimates (idx label count n) nor a "
-                              f"certification log with an nY column (certify.py --split train writes one)")
+                       f"certification log with an nY column: {NO_NY}")
     return dict(log, pA_all=log["nY"] / log["N"], source="nY/N")
 
 

@@ -608,8 +608,13 @@ def report_main(args):
     from scipy.stats import norm
     machinery.check_same_run([args.fixed, *args.logs])   # one model, one set of images: before any work
     fixed = common.read_certification_log(args.fixed)
-    common.check("sigma_x" not in fixed and "nA" in fixed and not fixed["grid"],
+    common.check_log_kinds(fixed, common.read_sidecar(args.fixed), FIXED_REFUSED, "ddrs.py report --fixed")
+    common.check("sigma_x" not in fixed and "nA" in fixed,
                  f"{args.fixed}: --fixed needs certify.py's CERTIFY log (with nA and N)")
+    logs = [(path, common.read_certification_log(path)) for path in args.logs]   # all read before any work
+    for path, log in logs:
+        common.check_log_kinds(log, common.read_sidecar(path), REPORT_REFUSED, "ddrs.py report")
+        common.check("sigma_x" in log, f"{path}: {NO_SIGMA_COLUMN}")
     fs = common.read_sidecar(args.fixed, required=("sigma", "alpha"))
     order = np.argsort(fixed["idx"])
     f_idx, f_gain = fixed["idx"][order], (fixed["radius"] * fixed["correct"])[order]
@@ -622,9 +627,7 @@ def report_main(args):
     rows = [[os.path.basename(args.fixed), f"fixed sigma {fs['sigma']:g}", f"{f_gain.mean():.3f}",
              *[f"{100 * np.mean(fixed['correct'] & (fixed['radius'] >= r)):.1f}" for r in radii],
              f"{fs['sigma']:g}", "", "", "", "", "", ""]]
-    for path in args.logs:
-        log = common.read_certification_log(path)
-        common.check("sigma_x" in log, f"{path}: not a ddrs.py certify log (no sigma column)")
+    for path, log in logs:
         side = common.read_sidecar(path).get("ddrs") or {}
         o = np.argsort(log["idx"])
         common.check(np.array_equal(log["idx"][o], f_idx), f"{path}: not the images of {args.fixed} (idx differ)")
@@ -681,12 +684,24 @@ def report_intervals(fixed, logs, radii):
             "".join("| " + " | ".join(r) + " |\n" for r in rows))
 
 
+# The kinds of log (common.LOG_KINDS) that report and memory refuse; both need ddrs.py's logs (a sigma column)
+# of predictions, and report (ACR, gains) full radii and, as --fixed, certify.py's CERTIFY log at sigma_0. The
+# memory wraps any radii (DDRS.md: App. C), grid levels included.
+NOT_PREDICTIONS = "it certifies the true label, not the classifier's predictions; certify without --label-mode"
+NO_RADII = "its radii are grid levels (no ACR); certify without --radii"
+NO_SIGMA_COLUMN = "it has no sigma column; this needs a ddrs.py certify log"
+MEMORY_REFUSED = {"PREDICT": "it has no radius", "label mode": NOT_PREDICTIONS}
+REPORT_REFUSED = {**MEMORY_REFUSED, "grid": NO_RADII, "grid without r = 0": NO_RADII}
+FIXED_REFUSED = {**REPORT_REFUSED, "DDRS": "--fixed is certify.py's log at the fixed sigma_0",
+                 "semi-elastic": "--fixed is certify.py's log at the fixed sigma_0"}
+
+
 def read_ddrs_log(path):
     """The rows of a `ddrs.py certify` log (common.read_certification_log, with its per-row sigma column):
     idx, predict (-1: abstain), radius, sigma."""
     log = common.read_certification_log(path)
-    common.check("sigma_x" in log, f"{path}: not a ddrs.py certify log (no sigma column)")
-    common.check(not log["label_mode"], f"{path}: a --label-mode log holds no predictions for the memory")
+    common.check_log_kinds(log, common.read_sidecar(path), MEMORY_REFUSED, "ddrs.py memory")
+    common.check("sigma_x" in log, f"{path}: {NO_SIGMA_COLUMN}")
     return [{"idx": int(i), "predict": int(p), "radius": float(r), "sigma": float(s)}
             for i, p, r, s in zip(log["idx"], log["predict"], log["radius"], log["sigma_x"])]
 
@@ -704,4 +719,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    machinery.run(main)
+    machinery.run(main, exit_process=True)

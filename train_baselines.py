@@ -807,4 +807,4 @@ def main():
 
 
 if __name__ == "__main__":
-    machinery.run(main)
+    machinery.run(main, exit_process=True)

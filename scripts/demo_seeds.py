@@ -73,4 +73,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    machinery.run(main)
+    machinery.run(main, exit_process=True)

@@ -358,8 +358,10 @@ TABLE3_EXCEPTIONS = {("1.0", "consistency", 1.0): "29.7", ("1.0", "smoothmix", 1
 
 
 @needs_reference
-def test_the_committed_paper_logs_folder_is_what_the_paper_command_writes(tmp_path, capsys):
-    """results/paper_logs (its README's command): every table, ECDF file and report line, rebuilt."""
+def test_the_committed_paper_logs_folder_is_what_the_paper_command_writes(tmp_path, capsys, monkeypatch):
+    """results/paper_logs (its README's command): every table, ECDF file and report line, rebuilt (the
+    figures are drawn but not rendered to files: two thirds of the time, and no text depends on them)."""
+    monkeypatch.setattr(analyze, "save_figure", lambda fig, out, name: analyze.pyplot().close(fig))
     code, out, err = run_main(["paper", "--root", REFERENCE, "--out", str(tmp_path)], capsys)
     assert code == 0, err
     folder = os.path.join(ROOT, "results", "paper_logs")

@@ -103,6 +103,18 @@ def test_hidden_files_the_loader_skips_do_not_change_the_data_fingerprint(tmp_pa
     assert machinery.data_fingerprint("cifar10", "test", str(tmp_path)) != before   # a real image counts
 
 
+def test_the_data_fingerprint_covers_the_images_contents_not_only_their_names_and_sizes(tmp_path):
+    image_folder(tmp_path)
+    before = machinery.data_fingerprint("cifar10", "test", str(tmp_path))
+    image = tmp_path / "test" / "bird" / "a.png"
+    data = bytearray(image.read_bytes())
+    data[-13] ^= 1   # one bit of the same file: same name, same size, another image
+    image.write_bytes(bytes(data))
+    assert machinery.data_fingerprint("cifar10", "test", str(tmp_path)) != before
+    os.mkfifo(tmp_path / "test" / "bird" / "y.png")   # not a regular file: left out, and not waited for
+    machinery.data_fingerprint("cifar10", "test", str(tmp_path))
+
+
 def test_a_data_dir_whose_split_is_a_file_says_so_and_downloads_nothing(tmp_path):
     (tmp_path / "test").write_text("not a folder")
     with pytest.raises(common.UserError, match="is not a folder"):
