@@ -219,6 +219,11 @@ def label_from_path(path):
     return stem
 
 
+def shown(text):
+    """A label as tables and figures can show it: bytes of a file name that are not UTF-8 as \\xff."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
 def per_log(values, logs, flag):
     """A --labels/--sigmas list must give one value per log."""
     common.check(values is None or len(values) == len(logs),
@@ -260,7 +265,7 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None):
         log["sidecar"] = read_sidecar(path)
         if command is not None and "radius" in log:   # a certification log (not an ECDF or a pA estimate file)
             common.check_log_kinds(log, log["sidecar"], REFUSED[command], f"analyze.py {command}")
-        log["label"] = label or label_from_path(path)
+        log["label"] = shown(label or label_from_path(path))
         own, guessed = log["sidecar"].get("sigma"), sigma_from_path(path)
         if sigma is None and isinstance(own, (int, float)) and guessed is not None and float(own) != guessed:
             print(f"note: {path}: sigma {own} from its settings file {path}.json, not {guessed} as its path "
@@ -1769,7 +1774,7 @@ def analyze(args):
         logs = load_logs(side_a + side_b, sigmas=args.sigmas,
                          command="compare --over test-set" if args.over == "test-set" else "compare")
         check_same_images(logs)
-        labels = args.labels or [label_from_path(side_a[0]), label_from_path(side_b[0])]
+        labels = [shown(x) for x in args.labels or [label_from_path(side_a[0]), label_from_path(side_b[0])]]
         if labels[0] == labels[1]:
             labels = [f"A ({labels[0]})", f"B ({labels[1]})"]
         text = compare_report(logs[:len(side_a)], logs[len(side_a):], labels, args.radii, args.level, args.over,

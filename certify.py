@@ -9,9 +9,10 @@ Output (tab-separated, one flushed line per example; `predict` is -1 on abstenti
   CERTIFY:   idx label predict radius correct time nA N nY  (nA: votes for the selected class among the N
                                                              draws; nY: votes for the true label among them)
   --predict: idx label predict correct time nA N nY         (nA: votes for the top class; no radius)
-  --radii:   idx label predict radius correct time nA N pA_lower pA_upper stop   (anytime-valid certification
-             at a grid of radii, ADAPTIVE.md: radius = the largest grid radius certified, N = draws made; the
-             examples of a --group share forward passes, so time is the group's, shared evenly)
+  --radii:   idx label predict radius correct time nA N pA_lower pA_upper stop pA_certified   (anytime-valid
+             certification at a grid of radii, ADAPTIVE.md: radius = the largest grid radius certified, N =
+             draws made, pA_certified = Phi(radius / sigma): the bound the certificate proves; the examples
+             of a --group share forward passes, so time is the group's, shared evenly)
 nY / N estimates pA of every example, wrong and abstained ones too: the whole distribution of pA (§4.3,
 Fig. 3). --save-counts also keeps every class's votes, one row per example, in <outfile>.counts.
 --label-mode adds a last column `candidate` (= label): cA was the true label, no selection draws were made;
@@ -64,8 +65,13 @@ PROJECT = "acr-weakness"   # ddrs.py and bench.py check it: a student's own cert
 CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "nY")
 PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N", "nY")
 # --radii (anytime-valid certification at a grid of radii): radius = the certified grid radius, N = the
-# estimation draws made, [pA_lower, pA_upper] the anytime-valid interval, stop = decided, curtailed or budget.
-GRID_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "pA_lower", "pA_upper", "stop")
+# estimation draws made, [pA_lower, pA_upper] the anytime-valid interval (an estimate), stop = decided,
+# curtailed or budget, pA_certified = Phi(radius / sigma) of the certified level (0 if none): the bound the
+# certificate rests on, pA > pA_certified with probability >= 1 - alpha, so radius = sigma Phi^-1(pA_certified).
+GRID_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "pA_lower", "pA_upper", "stop",
+                "pA_certified")
+# Columns added since logs were first written (nY, pA_certified): a log without them resumes in its own.
+NEWER_COLUMNS = ("nY", "pA_certified")
 # Logs written before the nY column existed: still resumed in their own columns.
 LEGACY_COLUMNS = (CERTIFY_COLUMNS[:-1], PREDICT_COLUMNS[:-1])
 # Settings that change what a line means: a resumed file must have been written with the same ones.
@@ -431,7 +437,8 @@ class GridJob:
             L = max(L, float(common.clopper_pearson_lower(A, T, tables["alpha_fin"])))
         jL = self.jL
         return {"predict": self.cA if jL >= 0 else -1, "radius": plan["radii"][jL] if jL >= 0 else 0.0, "nA": A,
-                "N": T, "pA_lower": L, "pA_upper": U, "stop": self.stop, "counts": self.counts[:-1].tolist()}
+                "N": T, "pA_lower": L, "pA_upper": U, "stop": self.stop, "counts": self.counts[:-1].tolist(),
+                "pA_certified": float(plan["taus"][jL]) if jL >= 0 else 0.0}
 
 
 def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=common.gaussian_copies):
@@ -443,8 +450,8 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=
     be reached (curtailed) or at N_max (budget; the final Clopper-Pearson look too). Per example, whatever
     the stopping or packing, the certified radius is wrong with probability at most alpha (grid_plan).
     Returns per item: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (draws made), stop,
-    counts, and pA_lower, pA_upper: the betting interval (at level alpha_seq + alpha_fin below, beta above;
-    the level comes from sharper one-sided tests, so r_jL may exceed sigma Phi^-1(pA_lower)). copies: the
+    counts, pA_certified = Phi(r_jL / sigma) (the bound certified; 0 if none), pA_lower, pA_upper: the
+    betting interval (alpha_seq + alpha_fin below, beta above; an estimate: r_jL may exceed its radius). copies: the
     noise (common.gaussian_copies, or common.sound_copies). The model runs in eval mode, handed back as it came.
     """
     jobs = [GridJob(x, g, c, N0, batch, num_classes, plan) for x, g, c in items]
@@ -545,7 +552,7 @@ def format_line(out, idx, label, seconds, columns):
               "correct": int(out["predict"] == label), "time": str(datetime.timedelta(seconds=seconds)),
               "nA": out["nA"], "N": out["N"], "nY": int(out["counts"][label]),
               "pA_lower": f"{out.get('pA_lower', 0):.6g}", "pA_upper": f"{out.get('pA_upper', 1):.6g}",
-              "stop": out.get("stop"), "candidate": "label"}
+              "stop": out.get("stop"), "pA_certified": f"{out.get('pA_certified', 0):.9g}", "candidate": "label"}
     common.check(math.isfinite(float(values["radius"])), f"example {idx}: the radius is not finite "
                                                          f"({values['radius']}); no certificate is written")
     return "\t".join(str(values[c]) for c in columns)
@@ -565,10 +572,12 @@ read_rows = common.read_log_prefix   # the one reader of a log being resumed (co
 
 
 def resume_columns(outfile, columns):
-    """The columns to write: an existing log from before the nY column keeps its own (columns[:-1])."""
+    """The columns to write: an existing log from before a NEWER_COLUMNS column keeps its own."""
     for path in [outfile] + part_files(outfile):
         if os.path.isfile(path):
-            return columns[:-1] if common.read_header(path) == "\t".join(columns[:-1]) else columns
+            header = common.read_header(path).split("\t")
+            older = tuple(c for c in columns if c not in NEWER_COLUMNS or c in header)
+            return older if header == list(older) else columns
     return columns
 
 

@@ -528,12 +528,26 @@ def random_crop_flip(x, padding=4):
     return x.flip(2) if torch.rand(()) < 0.5 else x
 
 
+@functools.lru_cache(maxsize=1)
+def _digits_arrays():
+    """(images (1797, 8, 8) in 0..16, labels) of scikit-learn's bundled digits: its digits.csv.gz, read as
+    load_digits reads it (the same arrays) without importing scikit-learn (a second of start-up)."""
+    import importlib.util
+    spec = importlib.util.find_spec("sklearn")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else ""
+    if not os.path.isfile(path):   # another layout of scikit-learn: its loader
+        from sklearn.datasets import load_digits
+        data = load_digits()
+        return data.images, data.target
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+
+
 def _digits(split):
     """scikit-learn's bundled 8x8 digits in [0, 1], a fixed seeded 80/20 train/test split (no network)."""
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    images = torch.tensor(data.images / 16.0, dtype=torch.float32).unsqueeze(1)  # (1797, 1, 8, 8)
-    labels = torch.tensor(data.target, dtype=torch.long)
+    images, labels = _digits_arrays()
+    images = torch.tensor(images / 16.0, dtype=torch.float32).unsqueeze(1)  # (1797, 1, 8, 8)
+    labels = torch.tensor(labels, dtype=torch.long)
     perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
     cut = int(0.8 * len(labels))
     part = perm[:cut] if split == "train" else perm[cut:]

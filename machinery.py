@@ -67,7 +67,9 @@ def run(main, exit_process=False):
     handlers and a flush of stdout and stderr: every file is closed by then, and torch's module teardown
     would cost 0.6 s of CPU per command. Otherwise (from Python, or a runner of several) it raises SystemExit.
     """
-    own = sys.argv[:1] != [""] and list(getattr(sys, "orig_argv", []))[-len(sys.argv):] == sys.argv
+    orig = list(getattr(sys, "orig_argv", []))   # `python [options] script.py args`, not -m (a profiler) or -c
+    own = sys.argv[:1] != [""] and orig[-len(sys.argv):] == sys.argv and \
+        not any(a.startswith(("-m", "-c")) for a in orig[1:-len(sys.argv)])
     if not (exit_process and own):
         return _run(main)
     try:
@@ -91,6 +93,9 @@ def run(main, exit_process=False):
 
 def _run(main):
     import signal
+    for stream in (sys.stdout, sys.stderr):   # a file name that is not UTF-8 (in a label, a message) as \xff
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         signal.signal(signal.SIGTERM, _raise_interrupted)
         signal.signal(signal.SIGINT, signal.default_int_handler)   # the scripts stop quietly while importing
@@ -542,8 +547,8 @@ def write_output(path, kind, write, inputs=(), append=False, claimed=False, sour
 
 
 def write_text_output(path, kind, text, inputs=()):
-    """write_output of a text (UTF-8)."""
-    return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs)
+    """write_output of a text (UTF-8; a file name that is not UTF-8, in a label, shows its bytes as \\xff)."""
+    return write_output(path, kind, lambda f: f.write(text.encode("utf-8", "backslashreplace")), inputs)
 
 
 def write_json(obj, path, kind="settings", inputs=(), claimed=False):

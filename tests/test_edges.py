@@ -429,3 +429,20 @@ def test_compare_refuses_logs_of_other_images_under_the_same_idx(ckpt, tmp_path,
     assert run_main(analyze.main, argv[:-1] + [tmp_path / "cmp2"]) == 2
     err = capsys.readouterr().err
     assert "other images" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "cmp2").exists()
+
+
+def test_a_log_whose_name_is_not_utf8_is_analysed_and_its_label_shows_the_byte(tmp_path):
+    """A file name with a byte that is not UTF-8 becomes a label: tables, the terminal and figures show it
+    as \\xff (it was a UnicodeEncodeError in the .md and a TypeError in matplotlib)."""
+    log = tmp_path / os.fsdecode(b"m\xff_noise_0.25.tsv")
+    log.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN\n0\t0\t0\t0.5\t1\t0:00:01\t90\t100\n"
+                   "1\t1\t1\t0.2\t1\t0:00:01\t70\t100\n")
+    import analyze
+    from helpers import run_main
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "analyze.py"), "table", str(log), "--out",
+                           str(tmp_path / "table")], capture_output=True, timeout=300)   # the terminal too
+    assert done.returncode == 0 and b"Traceback" not in done.stderr and b"m\\xff" in done.stdout, done.stderr
+    assert run_main(analyze.main, ["ecdf", log, "--out", tmp_path / "ecdf"]) == 0
+    for command, figure in (("table", "certified_accuracy.png"), ("ecdf", "ecdf.png")):
+        assert b"m\\xff" in (tmp_path / command / f"{command}.md").read_bytes()
+        assert (tmp_path / command / figure).exists()

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -89,7 +90,7 @@ def check_promises(main, argv, folder, may_change=()):
 # ----------------------------------------------------------------------------------------------------------
 
 weird_numbers = st.sampled_from(["nan", "inf", "-inf", "1e309", "-1", "1e300", "0x10", "", " ", "1,5", "२",
-                                 "9" * 40, "-0", "1e-320", "True"])
+                                 "9" * 40, "-0", "1e-320", "True", "0_5", "1_000", "²", "٣", "½", "１"])
 cell = st.one_of(st.integers(-3, 12).map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr),
                  weird_numbers, st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=6))
 
@@ -104,6 +105,8 @@ def certification_log(draw):
         header = draw(st.permutations(header))
     if draw(st.integers(0, 19)) == 0:
         header = header[:draw(st.integers(0, len(header)))]
+    if header and draw(st.integers(0, 19)) == 0:   # a column twice
+        header = header + [draw(st.sampled_from(header))]
     rows, corrupt = [], draw(st.integers(0, 3)) == 0   # one log in four has a bad cell
     for i in range(n):
         N = draw(st.integers(1, 1000))
@@ -138,9 +141,12 @@ json_value = st.recursive(st.none() | st.booleans() | st.integers(-10, 10 ** 6) 
 @st.composite
 def sidecar(draw):
     """A sidecar: certify.py's fields with values of the right or the wrong type, or other JSON, or not JSON."""
-    kind = draw(st.integers(0, 9))
+    kind = draw(st.integers(0, 10))
     if kind == 0:
         return draw(st.binary(max_size=30))
+    if kind == 10:   # nested deeper than any parser's recursion
+        depth = draw(st.sampled_from([1000, 100_000]))
+        return ("[" * depth + "]" * depth).encode() if draw(st.booleans()) else ('{"a":' * depth + "1" + "}" * depth).encode()
     if kind == 1:
         return json.dumps(draw(json_value)).encode()
     fields = {"script": "certify.py", "mode": "certify", "dataset": "digits", "split": "test", "sigma": 0.25,
@@ -173,16 +179,29 @@ def digits_ckpt(tmp_path_factory):
                                        ["--replicates", "20"], ["--replicates", "0"], ["--level", "2"],
                                        ["--N", "1000"], ["--alpha", "0"], ["--pt", "0.5"], ["--over", "test-set"],
                                        ["--parts", "discard"]]), max_size=1),
-       out=st.sampled_from(["outdir"] * 4 + ["none"] * 2 + ["input", "notes", "fifo", "link", "file-as-dir"]))
-def test_analyze_keeps_its_promises_on_any_log(logs, command, flags, out):
+       out=st.sampled_from(["outdir"] * 4 + ["none"] * 2 + ["input", "notes", "fifo", "link", "file-as-dir"]),
+       name=st.sampled_from(["m", "m", "m", os.fsdecode(b"m\xff"), "mü"]),
+       special=st.sampled_from([None] * 6 + ["fifo", "fifo-sidecar", "folder"]))
+def test_analyze_keeps_its_promises_on_any_log(logs, command, flags, out, name, special):
+    """Any logs (names that are not UTF-8 too), a FIFO or a folder in place of a log or its sidecar."""
     with tempfile.TemporaryDirectory() as d:
         paths = []
         for k, (log, side) in enumerate(logs):
-            path = os.path.join(d, f"m{k}_noise_0.25.tsv")
+            path = os.path.join(d, f"{name}{k}_noise_0.25.tsv")
             write(path, log)
             if side is not None:
                 write(path + ".json", side)
             paths.append(path)
+        if special == "fifo":   # a reader must not wait for a writer that never comes
+            os.remove(paths[-1])
+            os.mkfifo(paths[-1])
+        elif special == "fifo-sidecar":
+            if os.path.exists(paths[-1] + ".json"):
+                os.remove(paths[-1] + ".json")
+            os.mkfifo(paths[-1] + ".json")
+        elif special == "folder":
+            os.remove(paths[-1])
+            os.mkdir(paths[-1])
         write(os.path.join(d, "notes.txt"), b"my notes\n")
         argv = [command] + paths[:1] + (["--vs"] + paths[1:] if command == "compare" and len(paths) > 1 else
                                         paths[1:])
@@ -438,6 +457,8 @@ def sequence_checkpoint():
 
 
 REFERENCE = {}   # (N, seed) -> {idx: row without its time}: the uninterrupted run's lines
+TRAINED = {}     # sigma -> {epoch: state_dict} of the uninterrupted 2-epoch training run
+TRAIN = ["--dataset", "digits", "--epochs", 2, "--max-batches", 1, "--workers", 0]
 
 
 def rows_of(path):
@@ -452,11 +473,29 @@ def rows_of(path):
     return out
 
 
+def train_main(argv):
+    """train_gaussian.py's main (it reads sys.argv) on argv."""
+    saved = sys.argv
+    sys.argv = ["train_gaussian.py", *argv]
+    try:
+        train_gaussian.main()
+    finally:
+        sys.argv = saved
+
+
+def model_weights(path):
+    """(epoch, sigma, state_dict) of a training checkpoint."""
+    ckpt = machinery.load_checkpoint(path)
+    return ckpt["epoch"], ckpt["sigma"], ckpt["state_dict"]
+
+
 class CommandSequences(RuleBasedStateMachine):
     """A folder with a user's files planted (a plain file, a symlink and a hard link to the checkpoint, a
     FIFO), and random sequences of certify (resumed, with changed settings, --overwrite, a full disk at a
-    random file operation), analyze table and ddrs memory. After every step: user files byte-identical, exit 0
-    or 2 with one line and no traceback, every line of the log equal to the uninterrupted run's, the folder's
+    random file operation), analyze table and compare, ddrs memory and report (on a log they do not take),
+    and training into a run folder (new, --resume, another sigma, a full disk). After every step: user files
+    byte-identical, exit 0 or 2 with one line and no traceback, every line of the log equal to the
+    uninterrupted run's, the run's checkpoint equal to the uninterrupted run's at its epoch, every folder's
     record true of its files."""
 
     def __init__(self):
@@ -528,6 +567,41 @@ class CommandSequences(RuleBasedStateMachine):
                                         "--max", 2, "--N0", 10, "--N", 30])
         assert code == 2
 
+    @rule()
+    def analyze_compare(self):
+        if os.path.isfile(self.log):
+            self.step(analyze.main, ["compare", self.log, self.log, "--out", os.path.join(self.dir, "compare")])
+
+    @rule(report=st.booleans())
+    def ddrs_on_a_certify_log(self, report):
+        """ddrs.py memory and report take ddrs.py's logs only: a certify.py log is refused in one line."""
+        argv = ["report", self.log, "--fixed", self.log, "--out", os.path.join(self.dir, "ddrs")] if report \
+            else ["memory", self.log, "--outfile", os.path.join(self.dir, "memory.tsv")]
+        assert self.step(ddrs.main, argv) == 2
+
+    @rule(sigma=st.sampled_from([0.25, 0.5]), resume=st.booleans(), fault=st.one_of(st.none(), st.integers(1, 30)))
+    def train(self, sigma, resume, fault):
+        code = self.step(train_main, [*TRAIN, "--sigma", sigma, "--outdir", os.path.join(self.dir, "run"),
+                                      *(["--resume"] if resume else [])], fault)
+        event(f"train {'resume ' if resume else ''}{'fault ' if fault else ''}-> {code}")
+
+    def trained(self, sigma):
+        """The uninterrupted 2-epoch run's weights after each epoch, made once, in a folder of its own."""
+        if sigma not in TRAINED:
+            ref = tempfile.mkdtemp(prefix="ref")
+            assert run_entry(train_main, [*TRAIN, "--sigma", sigma, "--outdir", ref, "--save_every", 1])[0] == 0
+            TRAINED[sigma] = {e: model_weights(f"{ref}/checkpoint_epoch{e}.pth.tar")[2] for e in (1, 2)}
+            shutil.rmtree(ref)
+        return TRAINED[sigma]
+
+    @invariant()
+    def the_run_is_the_uninterrupted_runs(self):
+        path = os.path.join(self.dir, "run", "checkpoint.pth.tar")
+        if os.path.isfile(path):
+            epoch, sigma, weights = model_weights(path)
+            want = self.trained(sigma)[epoch]
+            assert set(weights) == set(want) and all(torch.equal(weights[k], want[k]) for k in want), (sigma, epoch)
+
     @invariant()
     def users_files_are_untouched(self):
         now = snapshot(self.dir)
@@ -547,17 +621,18 @@ class CommandSequences(RuleBasedStateMachine):
             assert len(ids) == len(set(ids)) and set(ids) <= set(got) | {max(got, default=-1) + 1}
 
     @invariant()
-    def the_record_is_true(self):
-        record_path = os.path.join(self.dir, machinery.RECORD)
-        if not os.path.isfile(record_path):
-            return
-        record = json.load(open(record_path))
-        for name, entry in record.items():
-            path = os.path.join(self.dir, name)
-            if entry.get("kind") == machinery.TEMPORARY:
+    def every_record_is_true(self):
+        for folder, _, _ in os.walk(self.dir):
+            record_path = os.path.join(folder, machinery.RECORD)
+            if not os.path.isfile(record_path):
                 continue
-            if os.path.isfile(path):
-                assert machinery.content_is_recorded(path, entry), name
+            record = json.load(open(record_path))
+            for name, entry in record.items():
+                path = os.path.join(folder, name)
+                if entry.get("kind") == machinery.TEMPORARY:
+                    continue
+                if os.path.isfile(path):
+                    assert machinery.content_is_recorded(path, entry), path
 
 
 CommandSequences.TestCase.settings = hypothesis.settings(

@@ -2,6 +2,7 @@
 coverage against an invalid repeated test, the false-certificate rate on a classifier with known pA, the
 integer tables against brute force, threshold logic, the limiting case equal to CERTIFY, monotonicity,
 curtailment, accounting and resume. Seeded; rates are checked against alpha + 3 standard errors."""
+import json
 import math
 import os
 import shutil
@@ -313,6 +314,21 @@ def test_grid_log_resumes_to_the_same_lines_and_analyze_reads_it(digits_model, t
     rows = [dict(zip(header, ln.split("\t"))) for ln in open(whole).read().splitlines()[1:]]
     assert all(r["stop"] in ("decided", "curtailed", "budget") and float(r["radius"]) in (0.0, 0.25, 0.5)
                for r in rows)
+    # pA_certified is the bound the written radius rests on: radius = sigma Phi^-1(pA_certified), 0 without one;
+    # pA_lower (the betting interval, an estimate) need not support it
+    sigma = json.load(open(str(whole) + ".json"))["sigma"]
+    for r in rows:
+        p = float(r["pA_certified"])
+        assert (p == 0) if r["predict"] == "-1" else abs(sigma * norm.ppf(p) - float(r["radius"])) < 1e-6, r
+    # a log from before the pA_certified column resumes in its own columns, to the same lines
+    old = tmp_path / "old.tsv"
+    lines = open(part).read().splitlines()[:6]
+    old.write_text("".join(ln.rsplit("\t", 1)[0] + "\n" for ln in lines))
+    side = json.load(open(str(part) + ".json"))
+    side["columns"] = side["columns"][:-1]
+    open(str(old) + ".json", "w").write(json.dumps(side))
+    assert run_cli([*base, "--max", 12, "--outfile", old]) == 0
+    assert strip(old) == [ln[:-1] for ln in strip(whole)]
     assert run_cli([*base[:-2], "--skip", 5, "--max", 12, "--outfile", whole, "--radii", 0.25]) == 2   # other radii
     capsys.readouterr()
     code = 0
@@ -359,9 +375,10 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     cells = lambda name: rows[name].split(";")[0].split()   # noqa: E731
     assert cells("certify_N20000")[1:4] == ["20,100"] * 3 and cells("certify_N2000")[1] == "2,100"
     assert rows["certify_N20000"].split(";")[1].split() == ["0", "0", "0"]   # no disagreement with itself
-    evals = [100 + int(line.split("\t")[-4]) for line in open(grid).read().splitlines()[1:]]   # N0 + draws
+    draws = [int(n) for n in common.read_table(str(grid), ("N",), ())["N"]]
+    evals = [100 + n for n in draws]   # N0 + draws
     assert cells("grid")[1] == f"{np.mean(evals):,.0f}"
-    ran = sum(int(line.split("\t")[-4]) == 20_000 for line in open(grid).read().splitlines()[1:])
+    ran = sum(n == 20_000 for n in draws)
     assert f"    bound of grid: {ran} examples ({100 * ran / 8:.1f} %) ran to the budget" in out
     # examples must match: a log of other examples is one clear error
     other = tmp_path / "other.tsv"
