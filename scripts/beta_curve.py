@@ -30,14 +30,22 @@ BETAS = (0.0, 0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 def simulate(plan, p, correct, reps, seed, N0=0):
     """Mean draws and certified accuracy per grid radius of the grid rule on examples with true pA = p.
 
-    With N0 selection draws (and the plan's selection_prior) each run first draws its candidate's selection
-    votes k0 ~ Binomial(N0, pA) and is tested with the prior they give (certify.job_tables); the
-    runs are grouped by k0, each group deciding with its own tables. The candidate is the log's cA: the
-    real selection (an argmax over every class's votes, which these logs do not record) is not redrawn."""
+    With N0 selection draws each run first selects its candidate as certify.py does, the argmax of the N0
+    votes. The logs record only the votes of their class cA, so a second class gets q = min(pA, 1 - pA) of
+    the rest (all of it where pA >= 1/2: the split where the argmax errs most; at most pA below, as cA was
+    the log's argmax) and the others never win; ties go to the second class. When it wins, the run
+    certifies it (true probability q), not the label. With the plan's selection_prior the candidate's
+    count k0 chooses the prior of its tests (certify.job_tables); runs are grouped by k0."""
     rng = np.random.default_rng(seed)
     pp, ok = np.repeat(p, reps), np.repeat(correct, reps)
     informed = bool(N0) and plan.get("selection_prior", False)
-    k0 = rng.binomial(N0, pp) if informed else np.zeros(len(pp), np.int64)
+    if N0:
+        k0 = rng.binomial(N0, pp)                                          # cA's selection votes
+        q = np.minimum(pp, 1 - pp)
+        kB = rng.binomial(N0 - k0, np.divide(q, 1 - pp, out=np.zeros_like(pp), where=pp < 1))
+        other = kB >= k0                                                   # the second class is the argmax
+        k0, pp, ok = np.where(other, kB, k0), np.where(other, q, pp), ok & ~other
+    k0 = k0 if informed else np.zeros(len(pp), np.int64)
     T, jL = np.zeros(len(pp)), np.zeros(len(pp), np.int64)
     for k in np.unique(k0):
         group = k0 == k
@@ -107,7 +115,8 @@ def draws_at(pAs, radii, sigma, N, N0, batch, alpha, reps, seed):
             f"alpha / 10 and 0.9 alpha on the final look. The two-sided rule: looks from 32 draws growing by 25 %, at most "
             f"500 apart, beta = {certify.DEFAULT_BETA:g}, the two-sided KT sequence at alpha with exact accounting. "
             f"The one-sided KT rule: the same with one-sided tests. The selection-prior rule: the one-sided tests with the prior from the "
-            f"selection votes ({certify.GRID_TEST}; each run draws its k0 ~ Binomial(N0, pA)). The oracle: Wald's SPRTs at the known pA, "
+            f"selection votes ({certify.GRID_TEST}; each run selects its candidate as the argmax of N0 votes, "
+            f"pA against a second class of 1 - pA, and its count k0 sets the prior). The oracle: Wald's SPRTs at the known pA, "
             f"a look after every draw, at alpha and beta = {certify.DEFAULT_BETA:g} (bench.oracle_draws): no test "
             f"with that error and power spends fewer draws on average.\n\n"
             "| pA | per-pass | two-sided | one-sided KT | selection prior | oracle | selection prior / oracle | "

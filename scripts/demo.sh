@@ -32,11 +32,13 @@ export OMP_NUM_THREADS=1
 # The demo folder is the demo's own: start afresh, but never delete a folder the demo did not make (its
 # marker), nor anything in it that the project did not write (each folder's record of outputs lists those,
 # with their content's hash): scripts/remove_outputs.py checks the whole tree before it removes a file.
-if [ -e "$OUT" ] && [ ! -f "$OUT/.demo" ]; then
+if [ -L "$OUT" ] || { [ -e "$OUT" ] && [ ! -f "$OUT/.demo" ]; }; then   # a link is not the demo's folder either
     echo "demo: $OUT exists and was not made by the demo; set DEMO_OUT to another folder" >&2
     exit 2
 fi
-"$PYTHON" scripts/remove_outputs.py "$OUT" --also .demo || exit 2
+if [ -e "$OUT" ]; then   # a previous demo's outputs, each checked against the records before it goes
+    "$PYTHON" scripts/remove_outputs.py "$OUT" --also .demo || exit 2
+fi
 mkdir -p "$OUT/train" "$OUT/certify"
 touch "$OUT/.demo"
 start=$SECONDS

@@ -156,6 +156,21 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path):
     assert keep.read_text() == "precious"
 
 
+@pytest.mark.parametrize("target", ["missing", "a demo folder"])
+def test_demo_refuses_a_link_as_its_folder(tmp_path, target):
+    """DEMO_OUT a symbolic link, dangling or to a folder with the demo's marker: refused, nothing made there."""
+    real = tmp_path / "real"
+    if target == "a demo folder":
+        real.mkdir()
+        (real / ".demo").write_text("")
+    (tmp_path / "link").symlink_to(real)
+    result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, DEMO_OUT=str(tmp_path / "link"), PYTHON=sys.executable))
+    assert result.returncode == 2 and "not made by the demo" in result.stderr, result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["link"] + (["real"] if target != "missing" else [])
+    assert target == "missing" or os.listdir(real) == [".demo"]
+
+
 def test_demo_keeps_a_users_file_put_into_its_own_folder(tmp_path):
     """A folder the demo made (its marker) with a user's notes put in it since: refused, the notes kept; the
     demo's own files (its record lists them) do not stop it."""
