@@ -686,3 +686,38 @@ def test_no_zero_level_decides_only_the_listed_radii_and_stays_valid(digits_mode
     import analyze
     assert run_main(analyze.main, ["table", str(out)]) == 0
     assert "r = 0 was not a level" in capsys.readouterr().out
+
+
+def load_script(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_like_for_like_rules_match_brute_force_and_simulation():
+    """scripts/like_for_like.py: the betting sequence's integer thresholds are those of a search over every
+    vote count, and the staged Clopper-Pearson rule's exact mean draws are what its simulation spends."""
+    lfl = load_script("like_for_like")
+    tau, alpha = 0.8, 0.01
+    lo, hi = lfl.betting_thresholds(tau, alpha, 300)
+    for t in (1, 7, 40, 123, 300):
+        a = np.arange(t + 1)
+        ok = common.kt_log_wealth(a, t, tau) >= math.log(2 / alpha)
+        want_lo = a[ok & (a > tau * t)].min(initial=t + 1)
+        want_hi = a[ok & (a < tau * t)].max(initial=-1)
+        assert (lo[t - 1], hi[t - 1]) == (want_lo, want_hi), t
+    stages, rng = (50, 200, 1000), np.random.default_rng(0)
+    for p in (0.75, 0.85, 0.95):
+        exact = lfl.staged_draws(np.array([p]), tau, alpha, alpha / 2, stages)[0]
+        runs, total = 20_000, 0
+        live = np.ones(runs, bool)
+        for i, n in enumerate(stages):
+            total += n * live.sum()
+            k = rng.binomial(n, p, runs)
+            done = common.clopper_pearson_lower(k, n, alpha / 3) >= tau
+            if i < 2:
+                done |= beta_dist.ppf(1 - alpha / 4, k + 1, n - k) < tau
+            live &= ~done
+        assert abs(total / runs - exact) < 0.03 * exact, (p, total / runs, exact)
