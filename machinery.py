@@ -697,6 +697,13 @@ def source_of(path, output):
     return os.path.relpath(os.path.realpath(path), os.path.realpath(folder))
 
 
+def recorded_source(output):
+    """The input an output was made from, as its folder's record names it (a path), or None if unrecorded."""
+    folder = os.path.dirname(os.path.abspath(output))
+    source = (_read_record(folder).get(os.path.basename(output)) or {}).get("from")
+    return os.path.normpath(os.path.join(folder, source)) if isinstance(source, str) else None
+
+
 def file_sha256(path, size=None):
     """The sha256 of a file's bytes (hex), or of its first `size` bytes, read in 1 MiB blocks."""
     import hashlib

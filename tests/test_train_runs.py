@@ -116,7 +116,7 @@ def test_a_new_run_refuses_a_folder_that_holds_a_run(monkeypatch, tmp_path, caps
     assert open(tmp_path / "checkpoint.pth.tar", "rb").read() == before
 
 
-def test_gradnorm_mode_writes_norms_with_and_without_the_attack(monkeypatch, tmp_path):
+def test_gradnorm_mode_writes_norms_with_and_without_the_attack(monkeypatch, tmp_path, capsys):
     out = tmp_path / "run"
     assert run_main(train_gaussian, monkeypatch, *DIGITS, "--epochs", 2, "--outdir", out) == 0
     ckpt = out / "checkpoint.pth.tar"
@@ -130,6 +130,19 @@ def test_gradnorm_mode_writes_norms_with_and_without_the_attack(monkeypatch, tmp
     attack, plain = tables["gradnorm_ours_attack"], tables["gradnorm_ours_noattack"]
     assert [r[:3] for r in attack] == [r[:3] for r in plain]   # same probes, same pA
     assert any(a[3] != p[3] for a, p in zip(attack, plain))    # the attack changes the loss
+    # Table 2's ACR column pairs each file with the log of its model: the record names the checkpoint
+    import analyze
+    import certify
+    from helpers import run_main as run_entry
+    log = tmp_path / "cert.tsv"
+    assert run_entry(certify.main, ["--checkpoint", ckpt, "--outfile", log, "--max", 3, "--N0", 10, "--N", 40]) == 0
+    argv = ["gradnorm", out / "gradnorm_gaussian.tsv", "--acr", log, "--replicates", 100]
+    assert run_entry(analyze.main, argv) == 0
+    side = json.loads(open(f"{log}.json").read())
+    side["checkpoint_sha256"] = "0" * 64   # a log of another model
+    open(f"{log}.json", "w").write(json.dumps(side))
+    capsys.readouterr()
+    assert run_entry(analyze.main, argv) == 2 and "another checkpoint" in capsys.readouterr().err
 
 
 BAD_INPUTS = [
