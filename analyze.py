@@ -552,14 +552,16 @@ def pyplot():
 def save_figure(fig, out, name):
     """figures as <out>/<name>.png and .pdf, the same bytes for the same figure (no date in the PDF), so that
     a rerun on the same logs changes no committed file."""
-    machinery.make_outdir(out)
-    for ext in ("png", "pdf"):
-        path = os.path.join(out, f"{safe_name(name)}.{ext}")
-        metadata = {"CreationDate": None} if ext == "pdf" else None
-        machinery.write_output(path, "analyze.py figure", lambda f: fig.savefig(f, format=ext, dpi=150,
-                                                                                bbox_inches="tight", metadata=metadata))
-        print(f"wrote {path}", file=sys.stderr)
-    pyplot().close(fig)
+    try:
+        machinery.make_outdir(out)
+        for ext in ("png", "pdf"):
+            path = os.path.join(out, f"{safe_name(name)}.{ext}")
+            metadata = {"CreationDate": None} if ext == "pdf" else None
+            machinery.write_output(path, "analyze.py figure", lambda f: fig.savefig(
+                f, format=ext, dpi=150, bbox_inches="tight", metadata=metadata))
+            print(f"wrote {path}", file=sys.stderr)
+    finally:   # also when an output is refused: no figure left open in a notebook's session
+        pyplot().close(fig)
 
 
 def fmt_acr(value, digits):
