@@ -98,7 +98,7 @@ def staged_draws(pA, tau, alpha, beta, stages=STAGES):
     return cost
 
 
-def compare(log, radius, alpha, reps, seed):
+def rule_draws(log, radius, alpha, reps, seed):
     """One table row per rule for the images of `log`."""
     from scipy.stats import norm
     data = common.read_certification_log(log)
@@ -125,7 +125,7 @@ def main(argv=None):
     common.check(args.radius > 0 and 0 < args.alpha < 1 and args.reps >= 1,
                  "--radius > 0, --alpha in (0, 1) and --reps >= 1")
     machinery.set_inputs([q for log in args.logs for q in (log, log + ".json")])
-    rows = [compare(log, args.radius, args.alpha, args.reps, args.seed) for log in args.logs]
+    rows = [rule_draws(log, args.radius, args.alpha, args.reps, args.seed) for log in args.logs]
     names = list(rows[0][2])
     md = (f"Mean draws per image to decide r = {args.radius:g}, label mode, alpha = {args.alpha:g}, beta = alpha / 2, "
           f"on the true pA (nY / N at N = 100,000) of each image of {', '.join(args.logs)}; simulated rules with "
