@@ -357,15 +357,16 @@ def test_training_scripts_accept_amp_and_channels_last(script, tmp_path, monkeyp
            "--max-batches", "2", "--workers", "0", "--channels-last"]
     if script == "train_ours.py":
         cmd += ["--no-discard", "--T", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    res = subprocess.run([*cmd, "--amp", "--outdir", str(tmp_path / "run")], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
+    import importlib
+    from helpers import run_main
+    module = importlib.import_module(script[:-3])   # its main reads sys.argv: the command line, in this process
+    monkeypatch.setattr(sys, "argv", [script, *cmd[2:], "--amp", "--outdir", str(tmp_path / "run")])
+    assert run_main(lambda a: module.main(), []) == 0, capsys.readouterr().err[-2000:]
     model, _ = machinery.load_model(str(tmp_path / "run" / machinery.CHECKPOINT))  # certify.py reads it as usual
     assert json.load(open(tmp_path / "run" / "args.json"))["amp"] == "bf16"
     if script == "train_gaussian.py":  # the check is shared (machinery.check_precision): one script is enough
         import train_gaussian
-        from helpers import run_main
+        capsys.readouterr()
         monkeypatch.setattr(sys, "argv", [script, *cmd[2:], "--amp", "fp16", "--outdir", str(tmp_path / "run16")])
         assert run_main(lambda a: train_gaussian.main(), []) == 2   # in this process: the same command line
         err = capsys.readouterr().err
