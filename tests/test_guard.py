@@ -6,6 +6,7 @@ readers. Then the guard's own promises, each a regression test of a case found w
 import os
 import re
 import stat
+import sys
 
 import pytest
 import torch
@@ -362,3 +363,25 @@ def test_a_sidecar_copied_beside_a_user_file_does_not_let_overwrite_remove_it(tm
     (tmp_path / "notes.tsv.json").write_bytes((tmp_path / "log.tsv.json").read_bytes())
     code, err = run_script(certify, argv + ["--outfile", notes, "--overwrite"], capsys)
     assert code == 2 and "not written by this project" in err and notes.read_text() == "my\tnotes\n"
+
+
+def test_a_command_ends_its_own_process_without_teardown_and_no_other(monkeypatch):
+    """machinery.run(main, exit_process=True) ends with os._exit (after the atexit handlers) only in the
+    process of the script itself: a profiler (-m), a runner of several commands or a test keep SystemExit."""
+    import atexit
+    exits, handlers = [], []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: handlers.append(1))
+    for orig, fast in ((["python", "x.py", "a"], True), (["python", "-u", "-X", "importtime", "x.py", "a"], True),
+                       (["python", "-m", "cProfile", "x.py", "a"], False), (["python", "-c", "x.py", "a"], False),
+                       (["python", "runner.py", "commands.json"], False)):
+        monkeypatch.setattr(sys, "orig_argv", orig, raising=False)
+        monkeypatch.setattr(sys, "argv", ["x.py", "a"])
+        exits.clear()
+        handlers.clear()
+        try:
+            machinery.run(lambda: sys.exit(3), exit_process=True)
+            code = None
+        except SystemExit as e:
+            code = e.code
+        assert (exits, handlers, code) == (([3], [1], None) if fast else ([], [], 3)), orig
