@@ -10,7 +10,8 @@ JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0
 
 # Install the requirements only when one of them is missing (a no-op on a prepared machine).
 install:
-	@$(PYTHON) -c "import torch, torchvision, numpy, scipy, matplotlib, sklearn, pandas, pytest, hypothesis, xdist" 2>/dev/null \
+	@$(PYTHON) -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('torch', \
+		'torchvision', 'numpy', 'scipy', 'matplotlib', 'sklearn', 'pandas', 'pytest', 'hypothesis', 'xdist')))" \
 		|| $(PYTHON) -m pip install -r requirements.txt
 
 test: install
