@@ -85,6 +85,9 @@ def parse_args(argv=None):
     p.add_argument("--grid-radii", type=float, nargs="+", metavar="R", help="(g): the grid of the --radii arms "
                    "(default 0.25, 0.5, ... up to 4 sigma)")
     p.add_argument("--grid-examples", type=int, help="(g): test examples per model (default 100; quick 10)")
+    p.add_argument("--grid-noise", choices=("independent", "paired"), default="independent", help="(g): each arm "
+                   "draws its own noise (default), or every arm the reference's (the paired design of the results "
+                   "made before this option: their agreement is partly by construction)")
     p.add_argument("--grid-logs", nargs="+", metavar="TSV", help="(g) from finished certify.py logs of one model "
                    "on the same examples instead: CERTIFY at N first (the reference), then the other arms")
     p.add_argument("--checkpoint", nargs="+", help="(d): trained models (with their sigma) instead of digits "
@@ -532,9 +535,10 @@ def trained_model(path, device, data_dir, examples, trust=False):
 GRID_RADII = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5]
 
 
-def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=None):
+def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=None, noise="independent"):
     """(g): anytime-valid certification at a grid of radii (grid_radii, default GRID_RADII up to 4 sigma)
-    against CERTIFY, on the same examples and seeds."""
+    against CERTIFY, on the same examples; noise: each arm its own seed (independent) or all the reference's
+    (paired). Each arm's certified accuracy against the reference's, with intervals (arm_intervals)."""
     N0, alpha = 100, 0.001
     for path in paths:
         t = trained_model(path, device, data_dir, examples, trust)
@@ -553,28 +557,34 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=Non
             block = [int(i) for i in picked[first:first + group]]
             xs = [dataset[i][0].to(device) for i in block]
             labels = [int(dataset[i][1]) for i in block]
-            for name, plan in arms.items():
+            for arm, (name, plan) in enumerate(arms.items()):
+                seed = arm if noise == "independent" else 0   # the reference (arm 0) draws seed 0 either way
                 start = time.perf_counter()
                 if plan is None:
                     n = N if name.endswith(f"{N:,}") else N // 10
                     outs = [certify.certify(model, x, sigma, N0, n, alpha, BATCH, classes,
-                                            common.example_generator(0, i, device)) for x, i in zip(xs, block)]
+                                            common.example_generator(seed, i, device)) for x, i in zip(xs, block)]
                 else:
-                    outs = certify.grid_certify_many(model, [(x, common.example_generator(0, i, device), None)
+                    outs = certify.grid_certify_many(model, [(x, common.example_generator(seed, i, device), None)
                                                              for x, i in zip(xs, block)], sigma, N0, BATCH,
                                                      classes, plan)
                 sync(device)
                 row = results[name]
                 row["time"] += time.perf_counter() - start
+                row.setdefault("idx", []).extend(block)
+                row.setdefault("y", []).extend(labels)
                 for out, label in zip(outs, labels):
                     row["radius"].append(out["radius"] if out["predict"] >= 0 else -1.0)
                     row["correct"].append(out["predict"] == label)
                     row["evals"].append(N0 + out["N"])
                     row.setdefault("pA", []).append(out["nA"] / out["N"])
         print(f"  {os.path.basename(os.path.dirname(os.path.abspath(path)))} ({ckpt.get('arch')}, {dataset_name}, "
-              f"sigma {sigma}), {len(picked)} test examples, alpha {alpha}, N0 {N0}, batch {BATCH}:")
+              f"sigma {sigma}), {len(picked)} test examples, alpha {alpha}, N0 {N0}, batch {BATCH}, noise "
+              f"{'independent: each arm its own seed' if noise == 'independent' else 'paired: every arm seed 0'}:")
         reference = f"CERTIFY N = {N:,}"
         print_grid_table(results, reference, set(plans), N, N0, [0.0] + radii)
+        arm_intervals(results, reference, {name: [r for r in plan["radii"] if r > 0] for name, plan in plans.items()},
+                      radii, noise)
         for name, plan in plans.items():
             print_oracle(name, dict(results[name], radii=plan["radii"]), results[reference]["pA"], sigma, N, N0,
                         alpha, beta)
@@ -675,6 +685,30 @@ def check_bench_log(log):
     N0 = side.get("N0", 100)
     common.check(isinstance(N0, int) and not isinstance(N0, bool) and N0 >= 1,
                  f"{path}: its settings file gives N0 {N0!r}; --grid-logs needs the selection draws (an integer)")
+
+
+def arm_intervals(results, reference, grid_arms, radii, noise):
+    """Per arm: its certified accuracy minus the reference's at each radius it decides (grid_arms: {name: its
+    radii}; other arms: radii), with 95 % intervals that hold together over those radii (analyze.compare_sides
+    over the test images, paired by image): the row farthest from 0 and the verdict."""
+    import analyze
+    as_log = lambda name: {"path": name, "grid": name in grid_arms, "label_mode": False,   # noqa: E731
+                           "radius": np.maximum(np.array(results[name]["radius"]), 0.0),
+                           "correct": np.array(results[name]["correct"]) & (np.array(results[name]["radius"]) >= 0),
+                           "idx": np.array(results[name]["idx"]), "y": np.array(results[name]["y"]),
+                           "predict": np.zeros(len(results[name]["idx"]), np.int64)}
+    print(f"    certified accuracy of each arm minus the reference's ({noise} noise), 95 % intervals over the test "
+          f"images holding together at every radius (analyze.compare_sides): the row farthest from 0")
+    for name in results:
+        if name == reference:
+            continue
+        rows, _ = analyze.compare_sides([as_log(reference)], [as_log(name)], grid_arms.get(name, radii))
+        rows = [r for r in rows if r[0].startswith("certified accuracy")]
+        worst = max(rows, key=lambda r: abs(r[3]))
+        verdicts = {r[6] for r in rows}
+        print(f"    {name:24s} {worst[0]}: {100 * worst[3]:+.1f} points [{100 * worst[4]:+.1f}, "
+              f"{100 * worst[5]:+.1f}]; "
+              f"{'every radius within noise' if verdicts == {'within noise'} else ', '.join(sorted(verdicts))}")
 
 
 def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=2048):
@@ -932,7 +966,8 @@ def run_sections(args):
             with tempfile.TemporaryDirectory() as folder:
                 paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20, sigmas=(0.25, 0.5))
                 bench_grid(paths, device, args.data_dir, args.grid_N or (10_000 if quick else 100_000),
-                           args.grid_examples or (10 if quick else 100), args.trust_checkpoint, args.grid_radii)
+                           args.grid_examples or (10 if quick else 100), args.trust_checkpoint, args.grid_radii,
+                           args.grid_noise)
     if "h" in args.sections:
         print("\n(h) DDRS certification against plain CERTIFY (ddrs.py certify)", flush=True)
         with tempfile.TemporaryDirectory() as folder:

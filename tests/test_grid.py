@@ -721,3 +721,20 @@ def test_like_for_like_rules_match_brute_force_and_simulation():
                 done |= beta_dist.ppf(1 - alpha / 4, k + 1, n - k) < tau
             live &= ~done
         assert abs(total / runs - exact) < 0.03 * exact, (p, total / runs, exact)
+
+
+def test_bench_gives_each_arm_its_difference_with_an_interval_at_the_radii_it_decides(capsys):
+    """bench.py (g): an arm that certifies as the reference is within noise; one that loses 30 of 100
+    certificates at r = 0.5 is lower there, and an arm is judged only at its own radii."""
+    import bench
+    n = 100
+    ref = {"radius": [0.5] * 60 + [0.25] * 20 + [-1.0] * 20, "correct": [True] * 90 + [False] * 10,
+           "idx": list(range(n)), "y": [0] * n}
+    worse = dict(ref, radius=[0.5] * 30 + [0.25] * 50 + [-1.0] * 20)
+    results = {"reference": ref, "same": dict(ref), "worse": worse, "r = 0.5 alone": dict(worse)}
+    bench.arm_intervals(results, "reference", {"same": [0.25, 0.5], "r = 0.5 alone": [0.25]}, [0.25, 0.5],
+                        "independent")
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "every radius within noise" in lines["same"] and "+0.0 points" in lines["same"]
+    assert "r=0.5: -30.0 points" in lines["worse"] and "lower" in lines["worse"]
+    assert "r=0.25" in lines["r"] and "within noise" in lines["r"]   # its own radius only
