@@ -542,9 +542,14 @@ class CommandSequences(RuleBasedStateMachine):
     @rule(N=st.sampled_from([30, 40]), seed=st.sampled_from([0, 1]), counts=st.booleans(),
           overwrite=st.booleans(), fault=st.one_of(st.none(), st.integers(1, 12)))
     def certify(self, N, seed, counts, overwrite, fault):
+        side = self.log + ".json"
+        same = os.path.isfile(side) and {k: json.load(open(side)).get(k) for k in ("N", "seed", "save_counts")} == \
+            {"N": N, "seed": seed, "save_counts": counts}
         code = self.step(certify.main, self.certify_args(N, seed, counts, ["--overwrite"] if overwrite else []),
                          fault)
         event(f"certify {'overwrite ' if overwrite else ''}{'fault ' if fault else ''}-> {code}")
+        if fault is None and (overwrite or same):   # a valid command: whatever came before, it is accepted
+            assert code == 0, "a stop or a refusal before left a folder that a valid command is refused in"
 
     def reference(self, N, seed):
         """The uninterrupted run's lines at these settings, made once, in a folder of its own."""
@@ -581,9 +586,13 @@ class CommandSequences(RuleBasedStateMachine):
 
     @rule(sigma=st.sampled_from([0.25, 0.5]), resume=st.booleans(), fault=st.one_of(st.none(), st.integers(1, 30)))
     def train(self, sigma, resume, fault):
+        ckpt = os.path.join(self.dir, "run", machinery.CHECKPOINT)
+        same = os.path.isfile(ckpt) and model_weights(ckpt)[1] == sigma
         code = self.step(train_main, [*TRAIN, "--sigma", sigma, "--outdir", os.path.join(self.dir, "run"),
                                       *(["--resume"] if resume else [])], fault)
         event(f"train {'resume ' if resume else ''}{'fault ' if fault else ''}-> {code}")
+        if fault is None and resume and same:   # resuming the run there, with its settings: accepted
+            assert code == 0, "a stop or a refusal before left a run folder that --resume is refused in"
 
     def trained(self, sigma):
         """The uninterrupted 2-epoch run's weights after each epoch, made once, in a folder of its own."""
