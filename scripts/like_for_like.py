@@ -82,14 +82,12 @@ def betting_draws(pA, tau, alpha, reps, seed, n_max=BETTING_MAX, chunk=4096):
 def staged_draws(pA, tau, alpha, beta, stages=STAGES):
     """Exact mean draws per image of the staged Clopper-Pearson rule (fresh draws each stage)."""
     from scipy.stats import binom
-    from scipy.special import betaincinv
     s = len(stages)
     cost, go_on = np.zeros(len(pA)), np.ones(len(pA))
     for i, n in enumerate(stages):
         k = np.arange(n + 1)
         certify_k = common.clopper_pearson_lower(k, n, alpha / s) >= tau
-        upper = np.where(k < n, betaincinv(k + 1, n - k, 1 - beta / (s - 1)), 1.0)
-        give_up = upper < tau if i < s - 1 else np.zeros(n + 1, bool)
+        give_up = common.clopper_pearson_upper(k, n, beta / (s - 1)) < tau if i < s - 1 else np.zeros(n + 1, bool)
         c = int(np.argmax(certify_k)) if certify_k.any() else n + 1          # certify from c votes on
         g = int(np.flatnonzero(give_up).max()) if give_up.any() else -1      # give up at g votes or fewer
         stop = binom.sf(c - 1, n, pA) + (binom.cdf(g, n, pA) if g >= 0 else 0.0)
