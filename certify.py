@@ -93,8 +93,9 @@ DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
 EARLY_ABSTAIN_ALPHA = 0.001
-# --radii: the largest budget N_max (about 20,000 looks; planning stays within seconds)
-MAX_GRID_DRAWS = 10 ** 7
+# --radii: the largest budget N_max (5,232 looks; a prior's tables, with their exact rule-out levels, then take
+# 10-30 s on a CPU core, about 1 s at the paper's 100,000)
+MAX_GRID_DRAWS = 10 ** 6
 
 
 def build_parser(description=__doc__):
@@ -145,14 +146,15 @@ def build_parser(description=__doc__):
     p.add_argument("--radii", type=float, nargs="+", metavar="R", help="anytime-valid certification at these "
                    "radii (ADAPTIVE.md): per example the largest one certified, stopping as soon as it is decided; "
                    "--N is then the budget N_max. 0 (the smoothed prediction) is always a level, unless --no-zero-level")
-    p.add_argument("--beta", type=float, help="--radii: level of the upper bound that rules radii out and stops "
-                   "early (default 0.2, chosen by measurement: scripts/beta_curve.py; it only ever removes certificates)")
+    p.add_argument("--beta", type=float, help="--radii: the chance of ruling out a radius the example reaches, "
+                   "exact at its threshold (default 0.2, chosen by measurement: scripts/beta_curve.py; ruling out "
+                   "stops early and only ever removes certificates)")
     p.add_argument("--group", type=int, default=64, help="--radii: examples whose draws are packed into shared "
                    "forward passes (default 64); an example's noise does not depend on it (nor its line, unless batched "
                    "kernels round a vote differently)")
     p.add_argument("--no-final-look", dest="final_look", action="store_false", help="--radii: spend all of alpha "
-                   "on the confidence sequence, no Clopper-Pearson look at N_max (default: the sequence's exact spend, about "
-                   "half of alpha, and the rest on that look)")
+                   "on the confidence sequence, no Clopper-Pearson look at N_max (default: the sequence's exact spend per "
+                   "level, 0.5-0.85 of alpha, and the rest on that look)")
     p.add_argument("--no-zero-level", dest="zero_level", action="store_false", help="--radii: decide only the "
                    "listed radii, not r = 0 (whether the smoothed classifier predicts at all, which costs the most near "
                    "pA = 1/2): an example not certified at the smallest one gets predict -1, so the log gives certified "
@@ -255,13 +257,14 @@ def sampler_of(sound=None, early_abstain=None, candidate=None):
 # Anytime-valid certification at a grid of radii (GRID-CS, ADAPTIVE.md §2; Voráček 2024, Horváth et al. 2022)
 # ----------------------------------------------------------------------------------------------------------
 
-# --radii looks at 32 draws, then every 25 % more, at most 500 draws apart (216 looks up to 10^5). Chosen by
-# simulation (scripts/beta_curve.py's rule on results/grid_cpu's pA): against purely geometric looks (37) the
-# cap saves 6-9 % of the evaluations; the extra looks cost nothing in alpha beyond what grid_plan accounts.
-LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 32, 1.25, 500
+# --radii looks at 16 draws, then every 2 % more, at most 200 draws apart (732 looks up to 10^5): finer
+# looks stop closer to where the evidence suffices (every 25 % more cost 1.2-1.3x the draws of looking after each
+# one, results/grid_cpu/sigma0.5/draws_at_pA.md) and cost no evaluations, since an example's chunks are packed
+# with other examples' into full passes (--group); the looks cost nothing in alpha beyond what grid_plan accounts.
+LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 16, 1.02, 200
 # The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones
-# (older logs say "one-sided KT": the same tests with the KT prior for every example).
-GRID_TEST = "one-sided, prior from the selection votes"
+# (older logs say "one-sided KT" or "one-sided, prior from the selection votes": earlier rules).
+GRID_TEST = "one-sided, prior from the selection votes, looks every 2 %, exact beta and per-level final look"
 
 
 def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_GAP):
@@ -278,7 +281,7 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
 
 
 def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=1.0, one_sided=True,
-              selection_prior=True, zero_level=True):
+              selection_prior=True, zero_level=True, exact_beta=True, looks=None):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ... (no r_0 = 0
     with zero_level False: --no-zero-level), their thresholds tau_j = Phi(r_j / sigma), the check times
     (look_schedule) and, through prior_tables, the integer tables of the tests (common.grid_tables) with
@@ -287,7 +290,11 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=
     The tests. Level j is certified when the one-sided mixture against pA <= tau_j reaches 1 / alpha_seq and
     ruled out when the one against pA >= tau_j reaches 1 / beta (common.one_sided_log_wealth; one_sided=False:
     the two-sided wealth for both, the earlier two-sided rule, which needs 3-9 % more draws at pA 0.6 to 0.99
-    in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md).
+    in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md). Ruling out never makes a certificate wrong, it
+    only loses one; with exact_beta (the default) each level's rule-out is set at a wealth level whose exact
+    error is at most beta and near it (ruled_out_rows: P(level j ever ruled out | pA = tau_j) <= beta, exact),
+    not at Ville's 1 / beta, whose error the looks leave at 0.5-0.8 beta. looks: the check times (default
+    look_schedule(N_max)).
 
     The mixture's prior. With selection_prior (the default), an example whose candidate cA got k0 of the N0
     selection votes is tested with the prior Beta(k0 + 1/2, N0 - k0 + 1/2) (job_tables), the KT
@@ -303,9 +310,11 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=
     the sequence valid alone), but on this schedule of checks it spends less: common.crossing_probability gives
     the exact probability that it ever certifies level j when pA = tau_j (the worst case of a wrong certificate
     at r_j: crossing rises with pA, and a higher level is only crossed after this one, the tables being
-    monotone in j). The final Clopper-Pearson look at N_max gets the rest, alpha_fin = alpha - max_j spent_j,
-    separately for each prior. Guarantee, per example and whatever the stopping (early stops only end
-    sampling): P(certified radius wrong | selection) <= spent + alpha_fin = alpha. Without final_look there is
+    monotone in j). The final Clopper-Pearson look at N_max gets the rest, level by level: alpha_fin_j =
+    alpha - spent_j, separately for each prior (its thresholds made monotone in j, so that a final certificate
+    of r_j or more needs the bound at alpha_fin_j to reach tau_j). Guarantee, per example and whatever the
+    stopping (early stops only end sampling): when pA <= tau_j, P(certified radius >= r_j | selection) <=
+    spent_j + alpha_fin_j = alpha. Without final_look there is
     no final look (the sequence's Ville bound alone). seq_level 1 was chosen by simulation on results/grid_cpu's
     pA (scripts/beta_curve.py --seq-levels): lower levels leave more to the final look but stop later.
     beta defaults to DEFAULT_BETA, final_look to True (certify.py's defaults).
@@ -315,43 +324,71 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=
                                                                  f"and N_max >= 1 (got {alpha}, {beta}, {N_max})")
     radii = sorted({0.0, *map(float, radii)} if zero_level else set(map(float, radii)))
     common.check(len(radii) > 0, "--radii needs at least one radius")
-    checks = look_schedule(N_max)
+    checks = look_schedule(N_max) if looks is None else [int(t) for t in looks]
+    common.check(checks[-1] == N_max and all(np.diff(checks) > 0), "looks must rise and end at N_max")
     plan = dict(radii=radii, taus=ndtr(np.array(radii) / sigma), checks=checks,
                 position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=seq_level * alpha,
                 beta=beta, N_max=N_max, final_look=final_look, one_sided=one_sided,
-                selection_prior=selection_prior, cache={})
+                selection_prior=selection_prior, exact_beta=exact_beta, cache={})
     # the final look's thresholds at the whole alpha, the same for every prior (prior_tables' final_bound)
     plan["final_bound"] = common.final_thresholds(plan["taus"], N_max, alpha if final_look else 0.0)
     return dict(plan, **final_look_tables(plan, prior_tables(plan, common.KT_PRIOR)))
 
 
 def prior_tables(plan, prior):
-    """The tables of grid_plan's tests with the mixture Beta(prior), cached in the plan: lower, upper
-    (common.grid_tables), reach (votes needed beyond all-cA draws, suffix minima: curtailing) and final_bound
-    (the final look's thresholds at the whole alpha: curtailing on them never ends a run that could still be
-    certified). The exact accounting is final_look_tables's, done only when an example reaches the budget."""
+    """The tables of grid_plan's tests with the mixture Beta(prior), cached in the plan: lower (common.threshold_row),
+    upper (ruled_out_rows), reach (votes needed beyond all-cA draws: curtailing) and final_bound (the final look's
+    thresholds at the whole alpha: curtailing on them ends no run that could still be certified)."""
     key = (float(prior[0]), float(prior[1]))
     if key not in plan["cache"]:
-        checks = plan["checks"]
-        tables = common.grid_tables(plan["taus"], checks, plan["alpha_seq"], plan["beta"], 0.0, plan["N_max"],
-                                    plan["one_sided"], key)
-        slack = tables["lower"] - np.array(checks)
+        checks, level = plan["checks"], math.log(1 / plan["alpha_seq"])
+        lower = np.maximum.accumulate([common.threshold_row(tau, checks, level, +1, key, plan["one_sided"])
+                                       for tau in plan["taus"]], axis=0)
+        slack = lower - np.array(checks)
         reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]   # suffix minima: can level j still come?
-        plan["cache"][key] = dict(lower=tables["lower"], upper=tables["upper"], reach=reach,
+        plan["cache"][key] = dict(lower=lower, upper=ruled_out_rows(plan, key), reach=reach,
                                   final_bound=plan["final_bound"], prior=key)
     return plan["cache"][key]
 
 
+def ruled_out_rows(plan, prior):
+    """upper of prior_tables: level j is ruled out once A <= upper[j, i]. Row by row from the lowest (each at least
+    the one below), at a log wealth whose exact error P(ever ruled out | pA = tau_j) is at most beta and near it:
+    from Ville's log(1 / beta), secant steps on the log of the error (three at most, kept between the last level
+    within beta and the last above). Without exact_beta: Ville's level alone."""
+    checks, beta, floor, rows = np.array(plan["checks"]), plan["beta"], -1, []
+    for tau in plan["taus"]:
+        def tried(level):
+            row = np.maximum(floor, common.threshold_row(tau, checks, level, -1, prior, plan["one_sided"]))
+            error = common.crossing_probability(checks - row, checks, 1 - tau) if plan["exact_beta"] else 0.0
+            return level, row, error   # A <= row: t - A >= t - row
+        good, bad, slope = tried(math.log(1 / beta) if beta > 0 else math.inf), None, -1.0
+        for _ in range(3 if 0 < good[2] < beta else 0):
+            if good[2] > 0.9 * beta:
+                break
+            level = good[0] + math.log(0.98 * beta / good[2]) / slope
+            new = tried(level if bad is None or bad[0] < level else (bad[0] + good[0]) / 2)
+            slope = min(math.log(max(new[2], 1e-300) / good[2]) / (new[0] - good[0]), -0.05)
+            good, bad = (new, bad) if new[2] <= beta else (good, new)
+        floor = good[1]
+        rows.append(floor)
+    return np.array(rows)
+
+
 def final_look_tables(plan, tables):
-    """Adds the exact alpha accounting to prior_tables's tables, once (grid_plan): spent (the sequence's error at
-    pA = tau_j, worst level), alpha_fin = alpha - spent (0 without final_look) and final, its look's thresholds."""
+    """Adds the exact alpha accounting to prior_tables's tables, once (grid_plan): spent_levels (the sequence's
+    error at pA = tau_j, per level), alpha_fin_levels = alpha - spent_j (0 without final_look), final (its
+    look's thresholds, monotone in j), and spent / alpha_fin, the largest and smallest of them."""
     if "final" not in tables:
         alpha, checks = plan["alpha"], plan["checks"]
-        spent = max(common.crossing_probability(tables["lower"][j], checks, tau) for j, tau in enumerate(plan["taus"]))
-        common.check(spent <= alpha, f"the sequence at {plan['alpha_seq'] / alpha:g} alpha spends {spent:.3g} > alpha")
-        alpha_fin = max(alpha - spent, 0.0) if plan["final_look"] else 0.0
-        tables.update(spent=spent, alpha_fin=alpha_fin,
-                      final=common.final_thresholds(plan["taus"], plan["N_max"], alpha_fin))
+        spent = np.array([common.crossing_probability(tables["lower"][j], checks, tau)
+                          for j, tau in enumerate(plan["taus"])])
+        common.check(spent.max() <= alpha, f"the sequence at {plan['alpha_seq'] / alpha:g} alpha spends "
+                                           f"{spent.max():.3g} > alpha")
+        alpha_fin = np.maximum(alpha - spent, 0.0) if plan["final_look"] else np.zeros(len(spent))
+        final = np.maximum.accumulate(common.final_thresholds(plan["taus"], plan["N_max"], alpha_fin))
+        tables.update(spent_levels=spent, alpha_fin_levels=alpha_fin, final=final, spent=float(spent.max()),
+                      alpha_fin=float(alpha_fin.min()))
     return tables
 
 
@@ -365,11 +402,11 @@ def job_tables(plan, k0, N0):
 
 def decided_levels(tables, A, i, final=False):
     """(highest certified level, highest level not ruled out) after check i with A votes (-1: none), from a
-    plan's tables (prior_tables)."""
-    certified = np.flatnonzero(A >= tables["lower"][:, i])
+    plan's tables (prior_tables; every column non-decreasing in j, so each answer is a count)."""
+    certified = int(np.searchsorted(tables["lower"][:, i], A, side="right"))
     if final:
-        certified = np.union1d(certified, np.flatnonzero(A >= tables["final"]))
-    return (int(certified.max()) if len(certified) else -1), int(np.sum(A > tables["upper"][:, i])) - 1
+        certified = max(certified, int(np.searchsorted(tables["final"], A, side="right")))
+    return certified - 1, int(np.searchsorted(tables["upper"][:, i], A, side="left")) - 1
 
 
 def grid_certify(model, x, sigma, N0, batch, num_classes, generator=None, plan=None, copies=common.gaussian_copies,
@@ -394,9 +431,22 @@ class GridJob:
         self.counts = np.zeros(num_classes + 1, np.int64)    # + a column of failed sound draws
         self.jL, self.jU, self.stop, self.done = -1, len(plan["radii"]) - 1, "budget", False
 
-    def draw(self, sigma, copies):
-        """The noisy inputs of the next chunk (k, C, H, W), from this example's generator, and which failed."""
-        return copies(self.x.unsqueeze(0), self.chunks[self.next][1], sigma, self.generator)
+    def ahead(self, room):
+        """The sizes of the chunks to draw in this pass, within room: the next, then more while no votes they could
+        bring end the example at a look between them, so that the looks after the pass give what one pass each would."""
+        plan, tables, nxt, A = self.plan, self.tables, self.jL + 1, int(self.counts[self.cA or 0])
+        sizes, end = [], self.next
+        while end < len(self.chunks) and sum(sizes) + self.chunks[end][1] <= room:
+            (i, k), end = self.chunks[end], end + 1
+            sizes.append(k)
+            if end == len(self.chunks) or self.chunks[end][0] == i:   # no look after this chunk
+                continue
+            t = plan["checks"][i] if i != "select" else 0
+            if i == "select" or i == len(plan["checks"]) - 1 or A + t - self.drawn >= tables["lower"][nxt, i] or \
+                    A <= tables["upper"][nxt, i] or (A - t < tables["reach"][nxt, i] and
+                                                     A + plan["N_max"] - t < tables["final_bound"][nxt]):
+                break
+        return sizes
 
     def add(self, votes):
         """Count one chunk's votes (class indices; num_classes for a failed draw), then look if it ends a gap."""
@@ -431,14 +481,21 @@ class GridJob:
             self.stop, self.done = "curtailed", True
 
     def result(self):
-        plan, tables, A, T = self.plan, self.tables, int(self.counts[self.cA]), self.drawn
-        L, U = common.kt_interval(A, T, plan["alpha_seq"], plan["beta"], tables["prior"])
-        if T == plan["N_max"] and tables["alpha_fin"] > 0:
-            L = max(L, float(common.clopper_pearson_lower(A, T, tables["alpha_fin"])))
-        jL = self.jL
-        return {"predict": self.cA if jL >= 0 else -1, "radius": plan["radii"][jL] if jL >= 0 else 0.0, "nA": A,
-                "N": T, "pA_lower": L, "pA_upper": U, "stop": self.stop, "counts": self.counts[:-1].tolist(),
-                "pA_certified": float(plan["taus"][jL]) if jL >= 0 else 0.0}
+        jL, plan = self.jL, self.plan
+        return {"predict": self.cA if jL >= 0 else -1, "radius": plan["radii"][jL] if jL >= 0 else 0.0,
+                "nA": int(self.counts[self.cA]), "N": self.drawn, "stop": self.stop, "prior": self.tables["prior"],
+                "counts": self.counts[:-1].tolist(), "pA_certified": float(plan["taus"][jL]) if jL >= 0 else 0.0}
+
+
+def grid_interval(out, plan):
+    """(pA_lower, pA_upper) of a grid_certify_many result, the log's estimate of pA: the betting interval of its
+    count with its test's prior (alpha_seq below, beta above), the lower end raised to the final look's
+    Clopper-Pearson bound where it ran to N_max. Its pA_certified, not this, is what the radius rests on."""
+    L, U = common.kt_interval(out["nA"], out["N"], plan["alpha_seq"], plan["beta"], out["prior"])
+    tables = final_look_tables(plan, prior_tables(plan, out["prior"])) if out["N"] == plan["N_max"] else {}
+    if tables.get("alpha_fin", 0) > 0:
+        L = max(L, float(common.clopper_pearson_lower(out["nA"], out["N"], tables["alpha_fin"])))
+    return L, U
 
 
 def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=common.gaussian_copies):
@@ -450,19 +507,17 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=
     be reached (curtailed) or at N_max (budget; the final Clopper-Pearson look too). Per example, whatever
     the stopping or packing, the certified radius is wrong with probability at most alpha (grid_plan).
     Returns per item: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (draws made), stop,
-    counts, pA_certified = Phi(r_jL / sigma) (the bound certified; 0 if none), pA_lower, pA_upper: the
-    betting interval (alpha_seq + alpha_fin below, beta above; an estimate: r_jL may exceed its radius). copies: the
-    noise (common.gaussian_copies, or common.sound_copies). The model runs in eval mode, handed back as it came.
-    """
+    prior (of its tests), counts, pA_certified = Phi(r_jL / sigma) (the bound certified; 0 if none). copies:
+    the noise (common.gaussian_copies, or common.sound_copies). The model runs in eval mode, handed back as it
+    came. The log's interval: grid_interval."""
     jobs = [GridJob(x, g, c, N0, batch, num_classes, plan) for x, g, c in items]
     active = list(jobs)
     with torch.inference_mode(), common.eval_mode(model):
         while active:
             room, taken, inputs, failures = batch, [], [], []
-            for job in active:   # one chunk per example per pass: its next look may depend on this one
-                k = job.chunks[job.next][1]
-                if k <= room:
-                    noisy, failed = job.draw(sigma, copies)
+            for job in active:   # each chunk drawn on its own: an example's noise does not depend on the packing
+                for k in job.ahead(room):
+                    noisy, failed = copies(job.x.unsqueeze(0), k, sigma, job.generator)
                     taken.append((job, k))
                     inputs.append(noisy)
                     failures.append(failed)
@@ -477,7 +532,7 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=
             common.check(bool((pred >= 0).all()), f"the model gave non-finite outputs on noisy inputs (sigma {sigma}); "
                                                    f"no certificate from them: lower --sigma, or use fp32 (--precision)")
             start = 0
-            for job, k in taken:
+            for job, k in taken:   # chunk by chunk, in order: every look as if each chunk had its own pass
                 job.add(pred[start:start + k])
                 start += k
             active = [job for job in active if not job.done]
@@ -533,6 +588,7 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
     elif plan is not None:
         copies = common.sound_copies(sound) if sound else common.gaussian_copies
         out = grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, copies, candidate)
+        out["pA_lower"], out["pA_upper"] = grid_interval(out, plan)
     else:
         sample = sampler_of(sound, early_abstain, candidate)
         out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, sample, candidate)
@@ -771,7 +827,7 @@ def check_args(args):
         common.check(all(r >= 0 for r in args.radii), f"--radii must be >= 0 (got {args.radii})")
         common.check(args.N <= MAX_GRID_DRAWS, f"--radii: --N (the budget N_max) must be at most "
                                                f"{MAX_GRID_DRAWS:,} (got {args.N:,}): beyond, the tables of its looks "
-                                               f"take minutes to plan")
+                                               f"take minutes per selection count to plan")
     common.check(args.zero_level or args.radii is not None, "--no-zero-level goes with --radii")
     common.check(args.beta is None or (args.radii is not None and 0 <= args.beta < 1),
                  "--beta goes with --radii and must lie in [0, 1)")
@@ -1045,6 +1101,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
             for i, (_, y), res in zip(grp, examples, outs):
                 if i in done:
                     continue
+                res["pA_lower"], res["pA_upper"] = grid_interval(res, plan)
                 if counts_out is not None:
                     print("\t".join(map(str, [i] + res["counts"])), file=counts_out, flush=True)
                 print(format_line(res, i, int(y), seconds, columns), file=out, flush=True)

@@ -757,46 +757,45 @@ def first_true(lo, hi, ok):
     return lo
 
 
+def threshold_row(tau, checks, level, side, prior=KT_PRIOR, one_sided=True):
+    """Per check t of `checks`: side +1, the smallest A with A / t > tau whose log wealth against pA <= tau
+    reaches `level` (t + 1: none); side -1, the largest A with A / t < tau whose log wealth against pA >= tau
+    reaches it (-1: none). Wealth: one_sided_log_wealth with `prior` (one_sided=False: kt_log_wealth)."""
+    t = np.asarray(checks, dtype=np.int64)
+
+    def reached(A):
+        w = one_sided_log_wealth(A, t, tau, side, prior) if one_sided else kt_log_wealth(A, t, tau, prior)
+        return w >= level
+    if side > 0:
+        return first_true(np.floor(t * tau).astype(np.int64) + 1, t, reached)
+    return first_true(np.zeros_like(t), np.ceil(t * tau).astype(np.int64) - 1, lambda A: ~reached(A)) - 1
+
+
 def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True, prior=KT_PRIOR):
     """Integer thresholds of GRID-CS (ADAPTIVE.md §2) per tau_j = Phi(r_j / sigma) and check t = checks[i]:
     level j is certified once A >= lower[j, i] (A / t > tau_j and log W+_t(tau_j) >= log(1 / alpha_seq)) and
     ruled out once A <= upper[j, i] (A / t < tau_j and log W-_t(tau_j) >= log(1 / beta)); unreachable: t + 1,
-    -1. W+-: one_sided_log_wealth with `prior` (one_sided=False: the two-sided wealth). Both made
-    non-decreasing over j (only removes certificates). Returns int64 lower, upper (k, len(checks)) and final
-    (final_thresholds at alpha_fin)."""
-    t = np.asarray(checks, dtype=np.int64)
+    -1 (threshold_row). Both made non-decreasing over j (only removes certificates). Returns int64 lower, upper
+    (k, len(checks)) and final (final_thresholds at alpha_fin)."""
     level_seq = math.log(1 / alpha_seq) if alpha_seq > 0 else math.inf
     level_beta = math.log(1 / beta) if beta > 0 else math.inf
-
-    def wealth(A, tau, side):
-        return one_sided_log_wealth(A, t, tau, side, prior) if one_sided else kt_log_wealth(A, t, tau, prior)
-    lower, upper = np.zeros((len(taus), len(t)), np.int64), np.zeros((len(taus), len(t)), np.int64)
-    for j, tau in enumerate(taus):
-        above = np.floor(t * tau).astype(np.int64) + 1                 # the smallest A with A / t > tau
-        lower[j] = first_true(above, t, lambda A: wealth(A, tau, +1) >= level_seq)
-        below = np.ceil(t * tau).astype(np.int64) - 1                  # the largest A with A / t < tau
-        upper[j] = first_true(np.zeros_like(t), below, lambda A: ~(wealth(A, tau, -1) >= level_beta)) - 1
+    lower = [threshold_row(tau, checks, level_seq, +1, prior, one_sided) for tau in taus]
+    upper = [threshold_row(tau, checks, level_beta, -1, prior, one_sided) for tau in taus]
     lower, upper = np.maximum.accumulate(lower, axis=0), np.maximum.accumulate(upper, axis=0)
     return {"lower": lower, "upper": upper, "final": final_thresholds(taus, N_max, alpha_fin)}
 
 
 def final_thresholds(taus, N_max, alpha_fin):
-    """final[j] of grid_tables: the smallest A whose Clopper-Pearson bound at alpha_fin over N_max draws exceeds
-    tau_j (>= for j > 0; > 1/2 for tau_0 = 1/2), N_max + 1 if none or if alpha_fin = 0 (no final look)."""
-    final = np.full(len(taus), N_max + 1, np.int64)
-    if alpha_fin <= 0:
-        return final
-    for j, tau in enumerate(taus):
-        lo, hi = 0, N_max
-        while lo <= hi:   # binary search: the bound rises with A
-            mid = (lo + hi) // 2
-            bound = clopper_pearson_lower(mid, N_max, alpha_fin)
-            if bound > tau or (j > 0 and bound >= tau):   # r = 0: > 1/2, as CERTIFY's prediction
-                hi = mid - 1
-            else:
-                lo = mid + 1
-        final[j] = lo
-    return final
+    """final[j] of grid_tables: the smallest A whose Clopper-Pearson bound at alpha_fin (one level, or one per
+    tau) over N_max draws exceeds tau_j (>= for j > 0; > 1/2 for tau_0 = 1/2, as CERTIFY's prediction),
+    N_max + 1 if none or at alpha_fin = 0 (no final look)."""
+    taus = np.asarray(taus, dtype=float)
+    alphas, strict = np.broadcast_to(alpha_fin, taus.shape), np.arange(len(taus)) == 0
+
+    def certifies(A):
+        bound = clopper_pearson_lower(A, N_max, alphas)
+        return (bound > taus) | (~strict & (bound >= taus))
+    return first_true(np.zeros(len(taus)), np.full(len(taus), N_max), certifies)
 
 
 def crossing_probability(lower, checks, p, drop=1e-15):
@@ -807,19 +806,18 @@ def crossing_probability(lower, checks, p, drop=1e-15):
     from scipy.signal import fftconvolve
     from scipy.stats import binom
     dist, offset, previous, crossed = np.ones(1), 0, 0, 0.0   # dist[k]: P(A = offset + k, not crossed)
+    sizes = np.unique(np.diff(checks, prepend=0)).astype(np.int64)
     steps = {}                                                 # n -> (first count kept, its pmf, mass cut off)
+    for n, pmf in zip(sizes, binom.pmf(np.arange(sizes.max() + 1), sizes[:, None], p)):   # one call for all
+        keep = np.flatnonzero(pmf > 1e-20)
+        lo, hi = (int(keep[0]), int(keep[-1])) if len(keep) else (0, 0)
+        steps[int(n)] = (lo, pmf[lo:hi + 1], float(pmf[:lo].sum() + pmf[hi + 1:].sum()))
     for t, threshold in zip(checks, lower):
-        n = int(t - previous)
-        if n not in steps:
-            pmf = binom.pmf(np.arange(n + 1), n, p)
-            keep = np.flatnonzero(pmf > 1e-20)
-            lo, hi = (int(keep[0]), int(keep[-1])) if len(keep) else (0, 0)
-            steps[n] = (lo, pmf[lo:hi + 1], float(pmf[:lo].sum() + pmf[hi + 1:].sum()))
-        lo, step, cut_off = steps[n]
+        lo, step, cut_off = steps[int(t - previous)]
         dist = np.clip(fftconvolve(dist, step), 0.0, None) if len(dist) * len(step) > 200_000 else \
             np.convolve(dist, step)
         offset, crossed = offset + lo, crossed + cut_off
-        cut = int(np.searchsorted(np.cumsum(dist), drop, side="right"))   # leading entries of mass <= drop
+        cut = int(np.searchsorted(np.cumsum(dist), drop, side="right")) if dist[0] <= drop else 0   # mass <= drop
         if cut:
             crossed += float(dist[:cut].sum())
             dist, offset = dist[cut:], offset + cut

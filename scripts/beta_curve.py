@@ -96,34 +96,78 @@ def previous_plan(radii, sigma, N, batch, alpha):
 
 
 def draws_at(pAs, radii, sigma, N, N0, batch, alpha, reps, seed):
-    """Mean estimation draws per example at each true pA: the per-pass, two-sided and one-sided KT rules against the selection-prior rule."""
+    """Mean estimation draws per example at each true pA: the earlier rules (per-pass; two-sided, one-sided KT and
+    selection-prior on looks every 25 %) against the current rule and the oracle."""
+    old = dict(looks=certify.look_schedule(N, 32, 1.25, 500), exact_beta=False)   # the earlier rules' looks
+    beta = certify.DEFAULT_BETA
     plans = {"per-pass": previous_plan(radii, sigma, N, batch, alpha),
-             "two-sided": certify.grid_plan(radii, sigma, N, alpha, certify.DEFAULT_BETA, True,
-                                            one_sided=False, selection_prior=False),
-             "one-sided KT": certify.grid_plan(radii, sigma, N, alpha, certify.DEFAULT_BETA, True,
-                                             selection_prior=False),
-             "now": certify.grid_plan(radii, sigma, N, alpha, certify.DEFAULT_BETA, True)}
+             "two-sided": certify.grid_plan(radii, sigma, N, alpha, beta, True, one_sided=False,
+                                            selection_prior=False, **old),
+             "one-sided KT": certify.grid_plan(radii, sigma, N, alpha, beta, True, selection_prior=False, **old),
+             "selection prior": certify.grid_plan(radii, sigma, N, alpha, beta, True, **old),
+             "now": certify.grid_plan(radii, sigma, N, alpha, beta, True)}
     from scipy.stats import norm
     import bench
     thresholds = norm.cdf(np.array(plans["now"]["radii"]) / sigma)
     rows = [(p, *[simulate(plan, np.array([p]), np.array([True]), reps, seed, N0)[0] for plan in plans.values()],
-             bench.oracle_draws([p], thresholds, alpha, certify.DEFAULT_BETA, N, runs=reps, seed=seed)[0][0])
+             bench.oracle_draws([p], thresholds, alpha, beta, N, runs=reps, seed=seed)[0][0])
             for p in pAs]
     return (f"Estimation draws per example (the N0 = {N0} selection draws not included) of --radii "
-            f"{' '.join(f'{r:g}' for r in radii)} at sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, {reps} simulated "
-            f"runs per pA. The per-pass rule: a look per pass of {batch}, beta = alpha, the two-sided KT sequence at "
-            f"alpha / 10 and 0.9 alpha on the final look. The two-sided rule: looks from 32 draws growing by 25 %, at most "
-            f"500 apart, beta = {certify.DEFAULT_BETA:g}, the two-sided KT sequence at alpha with exact accounting. "
-            f"The one-sided KT rule: the same with one-sided tests. The selection-prior rule: the one-sided tests with the prior from the "
-            f"selection votes ({certify.GRID_TEST}; each run selects its candidate as the argmax of N0 votes, "
-            f"pA against a second class of 1 - pA, and its count k0 sets the prior). The oracle: Wald's SPRTs at the known pA, "
-            f"a look after every draw, at alpha and beta = {certify.DEFAULT_BETA:g} (bench.oracle_draws): no test "
-            f"with that error and power spends fewer draws on average.\n\n"
-            "| pA | per-pass | two-sided | one-sided KT | selection prior | oracle | selection prior / oracle | "
-            "x fewer than per-pass | x fewer than one-sided KT |\n"
-            "|---|---|---|---|---|---|---|---|---|\n" +
-            "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {d:,.0f} | {o:,.0f} | {d / o:.2f} | {a / d:.2f} | "
-                    f"{c / d:.2f} |\n" for p, a, b, c, d, o in rows))
+            f"{' '.join(f'{r:g}' for r in radii)} at sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, beta {beta:g}, "
+            f"{reps} simulated runs per pA; each run selects its candidate as the argmax of N0 votes (pA against a "
+            f"second class of 1 - pA). Earlier rules: the per-pass rule (a look per pass of {batch}, beta = alpha, "
+            f"the two-sided KT sequence at alpha / 10 and 0.9 alpha on the final look); on looks from 32 draws "
+            f"growing by 25 % (at most 500 apart), rule-outs at Ville's level 1 / beta and exact accounting: the "
+            f"two-sided rule (the two-sided KT sequence at alpha), the one-sided KT rule (one-sided tests) and the "
+            f"selection-prior rule (the one-sided tests mixed over the posterior of the selection votes: the count "
+            f"k0 of the candidate sets the prior). The current rule ({certify.GRID_TEST}): the selection-prior "
+            f"tests on looks from {certify.LOOK_FIRST} draws growing by {100 * (certify.LOOK_GROWTH - 1):g} % (at "
+            f"most {certify.LOOK_MAX_GAP} apart), each rule-out at the level whose exact error is beta. The oracle: "
+            f"Wald's SPRTs at the known pA, a look after every draw, at alpha and beta (bench.oracle_draws): no "
+            f"test with that error and power spends fewer draws on average.\n\n"
+            "| pA | per-pass | two-sided | one-sided KT | selection prior | current | oracle | current / oracle | "
+            "selection prior / oracle | x fewer than selection prior |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n" +
+            "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {d:,.0f} | {e:,.0f} | {o:,.0f} | {e / o:.2f} | "
+                    f"{d / o:.2f} | {d / e:.2f} |\n" for p, a, b, c, d, e, o in rows))
+
+
+def savings(args):
+    """Mean model evaluations per example of the grid, one radius and r = 0.5 alone (the arms of bench.py g),
+    earlier and current rule, simulated on the log's pA, with the saving against CERTIFY and the oracle's ratio."""
+    import bench
+    log = common.read_certification_log(args.log)
+    sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
+    pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
+    old = dict(looks=certify.look_schedule(args.N, 32, 1.25, 500), exact_beta=False)
+    arms = {"grid": dict(radii=args.radii), "single radius 0.5": dict(radii=[0.5]),
+            "r = 0.5 alone": dict(radii=[0.5], zero_level=False)}
+    lines = []
+    for name, arm in arms.items():
+        row, accuracy = [], []
+        for looks in (old, {}):
+            plan = certify.grid_plan(arm["radii"], sigma, args.N, args.alpha, certify.DEFAULT_BETA, True,
+                                     zero_level=arm.get("zero_level", True), **looks)
+            draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
+            row += [args.N0 + draws, (args.N0 + args.N) / (args.N0 + draws)]
+            accuracy.append(100 * np.array(acc))
+        oracle = bench.oracle_draws(pA, plan["taus"], args.alpha, certify.DEFAULT_BETA, args.N, runs=args.reps,
+                                    seed=args.seed)[0].mean()
+        change = accuracy[1] - accuracy[0]
+        lines.append(f"| {name} | {row[0]:,.0f} | {row[1]:.1f}x | {(row[0] - args.N0) / oracle:.2f} | "
+                     f"{row[2]:,.0f} | **{row[3]:.1f}x** | {(row[2] - args.N0) / oracle:.2f} | "
+                     f"{change[np.argmax(abs(change))]:+.2f} |\n")
+    return (f"Simulated on the {len(pA)} examples of {args.log} (each example's pA: the log's nA / N, taken as the "
+            f"truth; {args.reps} runs an example, each selecting its candidate from N0 = {args.N0} votes): mean model "
+            f"evaluations per example (N0 included), how many times fewer than CERTIFY at N = {args.N:,} "
+            f"(N0 + N = {args.N0 + args.N:,}), and the estimation draws over the oracle's (bench.oracle_draws, Wald's "
+            f"SPRTs at each pA, a look after every draw; {args.reps} runs an example). sigma {sigma:g}, N_max "
+            f"{args.N:,}, alpha {args.alpha:g}, beta {certify.DEFAULT_BETA:g}; the grid: --radii "
+            f"{' '.join(f'{r:g}' for r in args.radii)}; the earlier rule: the selection-prior tests on looks every "
+            f"25 % (at most 500 apart), rule-outs at Ville's level; the current rule: {certify.GRID_TEST}.\n\n"
+            "| arm | earlier rule: evaluations | saving | x the oracle | current rule: evaluations | saving | "
+            "x the oracle | certified accuracy, current - earlier (points, the radius where it differs most) |\n"
+            "|---|---|---|---|---|---|---|---|\n" + "".join(lines))
 
 
 def seq_levels(args):
@@ -169,9 +213,17 @@ def main(argv=None):
                    "F x alpha for each F (certify.grid_plan's seq_level; the final look gets what it leaves), at the "
                    "default beta (--out: seq_level.md)")
     p.add_argument("--at-pA", type=float, nargs="+", metavar="P", help="instead: mean draws at these true pA, the "
-                   "per-pass, two-sided and one-sided KT rules against the selection-prior rule (the log is then "
+                   "earlier rules against the current one and the oracle (the log is then "
                    "unused but for its sigma; --out: draws_at_pA.md)")
+    p.add_argument("--savings", action="store_true", help="instead: the arms of bench.py g (the grid, one radius "
+                   "0.5, r = 0.5 alone), earlier and current rule, simulated on the log's pA (--out: savings.md)")
     args = p.parse_args(argv)
+    if args.savings:
+        md = savings(args)
+        print(md)
+        if args.out:
+            machinery.write_text_output(os.path.join(args.out, "savings.md"), "beta curve", md)
+        return
     if args.at_pA:
         common.check(all(0 <= q <= 1 for q in args.at_pA), "--at-pA values must lie in [0, 1]")
         sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
