@@ -215,9 +215,8 @@ def test_false_certificate_rate_at_the_worst_case_stays_within_alpha():
     w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
     model = Halfspace(w, b)
     plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True, exact_beta=False)   # no rule-out errs
-    runs = 300
     for r in (0.25, 0.5):
-        for d in (r, r - 0.02 * sigma):                                   # exactly at, and just below, r
+        for d, runs in ((r, 300), (r - 0.02 * sigma, 128)):               # exactly at, and just below, r
             x = point_at(w, b, d)   # packed 64 a group: each run gets the result it gets alone (the packing test)
             outs = [o for g in range(0, runs, 64) for o in certify.grid_certify_many(
                 model, [(x, common.example_generator(7, k), None) for k in range(g, min(g + 64, runs))], sigma,
@@ -547,7 +546,7 @@ def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws()
     assert abs(real_draws.mean() - draws) < 4 * real_draws.std() / math.sqrt(200) + 1
     # and the point of that prior: fewer draws than KT's at every pA where there is something to decide
     kt = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True, selection_prior=False)
-    for pA in (0.6, 0.8, 0.9, 0.99):
+    for pA in (0.6, 0.8, 0.99):
         informed = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 1000, 2, N0=100)[0]
         kt_draws = beta_curve.simulate(kt, np.array([pA]), np.array([True]), 1000, 2, N0=100)[0]
         assert informed < (0.95 if pA < 0.99 else 1.0) * kt_draws, pA   # 0.99: only r = 0.75 (0.93), quick
@@ -584,7 +583,7 @@ def test_false_certificate_rate_with_packing_stays_within_alpha():
     w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
     model = Halfspace(w, b)
     plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True, exact_beta=False)   # no rule-out errs
-    runs = 400
+    runs = 240
     for r in (0.25, 0.5):
         x = point_at(w, b, r)[0]
         outs = []
@@ -647,9 +646,9 @@ def test_the_oracle_sprt_matches_walds_identity_and_the_rule_never_beats_it():
     sigma, radii = 0.5, [0.25, 0.5, 0.75]
     plan = certify.grid_plan(radii, sigma, 20_000, 0.001, 0.2, True)
     thresholds = norm.cdf(np.array(plan["radii"]) / sigma)
-    for pA in (0.3, 0.6, 0.8, 0.9, 0.99, 1.0):
+    for pA in (0.3, 0.6, 0.8, 0.99, 1.0):
         oracle = bench.oracle_draws([pA], thresholds, 0.001, 0.2, 20_000, runs=400)[0][0]
-        for N0 in (0, 100):   # KT's prior (label mode), and the selection votes' (the oracle knows pA anyway)
+        for N0 in (0, 100) if pA in (0.6, 0.8, 0.99) else (0,):   # KT's prior (label mode); the selection votes'
             draws, _ = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 400, 0, N0)
             assert draws >= oracle * 0.97, (pA, N0, draws, oracle)
             assert N0 == 0 or draws <= 1.25 * oracle, (pA, draws, oracle)   # and, with the selection votes, close
