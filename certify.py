@@ -88,7 +88,7 @@ SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last"
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
 # removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, docs/certification.md):
 # at 0.2, 21 % fewer evaluations than at beta = alpha for 0.04-0.06 points of certified accuracy (4-6 of 10,000
-# runs; the curve of the selection-prior rule).
+# runs; the earlier rule's curve: exact rule-outs cost at most 0.25 points more, results/grid_cpu/rerun).
 DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
@@ -284,7 +284,7 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=
               selection_prior=True, zero_level=True, exact_beta=True, looks=None):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ... (no r_0 = 0
     with zero_level False: --no-zero-level), their thresholds tau_j = Phi(r_j / sigma), the check times
-    (look_schedule) and, through prior_tables, the integer tables of the tests (common.grid_tables) with
+    (look_schedule) and, through prior_tables, the integer tables of the tests (common.threshold_row) with
     their exact alpha accounting.
 
     The tests. Level j is certified when the one-sided mixture against pA <= tau_j reaches 1 / alpha_seq and

@@ -545,7 +545,10 @@ def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws()
     real_draws = np.array([o["N"] for o in real], dtype=float)
     assert abs(real_draws.mean() - draws) < 4 * real_draws.std() / math.sqrt(200) + 1
     # and the point of that prior: fewer draws than KT's at every pA where there is something to decide
-    kt = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True, selection_prior=False)
+    # (rule-outs at Ville's level in both: the prior's effect, without the exact levels' cost)
+    plan = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True, exact_beta=False)
+    kt = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True, selection_prior=False,
+                           exact_beta=False)
     for pA in (0.6, 0.8, 0.99):
         informed = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 1000, 2, N0=100)[0]
         kt_draws = beta_curve.simulate(kt, np.array([pA]), np.array([True]), 1000, 2, N0=100)[0]
@@ -674,7 +677,7 @@ def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp
             bench.grid_from_logs([str(tmp_path / "certify_N100000.tsv"), str(tmp_path / "grid.tsv")])
 
 
-def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tmp_path):
+def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tmp_path, monkeypatch):
     """scripts/grid_validity.py (the long benchmark, here with 3,000 runs a level and no pipeline part): the
     exact error of every level is within alpha and the simulated rates agree with it, at alpha = 0.001 the
     exact spend is alpha and no more, and the negative control, a Clopper-Pearson test repeated at every look,
@@ -684,6 +687,8 @@ def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tm
     grid_validity = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grid_validity)
     out = tmp_path / "report.md"
+    real = certify.grid_plan   # rule-outs at Ville's level: they enter no certificate, and cost no exact levels
+    monkeypatch.setattr(certify, "grid_plan", lambda *a, **k: real(*a, **{"exact_beta": False, **k}))
     assert grid_validity.main(["--out", str(out), "--trials", "3000", "--pipeline-trials", "0",
                                "--alphas", "0.05", "--priors", "0", "57", "100"]) == 0
     text = out.read_text()
