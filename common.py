@@ -968,8 +968,8 @@ def grid_levels(x, levels=GRID_LEVELS):
     inputs on the grid (ToTensor of 8-bit images; our datasets)."""
     scaled = x.double() * levels
     a = scaled.round()
-    check(bool((scaled - a).abs().max() < 1e-3) and bool(a.min() >= 0) and bool(a.max() <= levels),
-          f"--sound needs inputs on the grid x = a / {levels}, a in 0..{levels} (this input is not)")
+    on_grid = ((scaled - a).abs().max() < 1e-3) & (a.min() >= 0) & (a.max() <= levels)   # one host sync, not three
+    check(bool(on_grid), f"--sound needs inputs on the grid x = a / {levels}, a in 0..{levels} (this input is not)")
     return a.to(torch.int32)
 
 
@@ -1025,18 +1025,6 @@ class InPrecision(nn.Module):
 def in_precision(model, precision):
     """model as it is for fp32, else InPrecision(model, precision)."""
     return model if precision == "fp32" else InPrecision(model, precision)
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 # ----------------------------------------------------------------------------------------------------------

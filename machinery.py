@@ -1365,7 +1365,7 @@ def _set_rng_state(state):
     numpy_state = state["numpy"]
     if isinstance(numpy_state, dict):   # ours since checkpoints hold tensors only; before: numpy's legacy tuple
         numpy_state = dict(numpy_state, state=dict(numpy_state["state"],
-                                                   key=numpy_state["state"]["key"].numpy().astype(np.uint32)))
+                                                   key=numpy_state["state"]["key"].cpu().numpy().astype(np.uint32)))
     np.random.set_state(numpy_state)
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
@@ -1453,7 +1453,9 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
         check_run_outputs(outdir)
         return 0, {}
     common.check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
-    ckpt = load_checkpoint(path, next(model.parameters()).device, trust)
+    # On the CPU: load_state_dict copies weights and optimizer state to the model's device; the rest (generator
+    # states, a method's kept indices) is host data, whatever device the run was saved from.
+    ckpt = load_checkpoint(path, "cpu", trust)
     missing = [k for k in ("epoch", "optimizer", "scheduler") if k not in ckpt]
     common.check(not missing, f"--resume: {path!r} lacks {', '.join(missing)} (not a checkpoint of a training run "
                        f"of ours); start a new run in another --outdir")

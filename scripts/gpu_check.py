@@ -45,6 +45,9 @@ def parse_args():
     p.add_argument("--device", help="default: cuda when available")
     p.add_argument("--no-tests", action="store_true", help="skip the CUDA tests (part 1)")
     p.add_argument("--images", type=int, help="certified inputs per variant (default 3; --smoke 1)")
+    p.add_argument("--batch", type=int, default=bench.BATCH, help="noisy CIFAR-10 inputs per forward pass in part 2 "
+                                                                  "(default: certify.py's, 1000; ImageNet: 250)")
+    p.add_argument("--no-training", action="store_true", help="skip the training throughput (part 3)")
     return p.parse_args()
 
 
@@ -76,7 +79,7 @@ def seconds_per_image(fn, images, device, warmup=True):
     return (time.perf_counter() - start) / images
 
 
-def certification(arch, dataset, N, images, test_size, device, use_compile=True, warmup=True):
+def certification(arch, dataset, N, images, test_size, device, use_compile=True, warmup=True, batch=bench.BATCH):
     """Part 2 for one model: {variant: seconds per image}. Each variant runs with its own TF32 setting: the
     textbook loop and bf16 with torch's defaults (TF32 in convolutions, not in matmuls), fp32 with it off and on."""
     N0, sigma = min(100, N), 0.5   # --smoke: N0 = N = 50
@@ -86,7 +89,7 @@ def certification(arch, dataset, N, images, test_size, device, use_compile=True,
     shape = common.INPUT_SHAPE[dataset]
     inputs = [torch.rand(*shape, device=device) for _ in range(images)]
     classes = common.NUM_CLASSES[dataset]
-    batch = bench.BATCH if dataset != "imagenet" else 250
+    batch = batch if dataset != "imagenet" else 250
 
     def ours(model, precision):
         return lambda i: certify.certify(common.in_precision(model, precision), inputs[i], sigma, N0, N, 0.001,
@@ -97,6 +100,14 @@ def certification(arch, dataset, N, images, test_size, device, use_compile=True,
         plain, inputs[i], sigma, N0, N, 0.001, batch, classes, common.example_generator(0, i, device)), defaults),
         "certify fp32, TF32 off": (ours(fast, "fp32"), off), "certify fp32, TF32 on": (ours(fast, "fp32"), on),
         "certify bf16": (ours(fast, "bf16"), defaults)}
+    noise = torch.randn(batch, *shape, device=device)
+
+    def forward_alone(i):   # the floor: the same passes of the bf16 model on fixed noise, nothing counted
+        model = common.in_precision(fast, "bf16")
+        with torch.inference_mode():
+            for k in common.pass_sizes(N0 + N, batch):
+                model(noise[:k])
+    variants["forward passes alone (bf16)"] = (forward_alone, defaults)
     if device.type != "cuda":   # TF32 is a CUDA setting: on the CPU the two fp32 rows are one
         del variants["certify fp32, TF32 on"]
     if use_compile:
@@ -164,9 +175,9 @@ def main():
     print("\n2. certification", flush=True)
     if args.smoke:
         cifar = certification("cifar_resnet20", "cifar10", 50, images, 10_000, device, use_compile=False,
-                              warmup=False)   # tiny sizes: the times are not measurements, only the paths run
+                              warmup=False, batch=args.batch)   # tiny sizes: the times are not measurements, only the paths run
     else:
-        cifar = certification("cifar_resnet110", "cifar10", 100_000, images, 10_000, device)
+        cifar = certification("cifar_resnet110", "cifar10", 100_000, images, 10_000, device, batch=args.batch)
         certification("resnet50", "imagenet", 10_000, images, 500, device)
     textbook = cifar["textbook CERTIFY (fp32)"]
     fp32 = min(s for name, s in cifar.items() if name.startswith("certify fp32"))
@@ -178,9 +189,9 @@ def main():
                 f"(target >= 3x: {pass_or_fail(PAPER_SECONDS_PER_IMAGE / fp32 >= 3)}), {textbook / fp32:.1f}x the "
                 f"textbook loop (target >= 3x: {pass_or_fail(textbook / fp32 >= 3)})"]
     print("\n3. training", flush=True)
-    train = training(device, 1 if args.smoke else 8, 1 if args.smoke else 6, 4 if args.smoke else 64,
+    train = {} if args.no_training else training(device, 1 if args.smoke else 8, 1 if args.smoke else 6, 4 if args.smoke else 64,
                      warmup=not args.smoke)
-    for name in ("Gaussian", f"ours (T = {1 if args.smoke else 6})"):
+    for name in () if args.no_training else ("Gaussian", f"ours (T = {1 if args.smoke else 6})"):
         ratio = train[(name, "fp32 eager")] / train[(name, "--amp bf16 --channels-last")]
         summary.append(f"training {name}: {train[(name, '--amp bf16 --channels-last')]:.0f} s/epoch with --amp "
                        f"--channels-last, {ratio:.2f}x the fp32 eager loop (target >= 2x: {pass_or_fail(ratio >= 2)})")

@@ -2,10 +2,11 @@
 
 On a GPU: certify in fp32, bf16 and fp16, with channels-last, folded BatchNorm and torch.compile, agrees with
 the plain path on the same noise and resumes to the same file; every training script runs steps under
-`--amp bf16` and `--amp fp16` and resumes exactly; the Monte Carlo counter and the attacks run without host
-synchronisation; torchrun with one process and nccl writes its checkpoint."""
+`--amp bf16` and `--amp fp16` and resumes exactly; the Monte Carlo counter synchronises with the host once a
+count (the sound sampler once more a pass), and the attack not at all; torchrun with one process and nccl writes its checkpoint."""
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -88,20 +89,33 @@ def test_sound_certification_runs_on_cuda_and_matches_the_cpu_table(cuda_ckpt, t
     assert len(lines(out)) == 4
 
 
-def test_counting_and_attacks_do_not_synchronise_with_the_host():
-    device = torch.device("cuda")
-    model = common.get_architecture("cifar_resnet20", "cifar10").to(device).eval()
-    x = torch.rand(2, 3, 32, 32, device=device)
-    g = torch.Generator(device=device).manual_seed(0)
-    common.sample_counts(model, x, 0.5, 256, 256, 10, g)               # warm-up (allocations, kernels)
-    torch.cuda.set_sync_debug_mode("error")                             # any implicit host sync raises
+def synchronisations(fn):
+    """How many implicit host synchronisations fn() makes (torch's sync debug mode, each warning recorded)."""
+    torch.cuda.set_sync_debug_mode("warn")
     try:
-        common.sample_counts(model, x, 0.5, 512, 256, 10, g)
-        common.sample_counts(model, x, 0.5, 512, 256, 10, g, common.sound_copies(255))
-        delta = 0.5 * torch.randn(2, *x.shape, device=device)
-        common.sphere_pgd(model, x, torch.tensor([1, 2], device=device), delta, T=2, eps=0.25)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+def test_counting_and_attacks_do_not_synchronise_with_the_host():
+    """sample_counts synchronises once (its non-finite check, after the last pass) however many passes it makes,
+    the sound sampler at most once more a pass (its check that the input is on the grid); the attack not at all."""
+    device = torch.device("cuda")
+    model = common.get_architecture("cifar_resnet20", "cifar10").to(device).eval()
+    x = torch.randint(0, 256, (2, 3, 32, 32), device=device) / 255   # on the 8-bit grid, for the sound sampler
+    g = torch.Generator(device=device).manual_seed(0)
+    common.sample_counts(model, x, 0.5, 256, 256, 10, g)               # warm-up (allocations, kernels)
+    gaussian = [synchronisations(lambda: common.sample_counts(model, x, 0.5, n, 256, 10, g)) for n in (256, 1024)]
+    assert gaussian[0] == gaussian[1] <= 1, gaussian                    # 2 passes, then 8
+    sound = synchronisations(lambda: common.sample_counts(model, x, 0.5, 1024, 256, 10, g, common.sound_copies(255)))
+    assert sound <= 8 + 1, sound
+    delta = 0.5 * torch.randn(2, *x.shape, device=device)
+    label = torch.tensor([1, 2], device=device)
+    assert synchronisations(lambda: common.sphere_pgd(model, x, label, delta, T=4, eps=0.25)) == 0
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
