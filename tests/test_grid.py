@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -783,3 +784,32 @@ def test_bench_gives_each_arm_its_difference_with_an_interval_at_the_radii_it_de
     assert "every radius within noise" in lines["same"] and "+0.0 points" in lines["same"]
     assert "r=0.5: -30.0 points" in lines["worse"] and "lower" in lines["worse"]
     assert "r=0.25" in lines["r"] and "within noise" in lines["r"]   # its own radius only
+
+
+def test_savings_table_reports_each_arm_against_certify_and_the_oracle_consistently(tmp_path):
+    """scripts/beta_curve.py --savings on a small log: each saving is CERTIFY's N0 + N over the evaluations, the
+    oracle's too, and "x the oracle" is the rule's estimation draws over the oracle's."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    beta_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(beta_curve)
+    N = 2000
+    nA = [1990, 1900, 1700, 1400, 1100, 600]
+    rows = ["idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN"] + \
+        [f"{i}\t0\t0\t0.1\t1\t0:00:01\t{k}\t{N}" for i, k in enumerate(nA)]
+    log = tmp_path / "log.tsv"
+    log.write_text("\n".join(rows) + "\n")
+    (tmp_path / "log.tsv.json").write_text(json.dumps({"sigma": 0.5}))
+    md = beta_curve.savings(types.SimpleNamespace(log=str(log), radii=[0.25, 0.5], N=N, N0=100, alpha=0.01, reps=3,
+                                                  seed=0))
+    arms = [line.split("|")[1:-1] for line in md.splitlines() if line.startswith("| ") and "x |" in line]
+    assert [a[0].strip() for a in arms] == ["grid", "single radius 0.5", "r = 0.5 alone"]
+    number = lambda cell: float(cell.strip(" *x").replace(",", ""))   # noqa: E731
+    for arm in arms:
+        (old, old_saving, old_x, new, new_saving, new_x, oracle, oracle_saving), change = map(number, arm[1:9]), arm[9]
+        for evaluations, saving in ((old, old_saving), (new, new_saving), (oracle, oracle_saving)):
+            assert 100 <= evaluations <= 100 + N
+            assert saving == pytest.approx((100 + N) / evaluations, abs=0.051)
+        assert new_x == pytest.approx((new - 100) / (oracle - 100), abs=0.006 + 1 / (oracle - 100))
+        assert old_x == pytest.approx((old - 100) / (oracle - 100), abs=0.006 + 1 / (oracle - 100))
+        assert abs(float(change)) <= 100
