@@ -262,9 +262,11 @@ def sampler_of(sound=None, early_abstain=None, candidate=None):
 # one, results/grid_cpu/sigma0.5/draws_at_pA.md) and cost no evaluations, since an example's chunks are packed
 # with other examples' into full passes (--group); the looks cost nothing in alpha beyond what grid_plan accounts.
 LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 16, 1.02, 200
+NEAR_PRIOR = 1e-3   # ruled_out_rows: exact beta where the prior's mass below tau_j is in [1e-3, 1 - 1e-3]
 # The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones
 # (older logs say "one-sided KT" or "one-sided, prior from the selection votes": earlier rules).
-GRID_TEST = "one-sided, prior from the selection votes, looks every 2 %, exact beta and per-level final look"
+GRID_TEST = ("one-sided, prior from the selection votes, looks every 2 %, exact beta near the prior and per-level "
+             "final look")
 
 
 def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_GAP):
@@ -355,12 +357,17 @@ def ruled_out_rows(plan, prior):
     """upper of prior_tables: level j is ruled out once A <= upper[j, i]. Row by row from the lowest (each at least
     the one below), at a log wealth whose exact error P(ever ruled out | pA = tau_j) is at most beta and near it:
     from Ville's log(1 / beta), secant steps on the log of the error (three at most, kept between the last level
-    within beta and the last above). Without exact_beta: Ville's level alone."""
+    within beta and the last above), at the levels the prior finds plausible (its mass below tau_j within
+    [NEAR_PRIOR, 1 - NEAR_PRIOR]); elsewhere, and without exact_beta, at Ville's level (its error <= beta too),
+    which matters only where the selection votes were far off pA. Errors: upper bounds (crossing_probability)."""
+    from scipy.special import betainc
     checks, beta, floor, rows = np.array(plan["checks"]), plan["beta"], -1, []
     for tau in plan["taus"]:
+        exact = plan["exact_beta"] and NEAR_PRIOR <= betainc(*prior, tau) <= 1 - NEAR_PRIOR
+
         def tried(level):
             row = np.maximum(floor, common.threshold_row(tau, checks, level, -1, prior, plan["one_sided"]))
-            error = common.crossing_probability(checks - row, checks, 1 - tau) if plan["exact_beta"] else 0.0
+            error = common.crossing_probability(checks - row, checks, 1 - tau, 1e-12) if exact else 0.0
             return level, row, error   # A <= row: t - A >= t - row
         good, bad, slope = tried(math.log(1 / beta) if beta > 0 else math.inf), None, -1.0
         for _ in range(3 if 0 < good[2] < beta else 0):
@@ -502,14 +509,13 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=
     """GRID-CS on several inputs: cA from N0 draws (or the given candidate), then estimation draws until each
     example's certified level is decided, the draws of all examples packed into full batches of `batch`.
 
-    items: (x (C, H, W) on the model's device, its generator, candidate or None) per example. After each of
-    its looks (plan["checks"]) an example stops when its level is decided, when the next level can no longer
-    be reached (curtailed) or at N_max (budget; the final Clopper-Pearson look too). Per example, whatever
-    the stopping or packing, the certified radius is wrong with probability at most alpha (grid_plan).
-    Returns per item: predict (cA, or -1 if no level is certified), radius (r_jL), nA, N (draws made), stop,
-    prior (of its tests), counts, pA_certified = Phi(r_jL / sigma) (the bound certified; 0 if none). copies:
-    the noise (common.gaussian_copies, or common.sound_copies). The model runs in eval mode, handed back as it
-    came. The log's interval: grid_interval."""
+    items: (x (C, H, W) on the model's device, its generator, candidate or None) per example. After each look
+    (plan["checks"]) an example stops when its level is decided, when the next level can no longer be reached
+    (curtailed) or at N_max (budget; the final Clopper-Pearson look too). Whatever the stopping or packing, its
+    certified radius is wrong with probability at most alpha (grid_plan). Returns per item: predict (cA, -1 if
+    no level is certified), radius (r_jL), nA, N (draws made), stop, prior (of its tests), counts, pA_certified
+    = Phi(r_jL / sigma) (0 if none). copies: common.gaussian_copies or common.sound_copies. The model runs in
+    eval mode, handed back as it came; the log's interval: grid_interval."""
     jobs = [GridJob(x, g, c, N0, batch, num_classes, plan) for x, g, c in items]
     active = list(jobs)
     with torch.inference_mode(), common.eval_mode(model):

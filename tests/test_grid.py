@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from hypothesis import given, settings, strategies as st
 from scipy.stats import beta as beta_dist
 from scipy.stats import norm
 
@@ -445,6 +446,47 @@ def test_each_rule_out_errs_at_most_beta_exactly_and_close_to_it():
         paths = np.cumsum(rng.binomial(steps, plan["taus"][j], size=(20_000, len(checks))), axis=1)
         rate = np.mean((paths <= exact["upper"][j]).any(axis=1))
         assert abs(rate - errors[j]) < 4 * math.sqrt(errors[j] * (1 - errors[j]) / 20_000), (k0, rate, errors[j])
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 60), st.integers(-80, 80), st.integers(-90, 90)),
+                min_size=1, max_size=30))
+def test_first_true_finds_the_same_answer_from_any_guess(entries):
+    """common.first_true: per entry the smallest x in [lo, hi] with x >= target (hi + 1 if none), whether it
+    bisects alone or starts from a guess, close or far; asked only about entries still open."""
+    lo = np.array([e[0] for e in entries])
+    hi, target, guess = lo + [e[1] for e in entries], np.array([e[2] for e in entries]), [e[3] for e in entries]
+    expected = np.clip(target, lo, hi + 1)
+    asked = []
+
+    def ok(x, at):
+        asked.append(len(at))
+        assert len(np.unique(at)) == len(at) and np.all((lo[at] <= x) & (x <= hi[at]))
+        return x >= target[at]
+    assert np.array_equal(common.first_true(lo, hi, ok), expected)
+    assert np.array_equal(common.first_true(lo, hi, ok, guess), expected)
+    assert np.array_equal(common.first_true(lo, hi, ok, np.clip(target, lo, hi)), expected)
+
+
+def test_rule_outs_far_from_the_prior_sit_at_villes_level_and_near_ones_at_beta():
+    """ruled_out_rows computes the exact error only where the prior (the selection votes' posterior) puts its
+    mass near tau_j: a level the prior rules out by far keeps Ville's row (its error <= beta by Ville), a
+    plausible one gets the row of error near beta; the certify rows do not depend on it."""
+    from scipy.special import betainc
+    plan = certify.grid_plan([0.25, 0.5, 1.0, 1.5], 0.5, 5000, 0.001, 0.2, True)
+    ville = certify.grid_plan([0.25, 0.5, 1.0, 1.5], 0.5, 5000, 0.001, 0.2, True, exact_beta=False)
+    checks = np.array(plan["checks"])
+    for k0 in (60, 100):
+        prior = (k0 + 0.5, 100 - k0 + 0.5)
+        exact, loose = certify.job_tables(plan, k0, 100), certify.job_tables(ville, k0, 100)
+        assert np.array_equal(exact["lower"], loose["lower"])
+        near = [certify.NEAR_PRIOR <= betainc(*prior, tau) <= 1 - certify.NEAR_PRIOR for tau in plan["taus"]]
+        assert any(near) and not all(near), (k0, near)
+        for j, tau in enumerate(plan["taus"]):
+            error = common.crossing_probability(checks - exact["upper"][j], checks, 1 - tau)
+            assert error <= 0.2
+            if not near[j] and (j == 0 or not near[j - 1]):   # (a plausible level below lifts this row)
+                assert np.array_equal(exact["upper"][j], loose["upper"][j]), (k0, j)
 
 
 def test_label_mode_false_certificate_rate_stays_within_alpha_and_spends_no_selection_draws():
