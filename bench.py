@@ -565,12 +565,14 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=Non
                     outs = [certify.certify(model, x, sigma, N0, n, alpha, BATCH, classes,
                                             common.example_generator(seed, i, device)) for x, i in zip(xs, block)]
                 else:
-                    outs = certify.grid_certify_many(model, [(x, common.example_generator(seed, i, device), None)
-                                                             for x, i in zip(xs, block)], sigma, N0, BATCH,
-                                                     classes, plan)
+                    with timed_tables() as tables:
+                        outs = certify.grid_certify_many(model, [(x, common.example_generator(seed, i, device),
+                                                                  None) for x, i in zip(xs, block)], sigma, N0,
+                                                         BATCH, classes, plan)
                 sync(device)
                 row = results[name]
                 row["time"] += time.perf_counter() - start
+                row["tables"] = row.get("tables", 0.0) + (tables["seconds"] if plan is not None else 0.0)
                 row.setdefault("idx", []).extend(block)
                 row.setdefault("y", []).extend(labels)
                 for out, label in zip(outs, labels):
@@ -588,6 +590,31 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=Non
         for name, plan in plans.items():
             print_oracle(name, dict(results[name], radii=plan["radii"]), results[reference]["pA"], sigma, N, N0,
                         alpha, beta)
+        for name, plan in plans.items():   # within the arm's seconds above (KT's prior: built with the plan)
+            built = max(len(plan["cache"]) - 1, 1)
+            print(f"    tables of {name}: {built} selection priors built in {results[name]['tables']:.1f} s of the "
+                  f"arm's {results[name]['time']:.1f} s ({results[name]['tables'] / built:.2f} s each)")
+
+
+@contextlib.contextmanager
+def timed_tables():
+    """Seconds spent building the grid rule's tables (certify.prior_tables, final_look_tables) inside the block:
+    {'seconds': ...}, filled when it ends."""
+    spent, originals = {"seconds": 0.0}, (certify.prior_tables, certify.final_look_tables)
+
+    def timed(build):
+        def run(*args):
+            start = time.perf_counter()
+            try:
+                return build(*args)
+            finally:
+                spent["seconds"] += time.perf_counter() - start
+        return run
+    certify.prior_tables, certify.final_look_tables = map(timed, originals)
+    try:
+        yield spent
+    finally:
+        certify.prior_tables, certify.final_look_tables = originals
 
 
 def print_grid_table(results, reference, grid_arms, N, N0, levels):
