@@ -848,7 +848,10 @@ def test_savings_table_reports_each_arm_against_certify_and_the_oracle_consisten
     assert [a[0].strip() for a in arms] == ["grid", "single radius 0.5", "r = 0.5 alone"]
     number = lambda cell: float(cell.strip(" *x").replace(",", ""))   # noqa: E731
     for arm in arms:
-        (old, old_saving, old_x, new, new_saving, new_x, oracle, oracle_saving), change = map(number, arm[1:9]), arm[9]
+        old, old_saving, old_x, new, new_saving, new_x = map(number, arm[1:7])
+        uncut, cut = arm[7].split("(")
+        oracle, oracle_saving, change = number(arm[8]), number(arm[9]), arm[10]
+        assert 0 < float(uncut) and 0 <= int(cut.strip(") ")) <= len(nA)
         for evaluations, saving in ((old, old_saving), (new, new_saving), (oracle, oracle_saving)):
             assert 100 <= evaluations <= 100 + N
             assert saving == pytest.approx((100 + N) / evaluations, abs=0.051)
