@@ -661,7 +661,8 @@ def grid_from_logs(paths):
         cols = analyze.read_columns(log["path"], analyze.COHEN_COLUMNS, ("idx",))
         common.check("N" in log, f"{log['path']}: no N column (the draws made; certify.py writes it)")
         order = np.argsort(cols["idx"])
-        results[name] = {"idx": cols["idx"][order], "radius": log["radius"][order], "correct": log["correct"][order],
+        results[name] = {"idx": cols["idx"][order], "y": log["y"][order], "radius": log["radius"][order],
+                         "correct": log["correct"][order],
                          "evals": selection_draws(log) + log["N"][order],
                          "time": sum(common.log_seconds(t, f"{log['path']} line {line}")
                                      for t, line in zip(cols["time"], cols["_line"]))}
@@ -681,15 +682,34 @@ def grid_from_logs(paths):
     N, N0 = first["sidecar"].get("N"), selection_draws(first)
     common.check(isinstance(N, int) and not first.get("grid"), f"{first['path']}: the first log must be CERTIFY "
                                                                 f"(no --radii) with its settings file (N)")
+    noise = noise_design(logs, names)
     print(f"  {len(results[reference]['idx'])} examples, sigma {first['sigma']}, N0 {N0}, reference "
-          f"{reference} (N = {N:,}); evaluations N0 + N per example, seconds from the logs' time column:")
+          f"{reference} (N = {N:,}); evaluations N0 + N per example, seconds from the logs' time column; noise "
+          f"{noise}:")
     print_grid_table(results, reference, grid_arms, N, N0, sorted(radii | {0.0}))
+    arm_intervals(results, reference, {name: [r for r in results[name]["radii"] if r > 0] for name in grid_arms},
+                  sorted(radii) or [0.0], noise.split(":")[0])
     if "pA" in results[reference]:
         for name in sorted(grid_arms):
             print_budget_bound(name, results[name], results[reference]["pA"], first["sigma"], N, N0)
         for name in sorted(grid_arms):
             print_oracle(name, results[name], results[reference]["pA"], first["sigma"], N, N0,
                         *results[name]["levels"])
+
+
+def noise_design(logs, names):
+    """How the arms' noise relates, from the seeds their settings files record (a 'random' seed by the value
+    drawn): 'independent' when every arm has its own, 'paired' when all share one (agreement is then partly by
+    construction), else which arms share the reference's. A log without a settings file counts as seed 0."""
+    seeds = [log["sidecar"].get("seed_value") if log["sidecar"].get("seed") == "random"
+             else log["sidecar"].get("seed", 0) for log in logs]
+    if len(set(map(repr, seeds))) == len(seeds):
+        return "independent: each arm its own seed"
+    if len(set(map(repr, seeds))) == 1:
+        return f"paired: every arm seed {seeds[0]}"
+    shared = [name for name, seed in zip(names[1:], seeds[1:]) if repr(seed) == repr(seeds[0])]
+    return (f"mixed: {', '.join(shared) or 'no arm'} share{'s' if len(shared) == 1 else ''} the reference's seed "
+            f"{seeds[0]}, the other arms their own or each other's")
 
 
 def selection_draws(log):

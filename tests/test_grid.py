@@ -374,8 +374,8 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     capsys.readouterr()
     bench.grid_from_logs([str(full), str(small), str(grid)])
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("    certify_") or
-            line.startswith("    grid")}
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("    certify_", "    grid"))
+            and "points [" not in line}
     assert set(rows) == {"certify_N20000", "certify_N2000", "grid"}
     cells = lambda name: rows[name].split(";")[0].split()   # noqa: E731
     assert cells("certify_N20000")[1:4] == ["20,100"] * 3 and cells("certify_N2000")[1] == "2,100"
@@ -385,6 +385,21 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     assert cells("grid")[1] == f"{np.mean(evals):,.0f}"
     ran = sum(n == 20_000 for n in draws)
     assert f"    bound of grid: {ran} examples ({100 * ran / 8:.1f} %) ran to the budget" in out
+    # one seed for every log: said as the paired design, and each arm's difference from the reference with its
+    # interval (analyze.compare_sides), over the grid's radii for the grid
+    assert "noise paired: every arm seed 0:" in out
+    lines = [line.split() for line in out.splitlines() if line.startswith(("    certify_N2000 ", "    grid "))
+             and "points [" in line]
+    assert [line[0] for line in lines] == ["certify_N2000", "grid"]
+    assert lines[1][3].rstrip(":") in ("r=0.25", "r=0.5")
+    # an arm with its own seed: the design is mixed, and says which arm still shares the reference's noise
+    again = tmp_path / "grid_seed1.tsv"
+    assert run_cli([*base, "--N", 20_000, "--radii", 0.25, 0.5, "--seed", 1, "--outfile", again]) == 0
+    capsys.readouterr()
+    bench.grid_from_logs([str(full), str(small), str(again)])
+    assert "noise mixed: certify_N2000 shares the reference's seed 0" in capsys.readouterr().out
+    bench.grid_from_logs([str(full), str(again)])
+    assert "noise independent: each arm its own seed:" in capsys.readouterr().out
     # examples must match: a log of other examples is one clear error
     other = tmp_path / "other.tsv"
     assert run_cli([*base[:-4], "--skip", 3, "--max", 8, "--N", 2_000, "--outfile", other]) == 0
