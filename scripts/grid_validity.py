@@ -3,9 +3,10 @@
 At level j's worst case, pA = tau_j = Phi(r_j / sigma) exactly, any certificate of r_j or more is false; the
 rule promises that this happens with probability at most alpha. Four checks, written to one Markdown report:
 
-1. The vote process: TRIALS runs per level of Bernoulli(tau_j) votes, each after its N0 = 100 selection
-   votes k0 ~ Binomial(N0, tau_j) that choose its prior, through the plan's integer tables and stopping rule (scripts/beta_curve.simulate, which tests/test_grid.py checks against certify.py), for every
-   level of the grid. Beside each rate: the exact probability that the path crosses level j's thresholds,
+1. The vote process: TRIALS runs per level of Bernoulli(tau_j) votes through the plan's integer tables and
+   stopping rule (scripts/beta_curve.simulate, which tests/test_grid.py checks against certify.py), for every
+   level of the grid, in both modes: predict mode, each run after its N0 = 100 selection votes
+   k0 ~ Binomial(N0, tau_j), which choose its prior; label mode (the true label the candidate), KT's prior. Beside each rate: the exact probability that the path crosses level j's thresholds,
    final look included, averaged over k0 (exact_totals: an upper bound of the rate, since stopping only
    removes crossings),
    which must be <= alpha, and the rate's 95 % Clopper-Pearson interval, whose lower end must not exceed the
@@ -97,7 +98,8 @@ class Halfspace(torch.nn.Module):
 
 def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=100):
     """Rows (r_j, tau_j, exact, false certificates, trials, rate, 95 % interval) at pA = tau_j, every level;
-    each run first draws its selection votes k0 ~ Binomial(N0, tau_j), which set its prior (certify.grid_plan)."""
+    each run first draws its selection votes k0 ~ Binomial(N0, tau_j), which set its prior (certify.grid_plan);
+    N0 = 0 is label mode, KT's prior for every run."""
     plan = certify.grid_plan(radii, sigma, N, alpha, beta, True)
     if negative:   # a fixed-n Clopper-Pearson test at alpha at every look: thresholds without any correction
         taus = norm.cdf(np.array(plan["radii"]) / sigma)
@@ -172,10 +174,12 @@ def main(argv=None):
                  f"grid {', '.join(map(str, radii))} (and 0), N_max = {N:,}, β = {beta}, the rule of certify.py "
                  f"({certify.GRID_TEST} tests, exact accounting). At pA = τ_j every certificate of r_j or more is "
                  f"false; the rule promises a rate of at most α.\n")
-    for alpha in args.alphas:
-        rows, _ = vote_process(radii, sigma, N, alpha, beta, args.trials, args.seed)
-        ok &= holds(rows, alpha)
-        parts.append(f"## 1. Vote process, α = {alpha:g}\n\n{table(rows)}\n")
+    for label_mode in (False, True):   # predict mode: N0 = 100 selection votes set the prior; label mode: KT's
+        for alpha in args.alphas:
+            rows, _ = vote_process(radii, sigma, N, alpha, beta, args.trials, args.seed, N0=0 if label_mode else 100)
+            ok &= holds(rows, alpha)
+            parts.append(f"## 1. Vote process, {'label' if label_mode else 'predict'} mode, α = {alpha:g}\n\n"
+                         f"{table(rows)}\n")
     if args.pipeline_trials:
         alpha = max(args.alphas)
         for label_mode in (False, True):

@@ -751,6 +751,7 @@ def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tm
                                "--alphas", "0.05", "--priors", "0", "57", "100"]) == 0
     text = out.read_text()
     assert "**All checks hold**" in text and "The harness can fail" in text
+    assert all(f"## 1. Vote process, {mode} mode, α = 0.05" in text for mode in ("predict", "label"))
     rows, plan = grid_validity.vote_process([0.25, 0.5], 0.5, 5000, 0.05, 0.2, 2000, 3, negative=True)
     assert all(lo > 0.05 for *_, (lo, _) in rows)                      # repeated fixed-n tests: far above alpha
 
