@@ -267,6 +267,18 @@ def test_gpu_check_runs_shrunk_on_the_cpu():
     assert summary.count("training ") == 2 and "textbook CERTIFY (fp32)" in proc.stdout
 
 
+def test_the_digits_grid_benchmark_certifies_four_independent_arms_on_one_model(monkeypatch, tmp_path):
+    """scripts/grid_digits.sh (results/grid_digits/certify_py): the reference CERTIFY at 100,000 first, then the
+    grid, the single radius and r = 0.5 alone, each with its own seed, the same 100 digits; bench.py last."""
+    parsed = check_all(dry_run(["bash", "scripts/grid_digits.sh"], {"RUNS": str(tmp_path)}), monkeypatch)
+    assert [name for name, _ in parsed] == ["train_gaussian.py"] + ["certify.py"] * 4 + ["bench.py"]
+    certified = [a for name, a in parsed if name == "certify.py"]
+    assert len({a.seed for a in certified}) == 4 and certified[0].seed == 0 and not certified[0].radii
+    assert all((a.N, a.skip, a.max, a.sigma) == (100_000, 3, 100, 0.5) for a in certified)
+    assert [a.zero_level for a in certified[1:]] == [True, True, False]
+    assert parsed[-1][1].grid_logs == [a.outfile for a in certified]
+
+
 CPU_SCRIPTS = ["cifar_cpu.sh", "fig3_cpu.sh", "table2_cpu.sh", "table5_cpu.sh", "grid_cpu.sh"]
 
 
