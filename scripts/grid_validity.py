@@ -6,10 +6,10 @@ rule promises that this happens with probability at most alpha. Four checks, wri
 1. The vote process: TRIALS runs per level of Bernoulli(tau_j) votes through the plan's integer tables and
    stopping rule (scripts/beta_curve.simulate, which tests/test_grid.py checks against certify.py), for every
    level of the grid, in both modes: predict mode, each run after its N0 = 100 selection votes
-   k0 ~ Binomial(N0, tau_j), which choose its prior; label mode (the true label the candidate), KT's prior. Beside each rate: the exact probability that the path crosses level j's thresholds,
-   final look included, averaged over k0 (exact_totals: an upper bound of the rate, since stopping only
-   removes crossings),
-   which must be <= alpha, and the rate's 95 % Clopper-Pearson interval, whose lower end must not exceed the
+   k0 ~ Binomial(N0, tau_j), which choose its prior; label mode (the true label the candidate), KT's prior.
+   Beside each rate: the exact probability that the path crosses level j's thresholds, final look included,
+   averaged over k0 (exact_totals: an upper bound of the rate, since stopping only removes crossings), which
+   must be <= alpha, and the rate's 95 % Clopper-Pearson interval, whose lower end must not exceed the
    exact value (the simulation agrees with the computation). The upper end is shown too: where the exact
    value is within about 1.6 standard errors of alpha it exceeds alpha by chance, since the rule spends all of
    alpha there by design.

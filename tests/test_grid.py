@@ -859,7 +859,7 @@ def test_savings_table_reports_each_arm_against_certify_and_the_oracle_consisten
     log.write_text("\n".join(rows) + "\n")
     (tmp_path / "log.tsv.json").write_text(json.dumps({"sigma": 0.5}))
     md = beta_curve.savings(types.SimpleNamespace(log=str(log), radii=[0.25, 0.5], N=N, N0=100, alpha=0.01, reps=3,
-                                                  seed=0))
+                                                  seed=0, estimates=0))
     arms = [line.split("|")[1:-1] for line in md.splitlines() if line.startswith("| ") and "x |" in line]
     assert [a[0].strip() for a in arms] == ["grid", "single radius 0.5", "r = 0.5 alone"]
     number = lambda cell: float(cell.strip(" *x").replace(",", ""))   # noqa: E731
@@ -874,3 +874,33 @@ def test_savings_table_reports_each_arm_against_certify_and_the_oracle_consisten
         assert new_x == pytest.approx((new - 100) / (oracle - 100), abs=0.006 + 1 / (oracle - 100))
         assert old_x == pytest.approx((old - 100) / (oracle - 100), abs=0.006 + 1 / (oracle - 100))
         assert abs(float(change)) <= 100
+
+
+def test_savings_measures_the_oracle_ratio_as_the_benchmark_does_from_estimates_of_pA(tmp_path):
+    """--estimates K: the oracle ratio without the cut examples with the oracle at K estimates of pA (as bench.py
+    measures it from a reference log), mean [smallest, largest]; from a reference so long that its estimates
+    are the truth, it is the known-truth ratio of the column before; from a short one it moves."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    beta_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(beta_curve)
+    truth = [0.999, 0.95, 0.87, 0.7, 0.6, 0.3]
+    for n, close in ((10 ** 9, True), (300, False)):
+        rows = ["idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN"] + \
+            [f"{i}\t0\t0\t0.1\t1\t0:00:01\t{round(q * n)}\t{n}" for i, q in enumerate(truth)]
+        log = tmp_path / f"log{n}.tsv"
+        log.write_text("\n".join(rows) + "\n")
+        (tmp_path / f"log{n}.tsv.json").write_text(json.dumps({"sigma": 0.5}))
+        md = beta_curve.savings(types.SimpleNamespace(log=str(log), radii=[0.25, 0.5], N=2000, N0=100, alpha=0.01,
+                                                      reps=40, seed=0, estimates=3))
+        arms = [line.split("|")[1:-1] for line in md.splitlines() if line.startswith("| ") and "x |" in line]
+        assert len(arms) == 3 and all(len(arm) == 12 for arm in arms)
+        for arm in arms:
+            known = float(arm[7].split("(")[0])
+            mean, low, high = map(float, arm[11].replace("[", " ").replace("]", " ").replace(",", " ").split())
+            assert low <= mean <= high
+            if close:
+                assert mean == pytest.approx(known, abs=0.02) and high - low <= 0.02
+        if not close:
+            assert any(float(arm[11].split("[")[1].split(",")[0]) < float(arm[11].split(", ")[1].rstrip("] "))
+                       for arm in arms)
