@@ -383,6 +383,7 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     draws = [int(n) for n in common.read_table(str(grid), ("N",), ())["N"]]
     evals = [100 + n for n in draws]   # N0 + draws
     assert cells("grid")[1] == f"{np.mean(evals):,.0f}"
+    assert cells("grid")[7].endswith("x") and cells("certify_N20000")[7] == "1.0x"   # wall time saved
     ran = sum(n == 20_000 for n in draws)
     assert f"    bound of grid: {ran} examples ({100 * ran / 8:.1f} %) ran to the budget" in out
     # one seed for every log: said as the paired design, and each arm's difference from the reference with its
@@ -400,6 +401,11 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     assert "noise mixed: certify_N2000 shares the reference's seed 0" in capsys.readouterr().out
     bench.grid_from_logs([str(full), str(again)])
     assert "noise independent: each arm its own seed:" in capsys.readouterr().out
+    # the wall time saved is the reference's seconds over the arm's
+    one = {"radius": [0.3], "correct": [True], "evals": [1000]}
+    bench.print_grid_table({"ref": dict(one, time=10.0), "arm": dict(one, time=4.0)}, "ref", {"arm"}, 20_000, 100,
+                           [0.0])
+    assert capsys.readouterr().out.splitlines()[2].split()[7] == "2.5x"
     # examples must match: a log of other examples is one clear error
     other = tmp_path / "other.tsv"
     assert run_cli([*base[:-4], "--skip", 3, "--max", 8, "--N", 2_000, "--outfile", other]) == 0
