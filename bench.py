@@ -812,7 +812,8 @@ def print_oracle(name, row, reference_pA, sigma, N, N0, alpha, beta):
     oracle, capped = oracle_draws(reference_pA, thresholds, alpha, beta, N)
     cut = capped > 0
     line = (f"    oracle of {name}: an SPRT that knew each pA (the reference's nA / N) and looked after every draw "
-            f"needs {oracle.mean():,.0f} estimation draws per example; the arm spends {draws.mean():,.0f}, "
+            f"needs {oracle.mean():,.0f} estimation draws per example (it saves {(N0 + N) / (N0 + oracle.mean()):.1f}x "
+            f"the reference's evaluations, N0 included); the arm spends {draws.mean():,.0f}, "
             f"{draws.mean() / oracle.mean():.2f}x (bench.oracle_draws)")
     if cut.any():
         line += (f"; {cut.sum()} examples' oracle passes N_max in some runs (counted at N_max): without them "

@@ -5,6 +5,7 @@ curtailment, accounting and resume. Seeded; rates are checked against alpha + 3 
 import json
 import math
 import os
+import re
 import shutil
 import types
 
@@ -386,6 +387,10 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     assert cells("grid")[7].endswith("x") and cells("certify_N20000")[7] == "1.0x"   # wall time saved
     ran = sum(n == 20_000 for n in draws)
     assert f"    bound of grid: {ran} examples ({100 * ran / 8:.1f} %) ran to the budget" in out
+    # the oracle's own saving: the reference's N0 + N over N0 + the oracle's draws
+    needs, saves = re.search(r"oracle of grid: .* needs ([\d,]+) estimation draws per example \(it saves ([\d.]+)x",
+                             out).groups()
+    assert float(saves) == pytest.approx(20_100 / (100 + int(needs.replace(",", ""))), abs=0.051 + 0.01 * float(saves))
     # one seed for every log: said as the paired design, and each arm's difference from the reference with its
     # interval (analyze.compare_sides), over the grid's radii for the grid
     assert "noise paired: every arm seed 0:" in out
