@@ -627,13 +627,14 @@ def print_grid_table(results, reference, grid_arms, N, N0, levels):
           f"{'wall':>7s}  certified accuracy (%) at r = " + " ".join(f"{r:g}" for r in levels) + "; disagreements")
     for name, row in results.items():
         ev = np.array(row["evals"])
-        at_budget = np.mean(ev >= N0 + N) if name in grid_arms else float("nan")
+        # CERTIFY always runs to its N, and a log whose times read 0 has no wall ratio: shown as '-'
+        at_budget = f"{100 * np.mean(ev >= N0 + N):7.0f}%" if name in grid_arms else f"{'-':>8s}"
+        wall = f"{ref['time'] / row['time']:6.1f}x" if row["time"] > 0 else f"{'-':>7s}"
         certified = [np.array(row["correct"]) & (np.array(row["radius"]) >= r) for r in levels]
         disagree = [int(np.sum(c != (np.array(ref["correct"]) & (np.array(ref["radius"]) >= r))))
                     for c, r in zip(certified, levels)]
         print(f"    {name:24s}{ev.mean():9,.0f}{np.median(ev):9,.0f}{np.percentile(ev, 90):9,.0f}"
-              f"{100 * at_budget:7.0f}%{(N0 + N) / ev.mean():7.1f}x{row['time']:8.1f}"
-              f"{ref['time'] / row['time'] if row['time'] > 0 else math.nan:6.1f}x  "
+              f"{at_budget}{(N0 + N) / ev.mean():7.1f}x{row['time']:8.1f}{wall}  "
               + " ".join(f"{100 * np.mean(c):.1f}" for c in certified) + "; " + " ".join(map(str, disagree)),
               flush=True)
 
@@ -815,7 +816,9 @@ def print_oracle(name, row, reference_pA, sigma, N, N0, alpha, beta):
             f"needs {oracle.mean():,.0f} estimation draws per example (it saves {(N0 + N) / (N0 + oracle.mean()):.1f}x "
             f"the reference's evaluations, N0 included); the arm spends {draws.mean():,.0f}, "
             f"{draws.mean() / oracle.mean():.2f}x (bench.oracle_draws)")
-    if cut.any():
+    if cut.all():   # nothing left to compare without them
+        line += f"; every example's oracle passes N_max in some runs (counted at N_max)"
+    elif cut.any():
         line += (f"; {cut.sum()} examples' oracle passes N_max in some runs (counted at N_max): without them "
                  f"{draws[~cut].mean() / oracle[~cut].mean():.2f}x")
     print(line)

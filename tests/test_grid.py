@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -411,6 +412,18 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     bench.print_grid_table({"ref": dict(one, time=10.0), "arm": dict(one, time=4.0)}, "ref", {"arm"}, 20_000, 100,
                            [0.0])
     assert capsys.readouterr().out.splitlines()[2].split()[7] == "2.5x"
+    # no NaN in the table or the oracle line on degenerate inputs: CERTIFY rows have no budget share, a log
+    # whose times read 0 no wall ratio, and where every example's oracle passes N_max nothing is left to compare
+    bench.print_grid_table({"ref": dict(one, time=10.0), "arm": dict(one, time=0.0)}, "ref", {"arm"}, 20_000, 100,
+                           [0.0])
+    ref_line, arm_line = capsys.readouterr().out.splitlines()[1:3]
+    assert ref_line.split()[4] == "-" and arm_line.split()[4] == "0%" and arm_line.split()[7] == "-"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        at_threshold = [float(norm.cdf(1.0))] * 2   # pA on the threshold of r = 0.5 at sigma 0.5
+        bench.print_oracle("grid", {"radii": [0.5], "evals": [600, 700]}, at_threshold, 0.5, 500, 100, 0.001, 0.2)
+    out = capsys.readouterr().out
+    assert "every example's oracle passes N_max" in out and "nan" not in out.lower()
     # examples must match: a log of other examples is one clear error
     other = tmp_path / "other.tsv"
     assert run_cli([*base[:-4], "--skip", 3, "--max", 8, "--N", 2_000, "--outfile", other]) == 0
