@@ -85,9 +85,9 @@ def parse_args(argv=None):
     p.add_argument("--grid-radii", type=float, nargs="+", metavar="R", help="(g): the grid of the --radii arms "
                    "(default 0.25, 0.5, ... up to 4 sigma)")
     p.add_argument("--grid-examples", type=int, help="(g): test examples per model (default 100; quick 10)")
-    p.add_argument("--grid-noise", choices=("independent", "paired"), default="independent", help="(g): each arm "
-                   "draws its own noise (default), or every arm the reference's (the paired design of the results "
-                   "made before this option: their agreement is partly by construction)")
+    p.add_argument("--grid-noise", choices=("independent", "paired"), help="(g): each arm draws its own noise "
+                   "(independent, the default), or every arm the reference's (paired: their agreement is then "
+                   "partly by construction)")
     p.add_argument("--grid-logs", nargs="+", metavar="TSV", help="(g) from finished certify.py logs of one model "
                    "on the same examples instead: CERTIFY at N first (the reference), then the other arms")
     p.add_argument("--checkpoint", nargs="+", help="(d): trained models (with their sigma) instead of digits "
@@ -552,7 +552,7 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=Non
                  "r = 0.5 alone": certify.grid_plan([0.5], sigma, N, alpha, beta, True, zero_level=False)}
         arms = {f"CERTIFY N = {N:,}": None, f"CERTIFY N = {N // 10:,}": None, **plans}
         results = {name: {"radius": [], "correct": [], "evals": [], "time": 0.0} for name in arms}
-        group = 64   # certify.py --group's default: the grid arms pack the draws of a group into shared passes
+        group = certify.GROUP   # certify.py --group's default: the grid arms pack a group's draws into shared passes
         for first in range(0, len(picked), group):   # arms interleaved group by group (a noisy machine)
             block = [int(i) for i in picked[first:first + group]]
             xs = [dataset[i][0].to(device) for i in block]
@@ -969,6 +969,15 @@ def run_sections(args):
                                                                                    "and positive")
     common.check(args.sections and set(args.sections) <= set("abcdefgh"), f"--sections takes letters of "
                                                                           f"'abcdefgh', got {args.sections!r}")
+    # an option of sections that do not run, or one that --grid-logs makes moot, is refused, not ignored
+    runs = set(args.sections) - ({"g"} if args.grid_logs else set())   # g from logs runs no model
+    for options, sections in ((("grid_radii", "grid_noise"), "g"), (("grid_N", "grid_examples"), "gh"),
+                              (("abstain_N", "abstain_examples"), "d"), (("checkpoint", "data_dir"), "dgh")):
+        for option in options:
+            common.check(getattr(args, option) is None or runs & set(sections),
+                         f"--{option.replace('_', '-')} goes with --sections {' or '.join(sections)}"
+                         + (" run on models, not --grid-logs" if args.grid_logs and "g" in sections else ""))
+    common.check(args.grid_logs is None or "g" in args.sections, "--grid-logs goes with --sections g")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = machinery.get_device(args.device)
@@ -1019,7 +1028,7 @@ def run_sections(args):
                 paths = args.checkpoint or train_digits_models(folder, 5 if quick else 20, sigmas=(0.25, 0.5))
                 bench_grid(paths, device, args.data_dir, args.grid_N or (10_000 if quick else 100_000),
                            args.grid_examples or (10 if quick else 100), args.trust_checkpoint, args.grid_radii,
-                           args.grid_noise)
+                           args.grid_noise or "independent")
     if "h" in args.sections:
         print("\n(h) DDRS certification against plain CERTIFY (ddrs.py certify)", flush=True)
         with tempfile.TemporaryDirectory() as folder:

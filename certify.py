@@ -96,6 +96,9 @@ EARLY_ABSTAIN_ALPHA = 0.001
 # --radii: the largest budget N_max (5,232 looks; a prior's tables, with their exact rule-out levels, then take
 # 10-30 s on a CPU core, about 1 s at the paper's 100,000)
 MAX_GRID_DRAWS = 10 ** 6
+# --radii: examples whose draws share forward passes (--group's default): enough to keep a batch of 1,000 full
+# once most of them have stopped, few enough that a group's tables and looks stay cheap
+GROUP = 64
 
 
 def build_parser(description=__doc__):
@@ -149,7 +152,7 @@ def build_parser(description=__doc__):
     p.add_argument("--beta", type=float, help="--radii: the chance of ruling out a radius the example reaches, "
                    "exact at its threshold (default 0.2, chosen by measurement: scripts/beta_curve.py; ruling out "
                    "stops early and only ever removes certificates)")
-    p.add_argument("--group", type=int, default=64, help="--radii: examples whose draws are packed into shared "
+    p.add_argument("--group", type=int, help="--radii: examples whose draws are packed into shared "
                    "forward passes (default 64); an example's noise does not depend on it (nor its line, unless batched "
                    "kernels round a vote differently)")
     p.add_argument("--no-final-look", dest="final_look", action="store_false", help="--radii: spend all of alpha "
@@ -820,7 +823,8 @@ def check_args(args):
     common.check(args.skip >= 1, f"--skip must be >= 1 (got {args.skip}); 1 certifies every example")
     common.check(args.max is None or args.max >= 1, f"--max must be >= 1 (got {args.max}); omit it for all")
     common.check(args.batch >= 1, f"--batch must be >= 1 (got {args.batch})")
-    common.check(1 <= args.group <= 10 ** 5, f"--group must lie in [1, 100000] (got {args.group})")
+    common.check(args.group is None or 1 <= args.group <= 10 ** 5,
+                 f"--group must lie in [1, 100000] (got {args.group})")
     common.check(args.seed == "random" or args.seed >= 0, f"--seed must be >= 0 or 'random' (got {args.seed})")
     common.check(not (args.label_mode and args.predict), "--label-mode certifies the true label; PREDICT has no "
                                                          "candidate to fix (drop one of them)")
@@ -834,7 +838,10 @@ def check_args(args):
         common.check(args.N <= MAX_GRID_DRAWS, f"--radii: --N (the budget N_max) must be at most "
                                                f"{MAX_GRID_DRAWS:,} (got {args.N:,}): beyond, the tables of its looks "
                                                f"take minutes per selection count to plan")
+    # the options of --radii alone: refused without it rather than silently ignored
     common.check(args.zero_level or args.radii is not None, "--no-zero-level goes with --radii")
+    common.check(args.final_look or args.radii is not None, "--no-final-look goes with --radii")
+    common.check(args.group is None or args.radii is not None, "--group goes with --radii")
     common.check(args.beta is None or (args.radii is not None and 0 <= args.beta < 1),
                  "--beta goes with --radii and must lie in [0, 1)")
 
@@ -1081,7 +1088,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         final_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
     selected, done, seed = todo[0]   # rank 0's selection, what is done and the seed, on every rank
     if plan is not None:   # --radii: groups of examples share forward passes; a group is the unit of a rank's work
-        groups = [selected[g:g + args.group] for g in range(0, len(selected), args.group)]
+        size = args.group or GROUP
+        groups = [selected[g:g + size] for g in range(0, len(selected), size)]
         mine = [grp for k, grp in enumerate(groups) if k % world == rank and not set(grp) <= done]
     else:
         mine = [[i] for i in selected if i not in done][rank::world]

@@ -150,6 +150,16 @@ def check_finite(settings):
                 common.check(abs(v) < 2 ** 63, f"{FLAG_NAMES.get(key, '--' + key)} must fit in 64 bits, got {value}")
 
 
+def check_mode_options(args, modes):
+    """modes: {option: the modes it takes effect in} (argparse dests; an option not given is None, a mode off is
+    falsy). An option given while none of its modes is on is a UserError naming both: silently ignoring it would
+    run something other than what was asked."""
+    for option, needs in modes.items():
+        if getattr(args, option) is not None and not any(getattr(args, m) for m in needs):
+            flag = FLAG_NAMES.get(option, "--" + option.replace("_", "-"))
+            common.check(False, f"{flag} goes with {' or '.join('--' + m.replace('_', '-') for m in needs)}")
+
+
 def check_sigma(sigma, flag="--sigma", precision="fp32"):
     """sigma is a noise level the float32 (or fp16) arithmetic of sampling and the model can carry: in
     SIGMA_RANGE, and at most SIGMA_MAX_FP16 under fp16. A certificate at a sigma the arithmetic cannot carry

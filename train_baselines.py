@@ -641,7 +641,7 @@ def parse_args():
     g = p.add_argument_group("other modes")
     g.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT "
                    "under --method's loss (Table 2)")
-    g.add_argument("--probe", type=int, default=1000, help="--gradnorm: training examples probed")
+    g.add_argument("--probe", type=int, help="--gradnorm: training examples probed (default 1000)")
     g.add_argument("--N", type=int, help="--gradnorm: noise samples for each probe's pA (default 100); "
                    "--make-catrs-target: votes per image (default 10,000)")
     g.add_argument("--make-catrs-target", action="store_true", help="instead of training: CAT-RS's soft labels "
@@ -791,6 +791,9 @@ def train(args, device):
 
 def main():
     args = parse_args()
+    machinery.check_mode_options(args, {"probe": ["gradnorm"], "N": ["gradnorm", "make_catrs_target"],
+                                        "checkpoint": ["make_catrs_target"], "out": ["make_catrs_target"]})
+    args.probe = 1000 if args.probe is None else args.probe
     machinery.set_inputs([args.gradnorm, args.catrs_target, args.checkpoint])   # files this run reads: never written over
     if args.make_catrs_target:
         return make_target_mode(args)

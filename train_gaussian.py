@@ -65,8 +65,8 @@ def parse_args():
                    "whole batch of all ranks (SyncBatchNorm), as on the paper's single GPU; default: each "
                    "rank's batch // world_size inputs")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT")
-    p.add_argument("--probe", type=int, default=1000, help="--gradnorm: training examples probed")
-    p.add_argument("--N", type=int, default=100, help="--gradnorm: noise samples for each probe's pA")
+    p.add_argument("--probe", type=int, help="--gradnorm: training examples probed (default 1000)")
+    p.add_argument("--N", type=int, help="--gradnorm: noise samples for each probe's pA (default 100)")
     return p.parse_args()
 
 
@@ -155,6 +155,8 @@ def train(args, device):
 
 def main():
     args = parse_args()
+    machinery.check_mode_options(args, {"probe": ["gradnorm"], "N": ["gradnorm"]})
+    args.probe, args.N = 1000 if args.probe is None else args.probe, 100 if args.N is None else args.N
     machinery.set_inputs([args.gradnorm])   # files this run reads: never written over
     if args.gradnorm:
         return gradnorm_mode(args)

@@ -110,7 +110,7 @@ def parse_args():
                    "rank's batch // world_size inputs")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of "
                    "CKPT, with and without the attack")
-    p.add_argument("--probe", type=int, default=1000, help="--gradnorm: training examples probed")
+    p.add_argument("--probe", type=int, help="--gradnorm: training examples probed (default 1000)")
     return p.parse_args()
 
 
@@ -317,6 +317,8 @@ def train(args, device):
 
 def main():
     args = parse_args()
+    machinery.check_mode_options(args, {"probe": ["gradnorm"]})
+    args.probe = 1000 if args.probe is None else args.probe
     machinery.set_inputs([args.gradnorm, args.pA_checkpoint])   # files this run reads: never written over
     if args.gradnorm:
         return gradnorm_mode(args)

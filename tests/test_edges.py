@@ -177,6 +177,34 @@ def test_gradient_norm_mode_checks_its_sizes_before_it_allocates(tmp_path, monke
     assert not (tmp_path / "out" / "gradnorm_gaussian.tsv").exists()
 
 
+@pytest.mark.parametrize("script, argv, message", [
+    ("certify", ["--no-final-look"], "--no-final-look goes with --radii"),
+    ("certify", ["--group", "8"], "--group goes with --radii"),
+    ("train_gaussian", ["--probe", "5"], "--probe goes with --gradnorm"),
+    ("train_gaussian", ["--N", "5"], "--N goes with --gradnorm"),
+    ("train_ours", ["--probe", "5"], "--probe goes with --gradnorm"),
+    ("train_baselines", ["--method", "macer", "--N", "5"], "--N goes with --gradnorm or --make-catrs-target"),
+    ("train_baselines", ["--method", "macer", "--checkpoint", "c", "--out", "o"],
+     "--checkpoint goes with --make-catrs-target"),
+    ("bench", ["--sections", "a", "--grid-radii", "0.5"], "--grid-radii goes with --sections g"),
+    ("bench", ["--sections", "g", "--grid-logs", "x.tsv", "--grid-noise", "paired"], "not --grid-logs"),
+    ("bench", ["--sections", "ab", "--checkpoint", "c"], "--checkpoint goes with --sections d or g or h"),
+    ("bench", ["--sections", "d", "--grid-logs", "x.tsv"], "--grid-logs goes with --sections g")])
+def test_an_option_of_another_mode_is_refused_not_ignored(script, argv, message, tmp_path, monkeypatch, capsys):
+    """An option that only acts in a mode (--radii, --gradnorm, a bench section) given without it would run
+    something other than what was asked: one line and exit 2, before anything is written."""
+    import importlib
+    from helpers import run_main
+    module = importlib.import_module(script)
+    out = ["--outdir", tmp_path / "run"] if script.startswith("train") else \
+        ["--outfile", tmp_path / "run.tsv", "--checkpoint", tmp_path / "c.pth.tar"] if script == "certify" else []
+    full = ["--dataset", "digits", "--sigma", "0.5", *out, *argv] if script != "bench" else argv
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *map(str, full)])
+    assert run_main(lambda _: module.main(), []) == 2
+    assert message in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
 def test_max_batches_below_one_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
     assert run_training(monkeypatch, ["--dataset", "digits", "--sigma", "0.5", "--epochs", "1", "--workers", "0",
                                       "--max-batches", "-1", "--outdir", tmp_path / "run"]) == 2

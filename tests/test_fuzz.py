@@ -241,7 +241,7 @@ number_flags = st.sampled_from([
     ["--N0", str(10 ** 15)], ["--batch", "0"], ["--batch", str(10 ** 12)], ["--batch", "7"],
     ["--alpha", "1e-320"], ["--alpha", "0.5"], ["--alpha", "nan"], ["--sigma", "1e-50"], ["--sigma", "1e39"],
     ["--sigma", "inf"], ["--sigma", "0.25"], ["--sigma", "1e300"], ["--radii", "0", "0.25"],
-    ["--radii", "1e300"], ["--radii", "nan"], ["--beta", "0.01"], ["--skip", "0"], ["--max", "0"],
+    ["--radii", "1e300"], ["--radii", "nan"], ["--beta", "0.01"], ["--no-final-look"], ["--group", "3"], ["--no-zero-level"], ["--skip", "0"], ["--max", "0"],
     ["--seed", "-1"], ["--seed", str(2 ** 70)], ["--predict"], ["--sound"], ["--overwrite"], ["--save-counts"],
     ["--early-abstain"], ["--split", "train"], ["--precision", "bf16"]])
 

@@ -810,6 +810,12 @@ def test_no_zero_level_decides_only_the_listed_radii_and_stays_valid(digits_mode
     assert json.loads((tmp_path / "alone.tsv.json").read_text())["radii"] == [0.5]
     assert run_cli([*base, "--radii", 0.5, "--outfile", out]) == 2        # not resumed as a run with r = 0
     assert run_cli([*base, "--no-zero-level", "--outfile", tmp_path / "x.tsv"]) == 2
+    # every option of --radii alone is refused without it, not silently ignored (CERTIFY would run instead)
+    for only_grid in (["--no-final-look"], ["--group", 8], ["--beta", 0.1]):
+        capsys.readouterr()
+        assert run_cli([*base, *only_grid, "--outfile", tmp_path / "x.tsv"]) == 2
+        assert f"{only_grid[0]} goes with --radii" in capsys.readouterr().err
+        assert not (tmp_path / "x.tsv").exists()
     capsys.readouterr()
     import analyze
     assert run_main(analyze.main, ["table", str(out)]) == 0
