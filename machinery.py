@@ -32,6 +32,7 @@ PROJECT = "acr-weakness"   # the scripts check it: a student's own machinery.py 
 # ----------------------------------------------------------------------------------------------------------
 
 FLAG_NAMES = {}   # dest -> the flag as typed (--elastic-m for elastic_m), for messages about a parsed value
+FLAG_DEFAULTS = {}   # dest -> its default, of the last command line parsed (check_mode_options)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -39,6 +40,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         FLAG_NAMES.update({a.dest: max(a.option_strings, key=len) for a in self._actions if a.option_strings})
+        FLAG_DEFAULTS.clear()
+        FLAG_DEFAULTS.update({a.dest: a.default for a in self._actions if a.option_strings})
         return super().parse_args(args, namespace)
 
     def error(self, message):
@@ -150,14 +153,22 @@ def check_finite(settings):
                 common.check(abs(v) < 2 ** 63, f"{FLAG_NAMES.get(key, '--' + key)} must fit in 64 bits, got {value}")
 
 
-def check_mode_options(args, modes):
+def check_mode_options(args, modes, alone=None):
     """modes: {option: the modes it takes effect in} (argparse dests; an option not given is None, a mode off is
     falsy). An option given while none of its modes is on is a UserError naming both: silently ignoring it would
-    run something other than what was asked."""
+    run something other than what was asked. alone: {mode: the options it uses}; with that mode on, any other
+    option set away from its default (ArgumentParser records them) is refused the same way."""
+    def flag(dest):
+        return FLAG_NAMES.get(dest, "--" + dest.replace("_", "-"))
     for option, needs in modes.items():
         if getattr(args, option) is not None and not any(getattr(args, m) for m in needs):
-            flag = FLAG_NAMES.get(option, "--" + option.replace("_", "-"))
-            common.check(False, f"{flag} goes with {' or '.join('--' + m.replace('_', '-') for m in needs)}")
+            common.check(False, f"{flag(option)} goes with {' or '.join(flag(m) for m in needs)}")
+    for mode, used in (alone or {}).items():
+        if getattr(args, mode):
+            unused = [d for d, v in vars(args).items()
+                      if d != mode and d not in used and d in FLAG_DEFAULTS and v != FLAG_DEFAULTS[d]]
+            common.check(not unused, f"{', '.join(map(flag, unused))} {'does' if len(unused) == 1 else 'do'} not "
+                                     f"apply to {flag(mode)}")
 
 
 def check_sigma(sigma, flag="--sigma", precision="fp32"):

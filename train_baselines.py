@@ -651,6 +651,11 @@ def parse_args():
     return p.parse_args()
 
 
+# the methods' own flags: each applies to the methods whose released settings name it (settings)
+HYPER_PARAMETERS = ("m", "T", "eps", "attack", "warmup", "lbd", "eta", "beta", "gamma", "deferred", "alpha",
+                    "mix_step", "maxnorm", "double_eps_from", "lr_drop", "confidence_mask")
+
+
 def method_defaults(method, dataset, sigma):
     """The released hyper-parameters for (method, dataset, sigma), and a note when they are borrowed."""
     common.check(method in METHODS, f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -671,8 +676,7 @@ def settings(args):
     common.check(args.m is None or args.m >= 1, f"--m must be >= 1, got {args.m}")
     hp, note = method_defaults(args.method, args.dataset, args.sigma)
     s = dict(vars(args))
-    for key in ("m", "T", "eps", "attack", "warmup", "lbd", "eta", "beta", "gamma", "deferred", "alpha", "mix_step", "maxnorm",
-                "double_eps_from", "lr_drop", "confidence_mask"):
+    for key in HYPER_PARAMETERS:
         common.check(s[key] is None or key in hp, f"--{key} does not apply to --method {args.method}")
         s[key] = s[key] if s[key] is not None else hp.get(key)
     common.check(args.catrs_target is None or args.method == "catrs", "--catrs-target is only for --method catrs")
@@ -791,8 +795,12 @@ def train(args, device):
 
 def main():
     args = parse_args()
+    common_options = {"device", "trust_checkpoint", "sigma", "dataset", "data_dir", "seed", "N"}
     machinery.check_mode_options(args, {"probe": ["gradnorm"], "N": ["gradnorm", "make_catrs_target"],
-                                        "checkpoint": ["make_catrs_target"], "out": ["make_catrs_target"]})
+                                        "checkpoint": ["make_catrs_target"], "out": ["make_catrs_target"]},
+                                 alone={"make_catrs_target": common_options | {"checkpoint", "out", "batch", "workers"},
+                                        "gradnorm": common_options | set(HYPER_PARAMETERS) | {
+                                            "method", "probe", "outdir", "epochs", "catrs_target"}})
     args.probe = 1000 if args.probe is None else args.probe
     machinery.set_inputs([args.gradnorm, args.catrs_target, args.checkpoint])   # files this run reads: never written over
     if args.make_catrs_target:

@@ -155,7 +155,8 @@ def train(args, device):
 
 def main():
     args = parse_args()
-    machinery.check_mode_options(args, {"probe": ["gradnorm"], "N": ["gradnorm"]})
+    machinery.check_mode_options(args, {"probe": ["gradnorm"], "N": ["gradnorm"]}, alone={"gradnorm": {
+        "device", "trust_checkpoint", "sigma", "m", "probe", "N", "dataset", "data_dir", "outdir", "seed"}})
     args.probe, args.N = 1000 if args.probe is None else args.probe, 100 if args.N is None else args.N
     machinery.set_inputs([args.gradnorm])   # files this run reads: never written over
     if args.gradnorm:

@@ -317,7 +317,9 @@ def train(args, device):
 
 def main():
     args = parse_args()
-    machinery.check_mode_options(args, {"probe": ["gradnorm"]})
+    machinery.check_mode_options(args, {"probe": ["gradnorm"]}, alone={"gradnorm": {
+        "device", "trust_checkpoint", "sigma", "m", "T", "eps", "attack", "probe", "N", "dataset", "data_dir",
+        "outdir", "seed"}})
     args.probe = 1000 if args.probe is None else args.probe
     machinery.set_inputs([args.gradnorm, args.pA_checkpoint])   # files this run reads: never written over
     if args.gradnorm:

@@ -189,7 +189,13 @@ def test_gradient_norm_mode_checks_its_sizes_before_it_allocates(tmp_path, monke
     ("bench", ["--sections", "a", "--grid-radii", "0.5"], "--grid-radii goes with --sections g"),
     ("bench", ["--sections", "g", "--grid-logs", "x.tsv", "--grid-noise", "paired"], "not --grid-logs"),
     ("bench", ["--sections", "ab", "--checkpoint", "c"], "--checkpoint goes with --sections d or g or h"),
-    ("bench", ["--sections", "d", "--grid-logs", "x.tsv"], "--grid-logs goes with --sections g")])
+    ("bench", ["--sections", "d", "--grid-logs", "x.tsv"], "--grid-logs goes with --sections g"),
+    # and in a mode, the options of the others: --gradnorm trains nothing, --make-catrs-target probes nothing
+    ("train_gaussian", ["--gradnorm", "c", "--epochs", "3", "--lr", "0.2"], "--epochs, --lr do not apply to --gradnorm"),
+    ("train_ours", ["--gradnorm", "c", "--Et", "5"], "--Et does not apply to --gradnorm"),
+    ("train_baselines", ["--method", "macer", "--gradnorm", "c", "--amp"], "--amp does not apply to --gradnorm"),
+    ("train_baselines", ["--make-catrs-target", "--checkpoint", "c", "--out", "o", "--method", "macer"],
+     "--method, --outdir do not apply to --make-catrs-target")])
 def test_an_option_of_another_mode_is_refused_not_ignored(script, argv, message, tmp_path, monkeypatch, capsys):
     """An option that only acts in a mode (--radii, --gradnorm, a bench section) given without it would run
     something other than what was asked: one line and exit 2, before anything is written."""
