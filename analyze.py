@@ -72,7 +72,8 @@ def parse_args(argv=None):
     s = logs_command("table", "ACR and certified accuracy at radii, grouped by sigma (Tables 3, 4)")
     s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
     s.add_argument("--format", choices=("markdown", "latex", "tsv"), default="markdown", help="what stdout gets")
-    s.add_argument("--baseline", default="gaussian", help="label of the row that LaTeX greys against")
+    s.add_argument("--baseline", help="label of the row that LaTeX greys against (default: gaussian, if a log "
+                   "has that label)")
     s.add_argument("--group-by-seed", action="store_true", help="Table 8: logs of one method and sigma from "
                    "several seeds (paths that differ only in a seed part, e.g. seed1/ or _seed2, or equal "
                    "--labels) become one row, mean ± sample standard deviation over the seeds")
@@ -88,7 +89,8 @@ def parse_args(argv=None):
     s.add_argument("--pmax", type=float, default=0.99, help="compare models on p in [0.5, pmax] (default 0.99: "
                                                             "where the paper's App. B.3 statements hold) and on "
                                                             "[0.5, 1]")
-    s.add_argument("--baseline", default="gaussian", help="label that §4.3's statement compares each method with")
+    s.add_argument("--baseline", help="label that §4.3's statement compares each method with (default: gaussian, "
+                   "if a log has that label)")
 
     s = logs_command("budget", "expected certified accuracy under another budget --N --alpha (App. B.1)",
                      logs_help="certification TSVs, or ECDF files with columns `x y` (as published)")
@@ -1778,6 +1780,8 @@ def analyze(args):
         side_a, side_b = (args.logs, args.vs) if args.vs else (args.logs[:1], args.logs[1:])
         common.check(args.vs or len(args.logs) == 2, f"compare takes two logs (A B), or A's logs then --vs and "
                                                       f"B's logs; got {len(args.logs)} logs and no --vs")
+        common.check(args.over == "test-set" or (args.N is None and args.alpha is None),
+                     "--N and --alpha go with --over test-set (the images' comparison reads no budget)")
         logs = load_logs(side_a + side_b, sigmas=args.sigmas,
                          command="compare --over test-set" if args.over == "test-set" else "compare")
         check_same_images(logs)
@@ -1795,10 +1799,11 @@ def analyze(args):
         if by_seed and not labels:   # labels from the paths without their seed parts
             labels = [label_from_path(strip_seed(path)) for path in args.logs]
         logs = load_logs(args.logs, labels, args.sigmas, command=c)
+        check_baseline(args, logs)
         if by_seed:
             text = seed_table_report(logs, args.radii, args.format, args.out)
         elif c == "table":
-            text = table_report(logs, args.radii, args.format, args.out, baseline=args.baseline)
+            text = table_report(logs, args.radii, args.format, args.out, baseline=args.baseline or "gaussian")
             if args.out:
                 plot_certified_accuracy(logs, args.out, "certified_accuracy")
         elif c == "ablation":
@@ -1807,8 +1812,21 @@ def analyze(args):
         elif c == "envelope":
             text = envelope_report(logs, args.radii, args.out)
         else:
-            text = ecdf_report(attach_pA(logs, args.N, args.alpha), args.pmax, args.out, baseline=args.baseline)
+            text = ecdf_report(attach_pA(logs, args.N, args.alpha), args.pmax, args.out,
+                               baseline=args.baseline or "gaussian")
     print(text)
+
+
+def check_baseline(args, logs):
+    """A --baseline given is one of the logs' labels, and acts: table greys against it in LaTeX only (--format
+    latex, or the .tex file of --out), ecdf compares with it. Otherwise one clear error, not a quiet no-op."""
+    if getattr(args, "baseline", None) is None:
+        return
+    labels = sorted({log["label"] for log in logs})
+    common.check(args.baseline.lower() in {label.lower() for label in labels},
+                 f"--baseline {args.baseline!r} is none of the logs' labels ({', '.join(labels)}); --labels names them")
+    common.check(args.command != "table" or args.group_by_seed is False and (args.format == "latex" or args.out),
+                 "--baseline greys LaTeX rows: it goes with --format latex or --out (and not --group-by-seed)")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -211,6 +211,26 @@ def test_an_option_of_another_mode_is_refused_not_ignored(script, argv, message,
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["compare", "A", "--vs", "B", "--N", "100"], "--N and --alpha go with --over test-set"),
+    (["table", "A", "B", "--baseline", "zzz"], "--baseline 'zzz' is none of the logs' labels (a, b)"),
+    (["table", "A", "B", "--baseline", "a"], "--baseline greys LaTeX rows"),
+    (["ecdf", "A", "B", "--baseline", "zzz"], "--baseline 'zzz' is none of the logs' labels")])
+def test_an_analyze_option_that_would_do_nothing_is_refused(argv, message, tmp_path, capsys):
+    """analyze.py: --N / --alpha of compare's test-set mode on the images' comparison, a --baseline no log is
+    called, or one given where nothing is greyed: one line and exit 2, not a report that ignored them."""
+    import analyze
+    from helpers import run_main
+    paths = {"A": tmp_path / "a" / "noise_0.5.tsv", "B": tmp_path / "b" / "noise_0.5.tsv"}
+    for path in paths.values():
+        path.parent.mkdir()
+        path.write_text(LOG.format("0.5"))
+    assert run_main(analyze.main, [str(paths.get(a, a)) for a in argv]) == 2
+    assert message in capsys.readouterr().err
+    latex = ["table", paths["A"], paths["B"], "--baseline", "a", "--format", "latex"]
+    assert run_main(analyze.main, latex) == 0 and "\\bottomrule" in capsys.readouterr().out
+
+
 def test_max_batches_below_one_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
     assert run_training(monkeypatch, ["--dataset", "digits", "--sigma", "0.5", "--epochs", "1", "--workers", "0",
                                       "--max-batches", "-1", "--outdir", tmp_path / "run"]) == 2
