@@ -25,7 +25,9 @@ rule promises that this happens with probability at most alpha. Four checks, wri
 
   python scripts/grid_validity.py --out results/grid_validity/report.md [--trials 40000] [--pipeline-trials 40000]
 """
+import contextlib
 import importlib.util
+import multiprocessing
 import os
 import sys
 import time
@@ -122,23 +124,40 @@ def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=
     return rows, plan
 
 
-def pipeline(radii, sigma, N, alpha, beta, trials, seed, label_mode):
-    """The same through certify.grid_certify_many on a halfspace, packed 64 examples a group."""
+def pipeline_cell(radii, sigma, N, alpha, beta, trials, seed, label_mode, j):
+    """False certificates of level j in `trials` runs of certify.grid_certify_many on a halfspace whose point
+    lies at distance r_j from its boundary, packed 64 examples a group; run k draws example_generator(seed, k)."""
+    torch.set_num_threads(1)
     plan = certify.grid_plan(radii, sigma, N, alpha, beta, True)
     torch.manual_seed(seed)
     w, b = torch.randn(4, dtype=torch.float64).float(), torch.tensor(0.3)
-    model = Halfspace(w, b)
-    rows, exact = [], exact_totals(plan, 0 if label_mode else 100, two_classes=True)
-    for j, r in enumerate(plan["radii"][1:], start=1):
-        x = ((r * float(w.norm()) - float(b)) * w / float(w.norm()) ** 2).view(4, 1, 1)   # w.x + b = r |w|
-        false = 0
-        for g in range(0, trials, 64):
-            items = [(x, common.example_generator(seed, k), 1 if label_mode else None)
-                     for k in range(g, min(g + 64, trials))]
-            outs = certify.grid_certify_many(model, items, sigma, 100, 10_000, 2, plan)
-            false += sum(o["predict"] >= 0 and (o["predict"] != 1 or o["radius"] >= r) for o in outs)
-        rows.append((r, float(norm.cdf(r / sigma)), exact[j], false, trials, false / trials,
-                     interval95(false, trials)))
+    model, r = Halfspace(w, b), plan["radii"][j]
+    x = ((r * float(w.norm()) - float(b)) * w / float(w.norm()) ** 2).view(4, 1, 1)   # w.x + b = r |w|
+    false = 0
+    for g in range(0, trials, 64):
+        items = [(x, common.example_generator(seed, k), 1 if label_mode else None)
+                 for k in range(g, min(g + 64, trials))]
+        outs = certify.grid_certify_many(model, items, sigma, 100, 10_000, 2, plan)
+        false += sum(o["predict"] >= 0 and (o["predict"] != 1 or o["radius"] >= r) for o in outs)
+    return false
+
+
+def pipeline(radii, sigma, N, alpha, beta, trials, seed, pool=None):
+    """Part 2's rows, {label_mode: rows} for predict mode (False) and label mode (True): every level but r = 0
+    through pipeline_cell (in `pool`'s processes if given: the same counts, the cells being independent and
+    seeded alike), with the exact totals beside them."""
+    plan = certify.grid_plan(radii, sigma, N, alpha, beta, True)
+    cells = [(radii, sigma, N, alpha, beta, trials, seed, label_mode, j)
+             for label_mode in (False, True) for j in range(1, len(plan["radii"]))]
+    counts = pool.starmap(pipeline_cell, cells) if pool else [pipeline_cell(*cell) for cell in cells]
+    rows = {False: [], True: []}
+    for cell, false in zip(cells, counts):
+        label_mode, j = cell[-2:]
+        if not rows[label_mode]:
+            exact = exact_totals(plan, 0 if label_mode else 100, two_classes=True)
+        r = plan["radii"][j]
+        rows[label_mode].append((r, float(norm.cdf(r / sigma)), exact[j], false, trials, false / trials,
+                                 interval95(false, trials)))
     return rows
 
 
@@ -162,11 +181,14 @@ def main(argv=None):
     p.add_argument("--pipeline-trials", type=int, default=40_000, help="grid_certify_many runs per level and mode")
     p.add_argument("--alphas", type=float, nargs="+", default=[0.05, 0.01])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1, help="processes for part 2's cells (a mode and a level each; "
+                   "the same counts as one process)")
     p.add_argument("--priors", type=int, nargs="+", default=list(range(101)), metavar="K0",
                    help="part 3: the selection counts k0 (of N0 = 100) whose priors are checked (default all, 0 ... 100)")
     args = p.parse_args(argv)
     common.check(args.trials >= 1 and args.pipeline_trials >= 0, "--trials must be >= 1, --pipeline-trials >= 0")
     common.check(all(0 < a < 1 for a in args.alphas), "--alphas must lie in (0, 1)")
+    common.check(1 <= args.workers <= 64, f"--workers must lie in [1, 64] (got {args.workers})")
     sigma, radii, N, beta = 0.5, [0.25, 0.5, 0.75, 1.0], 20_000, certify.DEFAULT_BETA
     start, parts, ok = time.time(), [], True
     parts.append(f"# certify.py --radii: validity with known truth\n\nMade by `python scripts/grid_validity.py "
@@ -182,8 +204,10 @@ def main(argv=None):
                          f"{table(rows)}\n")
     if args.pipeline_trials:
         alpha = max(args.alphas)
-        for label_mode in (False, True):
-            rows = pipeline(radii, sigma, N // 2, alpha, beta, args.pipeline_trials, args.seed + 1, label_mode)
+        with multiprocessing.get_context("spawn").Pool(args.workers) if args.workers > 1 else \
+                contextlib.nullcontext() as pool:
+            modes = pipeline(radii, sigma, N // 2, alpha, beta, args.pipeline_trials, args.seed + 1, pool)
+        for label_mode, rows in modes.items():
             ok &= holds(rows, alpha)
             parts.append(f"## 2. Pipeline (certify.grid_certify_many, 64 examples a group, N_max = {N // 2:,}), "
                          f"{'label' if label_mode else 'predict'} mode, α = {alpha:g}\n\n{table(rows)}\n")

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import types
 import warnings
 
@@ -778,6 +779,17 @@ def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tm
     assert all(f"## 1. Vote process, {mode} mode, α = 0.05" in text for mode in ("predict", "label"))
     rows, plan = grid_validity.vote_process([0.25, 0.5], 0.5, 5000, 0.05, 0.2, 2000, 3, negative=True)
     assert all(lo > 0.05 for *_, (lo, _) in rows)                      # repeated fixed-n tests: far above alpha
+    # the pipeline part (--workers) counts the same in worker processes as in this one
+    import multiprocessing
+    monkeypatch.setattr(certify, "grid_plan", real)   # the workers' certify is the real one
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "scripts"))   # workers import it by name, as the script's do
+    monkeypatch.setitem(sys.modules, "grid_validity", grid_validity)
+    setting = ([0.25], 0.5, 2000, 0.3, 0.2, 24, 5)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:   # not fork: torch's threads in this process
+        pooled = grid_validity.pipeline(*setting, pool)
+    alone = grid_validity.pipeline(*setting)
+    assert pooled == alone and set(alone) == {False, True} and [len(rows) for rows in alone.values()] == [1, 1]
+    assert sum(row[3] for rows in alone.values() for row in rows) > 0   # at alpha 0.3 some false certificates
 
 
 def test_no_zero_level_decides_only_the_listed_radii_and_stays_valid(digits_model, tmp_path, capsys):
