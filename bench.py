@@ -754,10 +754,22 @@ def arm_intervals(results, reference, grid_arms, radii, noise):
         rows, _ = analyze.compare_sides([as_log(reference)], [as_log(name)], grid_arms.get(name, radii))
         rows = [r for r in rows if r[0].startswith("certified accuracy")]
         worst = max(rows, key=lambda r: abs(r[3]))
-        verdicts = {r[6] for r in rows}
         print(f"    {name:24s} {worst[0]}: {100 * worst[3]:+.1f} points [{100 * worst[4]:+.1f}, "
-              f"{100 * worst[5]:+.1f}]; "
-              f"{'every radius within noise' if verdicts == {'within noise'} else ', '.join(sorted(verdicts))}")
+              f"{100 * worst[5]:+.1f}]; {verdict_by_radius(rows)}")
+
+
+def verdict_by_radius(rows):
+    """compare_sides' verdicts over the radii, said radius by radius where any is beyond noise: 'lower at r=1.5,
+    r=1.75; within noise at the other 6' (not a bare 'lower, within noise', which reads as one verdict)."""
+    by = {}
+    for row in rows:
+        by.setdefault(row[6], []).append(row[0].split()[-1])
+    if set(by) == {"within noise"}:
+        return "every radius within noise"
+    beyond = "; ".join(f"{verdict} at {', '.join(radii)}" for verdict, radii in sorted(by.items())
+                       if verdict != "within noise")
+    rest = len(by.get("within noise", []))
+    return beyond + (f"; within noise at the other {rest}" if rest else "")
 
 
 def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=2048):

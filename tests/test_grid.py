@@ -425,6 +425,13 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
         bench.print_oracle("grid", {"radii": [0.5], "evals": [600, 700]}, at_threshold, 0.5, 500, 100, 0.001, 0.2)
     out = capsys.readouterr().out
     assert "every example's oracle passes N_max" in out and "nan" not in out.lower()
+    # a verdict beyond noise names its radii, so that "lower" and "within noise" never read as one verdict
+    rows = [("certified accuracy r=0.5", 0.3, 0.29, -0.01, -0.02, 0.01, "within noise"),
+            ("certified accuracy r=1.5", 0.06, 0.03, -0.03, -0.05, -0.01, "lower"),
+            ("certified accuracy r=1.75", 0.04, 0.0, -0.04, -0.07, -0.02, "lower")]
+    assert bench.verdict_by_radius(rows) == "lower at r=1.5, r=1.75; within noise at the other 1"
+    assert bench.verdict_by_radius(rows[:1]) == "every radius within noise"
+    assert bench.verdict_by_radius(rows[1:]) == "lower at r=1.5, r=1.75"
     # examples must match: a log of other examples is one clear error
     other = tmp_path / "other.tsv"
     assert run_cli([*base[:-4], "--skip", 3, "--max", 8, "--N", 2_000, "--outfile", other]) == 0
