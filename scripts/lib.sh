@@ -24,6 +24,19 @@ DRY_RUN=${DRY_RUN:-0}
 read -r -a EXTRA_TRAIN_ARGS <<< "${EXTRA_TRAIN:-}"
 read -r -a EXTRA_CERTIFY_ARGS <<< "${EXTRA_CERTIFY:-}"
 export PYTHONUNBUFFERED=1
+if ! [[ "$GPUS" =~ ^[1-9][0-9]*$ ]]; then
+    echo "$(basename "$0"): GPUS must be a whole number >= 1 (processes per command), not '$GPUS'" >&2
+    exit 2
+fi
+
+# sigma_arg VALUE USAGE: VALUE if it is one of the paper's noise levels, else the usage line and exit 2 (a
+# script's bad command line is one clear line, before anything runs).
+sigma_arg() {
+    case ${1:-} in
+        0.25|0.5|1.0) echo "$1" ;;
+        *) echo "usage: $2   (SIGMA: 0.25, 0.5 or 1.0${1:+; got '$1'})" >&2; exit 2 ;;
+    esac
+}
 
 # run COMMAND...: print it (shell-quoted, after "+ "), then run it unless DRY_RUN=1.
 run() {

@@ -9,7 +9,7 @@
 # each pA from 100 noisy copies. Writes gradnorm_<method>.tsv beside each checkpoint and analyze.py's table
 # and histograms to $RUNS/tables/table2_sigma<S>/. Other settings (RUNS, ...): scripts/lib.sh.
 source "$(dirname "$0")/lib.sh"
-SIGMA=${1:-0.5}
+SIGMA=$(sigma_arg "${1:-0.5}" "bash scripts/table2.sh [SIGMA]")
 METHODS=${METHODS:-gaussian smoothadv consistency smoothmix catrs}
 PROBE=${PROBE:-1000}
 D=cifar10

@@ -12,7 +12,7 @@
 # teacher), trained once into $RUNS/cifar10/catrs_teacher_sigma0.25 and shared by every sigma, and its soft
 # labels on the training set. Other settings (RUNS, GPUS, EXTRA_TRAIN, ...): scripts/lib.sh.
 source "$(dirname "$0")/lib.sh"
-SIGMA=${1:?usage: bash scripts/table3.sh SIGMA   (0.25, 0.5 or 1.0)}
+SIGMA=$(sigma_arg "${1:-}" "bash scripts/table3.sh SIGMA")
 METHODS=${METHODS:-gaussian smoothadv macer consistency smoothmix catrs ours}
 read -r -a EXTRA_TARGET_ARGS <<< "${EXTRA_TARGET:-}"   # e.g. "--N 1" for a smoke run of the CAT-RS target
 D=cifar10

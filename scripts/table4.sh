@@ -13,7 +13,7 @@
 # is what the official ImageNet scripts ran (only --epochs 90, so their default milestones 50 and 100: one decay,
 # at epoch 50, then 40 epochs at lr 0.01). Other settings (RUNS, GPUS, EXTRA_TRAIN, ...): scripts/lib.sh.
 source "$(dirname "$0")/lib.sh"
-SIGMA=${1:?usage: bash scripts/table4.sh SIGMA   (0.25, 0.5 or 1.0)}
+SIGMA=$(sigma_arg "${1:-}" "bash scripts/table4.sh SIGMA")
 METHODS=${METHODS:-gaussian smoothadv consistency smoothmix catrs ours}
 read -r -a EXTRA_TARGET_ARGS <<< "${EXTRA_TARGET:-}"
 D=imagenet

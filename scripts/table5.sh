@@ -11,7 +11,7 @@
 #                shortened schedule (scripts/table5_cpu.sh)
 #   LOGS, TABLES where the certification logs and the table go (defaults above)
 source "$(dirname "$0")/lib.sh"
-SIGMA=${1:?usage: bash scripts/table5.sh SIGMA   (0.25, 0.5 or 1.0)}
+SIGMA=$(sigma_arg "${1:-}" "bash scripts/table5.sh SIGMA")
 read -r -a OURS_ARGS <<< "${OURS_FLAGS:-}"
 LOGS=${LOGS:-$RUNS/certify/cifar10_ablation}
 TABLES=${TABLES:-$RUNS/tables/table5_sigma$SIGMA}

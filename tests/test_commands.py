@@ -147,10 +147,19 @@ def test_smoke_overrides_and_gpus_reach_every_command(monkeypatch):
             assert (args.epochs, args.max_batches) == (1, 2)
 
 
-def test_a_missing_sigma_is_a_usage_error():
-    result = subprocess.run(["bash", "scripts/table3.sh"], cwd=ROOT, capture_output=True, text=True,
-                            env=dict(os.environ, DRY_RUN="1"), timeout=60)
-    assert result.returncode != 0 and "usage" in result.stderr
+@pytest.mark.parametrize("argv, env, message", [
+    (["scripts/table3.sh"], {}, "usage: bash scripts/table3.sh SIGMA"),
+    (["scripts/table4.sh", "abc"], {}, "got 'abc'"),
+    (["scripts/table5.sh", "0.3"], {}, "got '0.3'"),
+    (["scripts/table2.sh", "x"], {}, "got 'x'"),
+    (["scripts/table3.sh", "0.5"], {"GPUS": "two"}, "GPUS must be a whole number >= 1"),
+    (["scripts/ecdf.sh"], {"GPUS": "0"}, "GPUS must be a whole number >= 1")])
+def test_a_bad_sigma_or_gpus_is_one_usage_line_and_exit_2(argv, env, message):
+    """The scripts' own command lines and settings: one line and exit code 2, before any command is printed."""
+    result = subprocess.run(["bash", *argv], cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, DRY_RUN="1", **env), timeout=60)
+    assert result.returncode == 2 and message in result.stderr and "+ " not in result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("target", ["table2", "table3", "table4", "table5", "ecdf", "budget"])
