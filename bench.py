@@ -829,7 +829,7 @@ def print_oracle(name, row, reference_pA, sigma, N, N0, alpha, beta):
             f"the reference's evaluations, N0 included); the arm spends {draws.mean():,.0f}, "
             f"{draws.mean() / oracle.mean():.2f}x (bench.oracle_draws)")
     if cut.all():   # nothing left to compare without them
-        line += f"; every example's oracle passes N_max in some runs (counted at N_max)"
+        line += "; every example's oracle passes N_max in some runs (counted at N_max)"
     elif cut.any():
         line += (f"; {cut.sum()} examples' oracle passes N_max in some runs (counted at N_max): without them "
                  f"{draws[~cut].mean() / oracle[~cut].mean():.2f}x")

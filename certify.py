@@ -841,7 +841,7 @@ def check_args(args):
     # the options of --radii alone: refused without it rather than silently ignored
     common.check(args.zero_level or args.radii is not None, "--no-zero-level goes with --radii")
     common.check(args.final_look or args.radii is not None, "--no-final-look goes with --radii")
-    common.check(args.group is None or args.radii is not None, "--group goes with --radii")
+    machinery.check_mode_options(args, {"group": ["radii"]})
     common.check(args.beta is None or (args.radii is not None and 0 <= args.beta < 1),
                  "--beta goes with --radii and must lie in [0, 1)")
 

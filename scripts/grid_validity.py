@@ -150,14 +150,12 @@ def pipeline(radii, sigma, N, alpha, beta, trials, seed, pool=None):
     cells = [(radii, sigma, N, alpha, beta, trials, seed, label_mode, j)
              for label_mode in (False, True) for j in range(1, len(plan["radii"]))]
     counts = pool.starmap(pipeline_cell, cells) if pool else [pipeline_cell(*cell) for cell in cells]
+    exact = {mode: exact_totals(plan, 0 if mode else 100, two_classes=True) for mode in (False, True)}
     rows = {False: [], True: []}
-    for cell, false in zip(cells, counts):
-        label_mode, j = cell[-2:]
-        if not rows[label_mode]:
-            exact = exact_totals(plan, 0 if label_mode else 100, two_classes=True)
+    for (*_, label_mode, j), false in zip(cells, counts):
         r = plan["radii"][j]
-        rows[label_mode].append((r, float(norm.cdf(r / sigma)), exact[j], false, trials, false / trials,
-                                 interval95(false, trials)))
+        rows[label_mode].append((r, float(norm.cdf(r / sigma)), exact[label_mode][j], false, trials,
+                                 false / trials, interval95(false, trials)))
     return rows
 
 
