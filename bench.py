@@ -618,8 +618,8 @@ def timed_tables():
 
 
 def print_grid_table(results, reference, grid_arms, N, N0, levels):
-    """(g)'s table: per arm the model evaluations (mean, median, 90th percentile, share run to the budget N0 + N,
-    saving against CERTIFY at N), seconds, the wall time saved (the reference's seconds over the arm's),
+    """(g)'s table: per arm the model evaluations (mean, median, 90th percentile, share run to its budget N0 +
+    N_max, where row['N_max'] gives an arm's own and N is the default; saving against CERTIFY at N), seconds, the wall time saved (the reference's seconds over the arm's),
     certified accuracy at each level and the examples on which it disagrees with the reference arm there.
     results: {arm: {'radius', 'correct', 'evals', 'time'}}, one entry per example in the same order for every arm."""
     ref = results[reference]
@@ -628,7 +628,7 @@ def print_grid_table(results, reference, grid_arms, N, N0, levels):
     for name, row in results.items():
         ev = np.array(row["evals"])
         # CERTIFY always runs to its N, and a log whose times read 0 has no wall ratio: shown as '-'
-        at_budget = f"{100 * np.mean(ev >= N0 + N):7.0f}%" if name in grid_arms else f"{'-':>8s}"
+        at_budget = f"{100 * np.mean(ev >= N0 + row.get('N_max', N)):7.0f}%" if name in grid_arms else f"{'-':>8s}"
         wall = f"{ref['time'] / row['time']:6.1f}x" if row["time"] > 0 else f"{'-':>7s}"
         certified = [np.array(row["correct"]) & (np.array(row["radius"]) >= r) for r in levels]
         disagree = [int(np.sum(c != (np.array(ref["correct"]) & (np.array(ref["radius"]) >= r))))
@@ -673,6 +673,10 @@ def grid_from_logs(paths):
             results[name]["radii"] = log["sidecar"].get("radii") or []
             side = log["sidecar"]
             results[name]["levels"] = (side.get("alpha", 0.001), side.get("beta", certify.DEFAULT_BETA))
+            results[name]["N_max"] = side.get("N")   # the arm's own budget, which may differ from the reference's N
+            common.check(isinstance(results[name]["N_max"], int) and not isinstance(results[name]["N_max"], bool)
+                         and results[name]["N_max"] >= 1, f"{log['path']}: its settings file gives N "
+                         f"{results[name]['N_max']!r}; --grid-logs needs the grid's budget N_max (an integer)")
             radii.update(results[name]["radii"])
         if "nA" in log:
             results[name]["pA"] = np.asarray(log["nA"])[order] / np.asarray(log["N"])[order]
@@ -818,11 +822,12 @@ def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=204
 
 
 def print_oracle(name, row, reference_pA, sigma, N, N0, alpha, beta):
-    """The arm's mean estimation draws against the oracle's (oracle_draws) on the reference's pA estimates."""
+    """The arm's mean estimation draws against the oracle's (oracle_draws) on the reference's pA estimates, the
+    oracle cut at the arm's budget (row['N_max'], else N); its saving is against the reference's N0 + N."""
     from scipy.stats import norm
     thresholds = norm.cdf(np.asarray(sorted(set(row["radii"]))) / sigma)   # the arm's levels (0 unless --no-zero-level)
     draws = np.asarray(row["evals"], float) - N0
-    oracle, capped = oracle_draws(reference_pA, thresholds, alpha, beta, N)
+    oracle, capped = oracle_draws(reference_pA, thresholds, alpha, beta, row.get("N_max", N))   # the arm's budget
     cut = capped > 0
     line = (f"    oracle of {name}: an SPRT that knew each pA (the reference's nA / N) and looked after every draw "
             f"needs {oracle.mean():,.0f} estimation draws per example (it saves {(N0 + N) / (N0 + oracle.mean()):.1f}x "
@@ -837,12 +842,12 @@ def print_oracle(name, row, reference_pA, sigma, N, N0, alpha, beta):
 
 
 def print_budget_bound(name, row, reference_pA, sigma, N, N0):
-    """What bounds a grid arm's saving: the examples that ran to the budget (undecided after N0 + N draws),
+    """What bounds a grid arm's saving: the examples that ran to its budget (undecided after N0 + N_max draws),
     their share of the arm's evaluations, and how close the reference's estimate nA / N of their pA lies to a
     threshold Phi(r / sigma) of the arm's radii (0.5 for r = 0), against the other examples."""
     from scipy.stats import norm
     evals = np.asarray(row["evals"])
-    ran = evals >= N0 + N
+    ran = evals >= N0 + row.get("N_max", N)   # the arm's own budget
     thresholds = norm.cdf(np.asarray(sorted(set(row["radii"]))) / sigma)   # the arm's levels (0 unless --no-zero-level)
     gap = np.min(np.abs(np.asarray(reference_pA)[:, None] - thresholds[None, :]), axis=1)
     line = (f"    bound of {name}: {ran.sum()} examples ({100 * ran.mean():.1f} %) ran to the budget and took "

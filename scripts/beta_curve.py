@@ -195,6 +195,43 @@ def savings(args):
             + "|---|---|---|---|---|---|---|---|---|---|---|\n" + "".join(lines))
 
 
+def budgets(args):
+    """The grid of --radii (with --no-zero-level: those radii alone) on each budget N_max of --budgets and on --N,
+    simulated on the log's pA: mean model evaluations, the saving against CERTIFY at --N, certified accuracy at
+    each radius against the run on --N, and the oracle cut at the same budget. The guarantee holds on any
+    budget; a smaller one gives up the certificates of examples whose pA lies next to a threshold."""
+    import bench
+    log = common.read_certification_log(args.log)
+    sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
+    pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
+    rows, base = [], None
+    for n_max in sorted({args.N, *args.budgets}, reverse=True):
+        plan = certify.grid_plan(args.radii, sigma, n_max, args.alpha, certify.DEFAULT_BETA, True,
+                                 zero_level=not args.no_zero_level)
+        draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
+        oracle = bench.oracle_draws(pA, plan["taus"], args.alpha, certify.DEFAULT_BETA, n_max, runs=args.reps,
+                                    seed=args.seed)[0].mean()
+        base = base if n_max != args.N else acc
+        rows.append((n_max, args.N0 + draws, acc, args.N0 + oracle))
+    radii = plan["radii"]
+    return (f"certify.py --radii {' '.join(f'{r:g}' for r in args.radii)}"
+            f"{' --no-zero-level' if args.no_zero_level else ''} on each budget N_max (sigma {sigma:g}, alpha "
+            f"{args.alpha:g}, beta {certify.DEFAULT_BETA:g}, {certify.GRID_TEST}), simulated on the {len(pA)} "
+            f"examples of {args.log} (each example's pA: the log's nA / N, taken as the truth; {args.reps} runs an "
+            f"example, each selecting its candidate from N0 = {args.N0} votes): mean model evaluations per example "
+            f"(N0 included), how many times fewer than CERTIFY at N = {args.N:,} (N0 + N = {args.N0 + args.N:,}), "
+            f"certified accuracy (%) at each radius and its change (points) against N_max = {args.N:,}, and the "
+            f"oracle (bench.oracle_draws: Wald's SPRTs at each pA, a look after every draw, a run undecided at the "
+            f"budget counted there) on the same budget.\n\n"
+            "| N_max | evaluations | saving | x the oracle | oracle: saving | "
+            + " | ".join(f"r = {r:g}" for r in radii) + " | " + " | ".join(f"change at r = {r:g}" for r in radii)
+            + " |\n|" + "---|" * (5 + 2 * len(radii)) + "\n"
+            + "".join(f"| {n:,} | {e:,.0f} | {(args.N0 + args.N) / e:.1f}x | {(e - args.N0) / (o - args.N0):.2f} | "
+                      f"{(args.N0 + args.N) / o:.1f}x | " + " | ".join(f"{100 * a:.2f}" for a in acc) + " | "
+                      + " | ".join(f"{100 * (a - b):+.2f}" for a, b in zip(acc, base)) + " |\n"
+                      for n, e, acc, o in rows))
+
+
 def seq_levels(args):
     """Mean model evaluations and certified accuracy for the sequence's level F x alpha, each F of --seq-levels."""
     log = common.read_certification_log(args.log)
@@ -229,7 +266,8 @@ def main(argv=None):
     p.add_argument("--radii", type=float, nargs="+", required=True, help="the grid, as certify.py --radii")
     p.add_argument("--N", type=int, default=100_000, help="the grid's budget N_max (default 100,000)")
     p.add_argument("--N0", type=int, default=100, help="selection draws counted per example (default 100)")
-    p.add_argument("--batch", type=int, default=1000, help="draws between checks, as certify.py --batch")
+    p.add_argument("--batch", type=int, help="with --at-pA: draws between the per-pass rule's checks, as "
+                   "certify.py --batch (default 1000)")
     p.add_argument("--alpha", type=float, default=0.001)
     p.add_argument("--reps", type=int, default=20, help="simulated runs per example (default 20)")
     p.add_argument("--seed", type=int, default=0)
@@ -242,10 +280,30 @@ def main(argv=None):
                    "unused but for its sigma; --out: draws_at_pA.md)")
     p.add_argument("--savings", action="store_true", help="instead: the arms of bench.py g (the grid, one radius "
                    "0.5, r = 0.5 alone), earlier and current rule, simulated on the log's pA (--out: savings.md)")
-    p.add_argument("--estimates", type=int, default=0, metavar="K", help="with --savings: also the oracle ratio "
+    p.add_argument("--estimates", type=int, metavar="K", help="with --savings: also the oracle ratio "
                    "without the cut examples as bench.py measures it, the oracle at K independent estimates of pA")
+    p.add_argument("--budgets", type=int, nargs="+", metavar="N_MAX", help="instead: the grid on each of these "
+                   "budgets N_max and on --N, its saving against CERTIFY at --N and its certified accuracy against "
+                   "the run on --N, simulated on the log's pA (--out: budgets.md)")
+    p.add_argument("--no-zero-level", action="store_true", help="with --budgets: decide the radii alone, not r = 0 "
+                   "(as certify.py --no-zero-level)")
     args = p.parse_args(argv)
+    modes = [f"--{m.replace('_', '-')}" for m in ("savings", "at_pA", "seq_levels", "budgets") if getattr(args, m)]
+    common.check(len(modes) <= 1, f"{' and '.join(modes)} are {len(modes)} modes; give one")
+    machinery.check_mode_options(args, {"estimates": ["savings"], "batch": ["at_pA"]})
+    common.check(not args.no_zero_level or args.budgets, "--no-zero-level goes with --budgets")
+    args.batch = 1000 if args.batch is None else args.batch
+    args.estimates = 0 if args.estimates is None else args.estimates
     common.check(args.estimates >= 0, "--estimates must be >= 0")
+    common.check(args.N >= 1 and args.batch >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
+                 "--N, --batch and --reps must be >= 1 and --alpha in (0, 1)")
+    if args.budgets:
+        common.check(all(n >= 1 for n in args.budgets), "--budgets values must be >= 1")
+        md = budgets(args)
+        print(md)
+        if args.out:
+            machinery.write_text_output(os.path.join(args.out, "budgets.md"), "beta curve", md)
+        return
     if args.savings:
         md = savings(args)
         print(md)
@@ -267,8 +325,6 @@ def main(argv=None):
         if args.out:
             machinery.write_text_output(os.path.join(args.out, "seq_level.md"), "beta curve", md)
         return
-    common.check(args.N >= 1 and args.batch >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
-                 "--N, --batch and --reps must be >= 1 and --alpha in (0, 1)")
     machinery.set_inputs([args.log, args.log + ".json"])
     log = common.read_certification_log(args.log)
     common.check("nA" in log and not log["grid"], f"{args.log}: needs a CERTIFY log with nA and N columns")

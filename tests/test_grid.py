@@ -366,7 +366,7 @@ def test_budget_bound_line_counts_the_examples_run_to_the_budget_and_their_dista
         "them the mean would be 600 (33.5x)")
 
 
-def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model, tmp_path, capsys):
+def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model, tmp_path, capsys, monkeypatch):
     """bench.py --sections g --grid-logs: the benchmark rebuilt from resumable certify.py logs."""
     import bench
     base = ["--checkpoint", digits_model, "--batch", 1000, "--skip", 5, "--max", 8]
@@ -408,6 +408,21 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     assert "noise mixed: certify_N2000 shares the reference's seed 0" in capsys.readouterr().out
     bench.grid_from_logs([str(full), str(again)])
     assert "noise independent: each arm its own seed:" in capsys.readouterr().out
+    # a grid arm on a smaller budget than the reference's N: run to *its* budget, and its oracle cut there
+    small_budget = tmp_path / "grid_N1000.tsv"
+    assert run_cli([*base, "--N", 1_000, "--radii", 0.25, "--seed", 2, "--outfile", small_budget]) == 0
+    capsys.readouterr()
+    bench.grid_from_logs([str(full), str(small_budget)])
+    out = capsys.readouterr().out
+    draws = [int(n) for n in common.read_table(str(small_budget), ("N",), ())["N"]]
+    ran = sum(n == 1_000 for n in draws)
+    assert f"    bound of grid_N1000: {ran} examples ({100 * ran / 8:.1f} %) ran to the budget" in out
+    share = [line for line in out.splitlines() if line.startswith("    grid_N1000 ") and "points [" not in line]
+    assert share[0].split()[4] == f"{100 * ran / 8:.0f}%"
+    budgets, oracle = [], bench.oracle_draws
+    monkeypatch.setattr(bench, "oracle_draws", lambda *a, **k: budgets.append(a[4]) or oracle(*a, **k))
+    bench.grid_from_logs([str(full), str(small_budget)])
+    assert budgets == [1_000] and "oracle of grid_N1000" in capsys.readouterr().out
     # the wall time saved is the reference's seconds over the arm's
     one = {"radius": [0.3], "correct": [True], "evals": [1000]}
     bench.print_grid_table({"ref": dict(one, time=10.0), "arm": dict(one, time=4.0)}, "ref", {"arm"}, 20_000, 100,
@@ -953,3 +968,35 @@ def test_savings_measures_the_oracle_ratio_as_the_benchmark_does_from_estimates_
         if not close:
             assert any(float(arm[11].split("[")[1].split(",")[0]) < float(arm[11].split(", ")[1].rstrip("] "))
                        for arm in arms)
+
+
+def test_budgets_table_runs_the_grid_on_each_budget_against_certify_and_the_run_on_N(tmp_path, capsys):
+    """scripts/beta_curve.py --budgets: one row per budget (--N first), evaluations within N0 + N_max, the saving
+    against CERTIFY at --N, certified accuracy against the run on --N (its own row: no change), r = 0 left out
+    with --no-zero-level; its options refused outside their mode."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    beta_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(beta_curve)
+    N, nA = 4000, [3990, 3800, 3400, 3370, 2800, 1200]
+    rows = ["idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN"] + \
+        [f"{i}\t0\t0\t0.1\t1\t0:00:01\t{k}\t{N}" for i, k in enumerate(nA)]
+    log = tmp_path / "log.tsv"
+    log.write_text("\n".join(rows) + "\n")
+    (tmp_path / "log.tsv.json").write_text(json.dumps({"sigma": 0.5}))
+    md = beta_curve.budgets(types.SimpleNamespace(log=str(log), radii=[0.5], N=N, N0=100, alpha=0.01, reps=20,
+                                                  seed=0, budgets=[500, 2000], no_zero_level=True))
+    header = next(line for line in md.splitlines() if line.startswith("| N_max"))
+    assert "r = 0 " not in header and "r = 0.5" in header
+    table = [line.split("|")[1:-1] for line in md.splitlines() if re.match(r"\| \d", line)]
+    number = lambda cell: float(cell.strip(" *x+").replace(",", ""))   # noqa: E731
+    assert [int(number(r[0])) for r in table] == [4000, 2000, 500]
+    for n_max, evaluations, saving, _, _, _, change in (list(map(number, r)) for r in table):
+        assert 100 <= evaluations <= 100 + n_max
+        assert saving == pytest.approx((100 + N) / evaluations, abs=0.051 + 0.5 * saving / evaluations)   # rounding
+    assert number(table[0][6]) == 0   # the run on N against itself
+    assert number(table[2][1]) < number(table[0][1])   # a budget of 500 stops the examples next to Phi(1)
+    for bad in (["--no-zero-level"], ["--budgets", "500", "--savings"], ["--estimates", "2"],
+                ["--budgets", "0"]):
+        assert run_main(beta_curve.main, [str(log), "--radii", "0.5", *bad]) == 2
+        assert "error:" in capsys.readouterr().err
