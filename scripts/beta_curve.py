@@ -27,6 +27,26 @@ import machinery  # noqa: E402
 BETAS = (0.0, 0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 
+# The kinds of log (common.LOG_KINDS) this script refuses as the truth, and why.
+TRUTH_REFUSED = {"PREDICT": "it has no votes to take as pA",
+                 "grid": "its nA / N comes from a run that stopped early, not an estimate of pA to take as the truth",
+                 "grid without r = 0": "its nA / N comes from a run that stopped early, not an estimate of pA to "
+                                       "take as the truth",
+                 "label mode": "its nA counts the label's votes, not those of the class the model selects",
+                 "DDRS": "its sigma differs per input; the simulation runs at one sigma",
+                 "semi-elastic": "its sigma differs per input; the simulation runs at one sigma"}
+
+
+def read_truth(path):
+    """sigma, and per example the true pA (nA / N), whether its class is the label and the log's N, from a
+    CERTIFY log."""
+    log = common.read_certification_log(path)
+    sidecar = common.read_sidecar(path, required=("sigma",))
+    common.check_log_kinds(log, sidecar, TRUTH_REFUSED, "beta_curve.py")
+    common.check("nA" in log, f"{path}: needs a CERTIFY log with nA and N columns")
+    return sidecar["sigma"], log["nA"] / log["N"], log["y"] == log["predict"], log["N"]
+
+
 def simulate(plan, p, correct, reps, seed, N0=0, per_example=False):
     """Mean draws and certified accuracy per grid radius of the grid rule on examples with true pA = p
     (per_example: the mean draws of each example's runs, an array, instead of the overall mean).
@@ -137,9 +157,7 @@ def savings(args):
     """Mean model evaluations per example of the grid, one radius and r = 0.5 alone (the arms of bench.py g),
     earlier and current rule, simulated on the log's pA, with the saving against CERTIFY and the oracle's ratio."""
     import bench
-    log = common.read_certification_log(args.log)
-    sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
-    pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
+    sigma, pA, correct, n_log = read_truth(args.log)
     old = dict(looks=certify.look_schedule(args.N, 32, 1.25, 500), exact_beta=False)
     arms = {"grid": dict(radii=args.radii), "single radius 0.5": dict(radii=[0.5]),
             "r = 0.5 alone": dict(radii=[0.5], zero_level=False)}
@@ -161,7 +179,7 @@ def savings(args):
         if args.estimates:   # bench.py's way: the oracle, and which examples it cuts, at an estimate of pA
             rng, ratios = np.random.default_rng(args.seed + 1), []
             for k in range(args.estimates):
-                estimate = rng.binomial(log["N"].astype(np.int64), pA) / log["N"]   # another CERTIFY run's nA / N
+                estimate = rng.binomial(n_log.astype(np.int64), pA) / n_log   # another CERTIFY run's nA / N
                 at, cut = bench.oracle_draws(estimate, plan["taus"], args.alpha, certify.DEFAULT_BETA, args.N,
                                              runs=args.reps, seed=args.seed)   # the oracle's noise as above
                 ratios.append(each[cut == 0].mean() / at[cut == 0].mean() if (cut == 0).any() else np.nan)
@@ -201,9 +219,7 @@ def budgets(args):
     each radius against the run on --N, and the oracle cut at the same budget. The guarantee holds on any
     budget; a smaller one gives up the certificates of examples whose pA lies next to a threshold."""
     import bench
-    log = common.read_certification_log(args.log)
-    sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
-    pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
+    sigma, pA, correct, _ = read_truth(args.log)
     rows, base = [], None
     for n_max in sorted({args.N, *args.budgets}, reverse=True):
         plan = certify.grid_plan(args.radii, sigma, n_max, args.alpha, certify.DEFAULT_BETA, True,
@@ -234,9 +250,7 @@ def budgets(args):
 
 def seq_levels(args):
     """Mean model evaluations and certified accuracy for the sequence's level F x alpha, each F of --seq-levels."""
-    log = common.read_certification_log(args.log)
-    sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
-    pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
+    sigma, pA, correct, _ = read_truth(args.log)
     rows = []
     for f in args.seq_levels:
         try:
@@ -297,6 +311,7 @@ def main(argv=None):
     common.check(args.estimates >= 0, "--estimates must be >= 0")
     common.check(args.N >= 1 and args.batch >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
                  "--N, --batch and --reps must be >= 1 and --alpha in (0, 1)")
+    machinery.set_inputs([args.log, args.log + ".json"])
     if args.budgets:
         common.check(all(n >= 1 for n in args.budgets), "--budgets values must be >= 1")
         md = budgets(args)
@@ -325,11 +340,7 @@ def main(argv=None):
         if args.out:
             machinery.write_text_output(os.path.join(args.out, "seq_level.md"), "beta curve", md)
         return
-    machinery.set_inputs([args.log, args.log + ".json"])
-    log = common.read_certification_log(args.log)
-    common.check("nA" in log and not log["grid"], f"{args.log}: needs a CERTIFY log with nA and N columns")
-    sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
-    pA, correct = log["nA"] / log["N"], log["y"] == log["predict"]
+    sigma, pA, correct, _ = read_truth(args.log)
     rows, base = [], None
     for beta in BETAS:
         plan = certify.grid_plan(args.radii, sigma, args.N, args.alpha, beta, True)

@@ -96,12 +96,17 @@ def staged_draws(pA, tau, alpha, beta, stages=STAGES):
     return cost
 
 
+# The kinds of log (common.LOG_KINDS) refused as the truth, and why (a label-mode log's nY is the label's votes).
+TRUTH_REFUSED = {kind: why for kind, why in beta_curve.TRUTH_REFUSED.items() if kind != "label mode"}
+
+
 def rule_draws(log, radius, alpha, reps, seed):
     """One table row per rule for the images of `log`."""
     from scipy.stats import norm
-    data = common.read_certification_log(log)
+    data, sidecar = common.read_certification_log(log), common.read_sidecar(log, required=("sigma",))
+    common.check_log_kinds(data, sidecar, TRUTH_REFUSED, "like_for_like.py")
     common.check("nY" in data, f"{log}: needs a CERTIFY log with the true label's votes (nY)")
-    sigma = common.read_sidecar(log, required=("sigma",))["sigma"]
+    sigma = sidecar["sigma"]
     pA, tau, beta = data["nY"] / data["N"], float(norm.cdf(radius / sigma)), alpha / 2
     plan = certify.grid_plan([radius], sigma, CERTIFY_N, alpha, beta, True, zero_level=False,
                              selection_prior=False)

@@ -1,6 +1,7 @@
 """Every analysis takes each kind of certification log (common.LOG_KINDS) or refuses it in one line, as it
 declares: one log of each kind, made from one committed certify.py log by the columns and settings that mark
-the kind, through every analysis of analyze.py, bench.py --grid-logs and ddrs.py's report and memory."""
+the kind, through every analysis of analyze.py, bench.py --grid-logs, ddrs.py's report and memory, and the
+scripts that take a log's pA as the truth (scripts/beta_curve.py, scripts/like_for_like.py)."""
 import json
 import os
 import shutil
@@ -14,6 +15,10 @@ import analyze  # noqa: E402
 import bench  # noqa: E402
 import common  # noqa: E402
 import ddrs  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import beta_curve  # noqa: E402
+import like_for_like  # noqa: E402
 
 BASE = os.path.join(ROOT, "results", "ddrs_cpu", "fixed_noise_0.25.tsv")   # certify.py CERTIFY, with nA N nY
 
@@ -85,12 +90,16 @@ def analyses(folder, log, gradnorm, ddrs_log):
         ("ddrs.py report", lambda: ddrs.main(["report", log, "--fixed", ref, "--out", out])),
         ("ddrs.py report --fixed", lambda: ddrs.main(["report", ddrs_log, "--fixed", log, "--out", out])),
         ("ddrs.py memory", lambda: ddrs.read_ddrs_log(log)),
+        ("beta_curve.py", lambda: beta_curve.main([log, "--radii", "0.5", "--N", "2000", "--reps", "1",
+                                                   "--budgets", "1000"])),
+        ("like_for_like.py", lambda: like_for_like.rule_draws(log, 0.5, 0.001, 1, 0)),
     ]
 
 
 DECLARED = {**{f"analyze.py {k}": v for k, v in analyze.REFUSED.items()},
             "bench.py --grid-logs": bench.GRID_LOGS_REFUSED, "ddrs.py report": ddrs.REPORT_REFUSED,
-            "ddrs.py report --fixed": ddrs.FIXED_REFUSED, "ddrs.py memory": ddrs.MEMORY_REFUSED}
+            "ddrs.py report --fixed": ddrs.FIXED_REFUSED, "ddrs.py memory": ddrs.MEMORY_REFUSED,
+            "beta_curve.py": beta_curve.TRUTH_REFUSED, "like_for_like.py": like_for_like.TRUTH_REFUSED}
 NEEDS_DDRS = ("ddrs.py report", "ddrs.py memory")   # they take ddrs.py's logs only (a sigma column)
 
 
