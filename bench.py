@@ -619,8 +619,9 @@ def timed_tables():
 
 def print_grid_table(results, reference, grid_arms, N, N0, levels):
     """(g)'s table: per arm the model evaluations (mean, median, 90th percentile, share run to its budget N0 +
-    N_max, where row['N_max'] gives an arm's own and N is the default; saving against CERTIFY at N), seconds, the wall time saved (the reference's seconds over the arm's),
-    certified accuracy at each level and the examples on which it disagrees with the reference arm there.
+    N_max, row['N_max'] where an arm has its own, else N; saving against CERTIFY at N), seconds, the wall time
+    saved (the reference's seconds over the arm's), certified accuracy at each level and the examples on which
+    it disagrees with the reference arm there.
     results: {arm: {'radius', 'correct', 'evals', 'time'}}, one entry per example in the same order for every arm."""
     ref = results[reference]
     print("    " + f"{'arm':24s}{'mean':>9s}{'median':>9s}{'p90':>9s}{'budget':>8s}{'saving':>8s}{'s':>8s}"

@@ -24,6 +24,7 @@ from scipy.stats import binom
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import analyze  # noqa: E402
+import common  # noqa: E402
 import machinery  # noqa: E402
 
 ALPHA, SIGMA, RADII, LEVEL = 0.001, 0.5, [0.25, 0.5, 0.75, 1.0, 1.5], 0.95
@@ -226,7 +227,7 @@ def calibration_report(results, command, seconds, jobs):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=1000, help="runs per scenario and hypothesis (default 1000)")
     p.add_argument("--heavy-runs", type=int, default=300, help="the same for the slow scenarios, 10,000 images "
                                                                  "or --over test-set (default 300)")
@@ -235,6 +236,9 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     p.add_argument("--out", help="folder for report.md")
     args = p.parse_args(argv)
+    common.check(args.runs >= 1 and args.heavy_runs >= 1, f"--runs and --heavy-runs must be >= 1 (got {args.runs}, "
+                                                          f"{args.heavy_runs})")
+    common.check(1 <= args.jobs <= 64, f"--jobs must lie in [1, 64] (got {args.jobs})")
     start = time.time()
     names = args.scenarios or list(SCENARIOS)
     heavy = lambda spec: spec[5] > 1000 or spec[6] == "test-set"      # 10,000 images or votes bounded per image
@@ -253,4 +257,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    machinery.run(lambda: sys.exit(main()), exit_process=True)   # exit 1 where a scenario fails its check

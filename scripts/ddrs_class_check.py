@@ -28,6 +28,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="ddrs.py certify's --seed (its optimisation noise)")
     p.add_argument("--out", required=True, help="a Markdown file")
     args = p.parse_args(argv)
+    common.check(args.skip >= 1, f"--skip must be >= 1 (got {args.skip})")
     machinery.set_inputs([args.checkpoint])
     model, ckpt = machinery.load_model(args.checkpoint)
     sigma, name = float(ckpt["sigma"]), ckpt["dataset"]

@@ -12,6 +12,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # demo_report
 import analyze  # noqa: E402
 import common  # noqa: E402
 import machinery  # noqa: E402
@@ -32,13 +33,15 @@ def lane(script, seed, folder, epochs, N, extra=()):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
     p.add_argument("--epochs", type=int, default=20, help="the demo's DEMO_EPOCHS")
     p.add_argument("--N", type=int, default=10_000, help="the demo's DEMO_N")
     p.add_argument("--folder", default="runs/demo_seeds", help="models and logs (resumed where complete)")
     p.add_argument("--out", help="the summary (markdown)")
     args = p.parse_args(argv)
+    common.check(args.epochs >= 1 and args.N >= 1, f"--epochs and --N must be >= 1 (got {args.epochs}, {args.N})")
+    common.check(all(s >= 0 for s in args.seeds), f"--seeds must be >= 0 (got {args.seeds})")
     start, rows, stands = time.time(), [], 0
     for seed in args.seeds:
         logs = {}

@@ -40,8 +40,8 @@ import train_ours  # noqa: E402
 PAPER_SECONDS_PER_IMAGE = 3.6    # the paper's CIFAR-10 logs, ResNet-110, N = 100,000
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny sizes (cifar_resnet20, N0 = N = 50, one step of 4 "
                                                         "images): checks that the script runs, on any device")
     p.add_argument("--device", help="default: cuda when available")
@@ -50,7 +50,10 @@ def parse_args():
     p.add_argument("--batch", type=int, default=bench.BATCH, help="noisy CIFAR-10 inputs per forward pass in part 2 "
                                                                   "(default: certify.py's, 1000; ImageNet: 250)")
     p.add_argument("--no-training", action="store_true", help="skip the training throughput (part 3)")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    common.check(args.images is None or args.images >= 1, f"--images must be >= 1 (got {args.images})")
+    common.check(args.batch >= 1, f"--batch must be >= 1 (got {args.batch})")
+    return args
 
 
 def device_line(device):
@@ -164,8 +167,8 @@ def pass_or_fail(ok):
     return "met" if ok else "NOT met"
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     device = machinery.get_device(args.device)
     start = time.time()
     print(device_line(device), flush=True)

@@ -187,6 +187,10 @@ def main(argv=None):
     common.check(args.trials >= 1 and args.pipeline_trials >= 0, "--trials must be >= 1, --pipeline-trials >= 0")
     common.check(all(0 < a < 1 for a in args.alphas), "--alphas must lie in (0, 1)")
     common.check(1 <= args.workers <= 64, f"--workers must lie in [1, 64] (got {args.workers})")
+    common.check(args.workers == 1 or args.pipeline_trials > 0, "--workers runs part 2's cells; with "
+                                                                "--pipeline-trials 0 there are none")
+    common.check(all(0 <= k <= 100 for k in args.priors), f"--priors must lie in [0, 100], the selection counts of "
+                                                          f"N0 = 100 (got {args.priors})")
     sigma, radii, N, beta = 0.5, [0.25, 0.5, 0.75, 1.0], 20_000, certify.DEFAULT_BETA
     start, parts, ok = time.time(), [], True
     parts.append(f"# certify.py --radii: validity with known truth\n\nMade by `python scripts/grid_validity.py "

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
+import machinery  # noqa: E402
 
 
 def hinge_stats(model, x, y, sigma, m, beta, gamma, precision):
@@ -36,14 +37,20 @@ def hinge_stats(model, x, y, sigma, m, beta, gamma, precision):
             "hinge": hinge.float().mean().item(), "one_class": common_class.item() / len(y)}
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", required=True, help="CIFAR-10 (image folders or torchvision's files)")
     p.add_argument("--archs", nargs="+", default=["cifar_resnet110", "cifar_resnet20", "lenet"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--batches", type=int, default=4, help="batches of 64 test images per model")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    common.check(args.batches >= 1, f"--batches must be >= 1 (got {args.batches})")
+    for arch in args.archs:
+        common.check(arch in common.ARCHS, f"--archs: unknown architecture {arch!r} (one of "
+                                                   f"{', '.join(common.ARCHS)})")
     test = common.get_dataset("cifar10", "test", args.data_dir)
+    common.check(64 * args.batches <= len(test), f"--batches {args.batches} asks for {64 * args.batches} test images; "
+                                                 f"there are {len(test)}")
     # a seeded random subset: image folders list the test set class by class, so the first images share a label
     order = torch.randperm(len(test), generator=torch.Generator().manual_seed(0)).tolist()
     print("arch\tseed\tprecision\tmedian beta*gap\tmin beta*gap\tfinite d\tin hinge\tone class")
@@ -65,4 +72,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    machinery.run(main, exit_process=True)

@@ -211,6 +211,38 @@ def test_an_option_of_another_mode_is_refused_not_ignored(script, argv, message,
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("script, argv, message", [
+    ("compare_calibration", ["--runs", "0"], "--runs and --heavy-runs must be >= 1"),
+    ("compare_calibration", ["--heavy-runs", "-1"], "--runs and --heavy-runs must be >= 1"),
+    ("compare_calibration", ["--jobs", "0"], "--jobs must lie in [1, 64]"),
+    ("grid_validity", ["--out", "v.md", "--priors", "500"], "--priors must lie in [0, 100]"),
+    ("grid_validity", ["--out", "v.md", "--workers", "2", "--pipeline-trials", "0"], "with --pipeline-trials 0"),
+    ("demo_seeds", ["--epochs", "0"], "--epochs and --N must be >= 1"),
+    ("demo_seeds", ["--seeds", "-1"], "--seeds must be >= 0"),
+    ("macer_init", ["--data-dir", "d", "--batches", "0"], "--batches must be >= 1"),
+    ("macer_init", ["--data-dir", "d", "--archs", "foo"], "unknown architecture 'foo'"),
+    ("ddrs_class_check", ["--checkpoint", "c", "--out", "o.md", "--skip", "0"], "--skip must be >= 1"),
+    ("gpu_check", ["--images", "0"], "--images must be >= 1"),
+    ("gpu_check", ["--batch", "0"], "--batch must be >= 1"),
+    ("beta_curve", ["log.tsv", "--radii", "0.5", "--estimates", "2"], "--estimates goes with --savings"),
+    ("beta_curve", ["log.tsv", "--radii", "0.5", "--batch", "5"], "--batch goes with --at-pA"),
+    ("beta_curve", ["log.tsv", "--radii", "0.5", "--savings", "--budgets", "5"], "are 2 modes; give one"),
+    ("like_for_like", ["log.tsv", "--reps", "0"], "--reps >= 1")])
+def test_the_helper_scripts_refuse_a_bad_number_in_one_line(script, argv, message, tmp_path, monkeypatch, capsys):
+    """scripts/*.py: a count below 1, a value out of range or an option of another mode is one line and exit 2
+    before any work (not a traceback from a pool, a division or an empty list, nor a run that ignores it)."""
+    import importlib.util
+    from helpers import run_main
+    spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "scripts", f"{script}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.chdir(tmp_path)
+    assert run_main(module.main, argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("argv, message", [
     (["compare", "A", "--vs", "B", "--N", "100"], "--N and --alpha go with --over test-set"),
     (["table", "A", "B", "--baseline", "zzz"], "--baseline 'zzz' is none of the logs' labels (a, b)"),
