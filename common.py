@@ -262,11 +262,12 @@ def read_sidecar(path, required=()):
     return {}
 
 
-def read_log_prefix(path, columns):
+def read_log_prefix(path, columns, restart="pass --overwrite to start again, or choose another output"):
     """Our own log being resumed (certify.py): its complete data lines and the byte length of that valid prefix.
 
     A last line without its newline or with the wrong field count is torn (cut off by a kill): it is left out.
-    A file without any complete line counts as empty. A wrong header or a malformed earlier line is a UserError.
+    A file without any complete line counts as empty. A wrong header or a malformed earlier line is a UserError
+    that ends with `restart`, the way out with the reading command's own flags.
     """
     check_regular(path)
     try:
@@ -274,23 +275,23 @@ def read_log_prefix(path, columns):
             data = f.read()
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read {path!r} ({type(e).__name__}); pass --overwrite to replace it") from None
+        raise UserError(f"cannot read {path!r} ({type(e).__name__}); {restart}") from None
     # byte offsets below are those of the text: a file with CR LF line ends (edited on Windows) is refused
     check(b"\r" not in data, f"{path!r} has Windows line endings (CR LF); convert it back (dos2unix) to "
-                             f"resume, or pass --overwrite to start again")
+                             f"resume, or {restart}")
     lines = text.split("\n")[:-1]  # the piece after the last newline is torn (or empty)
     if not lines:
         return [], 0
     check(lines[0] == "\t".join(columns),
-          f"{path!r} has header {lines[0][:60]!r}, not {' '.join(columns)!r} (another format or setting); pass "
-          f"--overwrite to replace it or choose another output")
+          f"{path!r} has header {lines[0][:60]!r}, not {' '.join(columns)!r} (another format or setting); "
+          f"{restart}")
     rows = lines[1:]
     if rows and len(rows[-1].split("\t")) != len(columns):
         rows = rows[:-1]
     for k, row in enumerate(rows):
         cells = row.split("\t")
         check(len(cells) == len(columns) and cells[0].isascii() and cells[0].isdigit(),
-              f"{path!r} line {k + 2} is malformed; repair it, pass --overwrite, or choose another output")
+              f"{path!r} line {k + 2} is malformed; repair it, or {restart}")
     return rows, len("".join(line + "\n" for line in [lines[0]] + rows).encode("utf-8"))
 
 
@@ -305,7 +306,7 @@ def read_train_log(path):
     """A training run's log.tsv (TRAIN_LOG_COLUMNS): its complete rows as dicts of strings, epochs in order.
 
     A torn last line (a killed run) is dropped; any other malformed line is a UserError."""
-    rows, _ = read_log_prefix(path, TRAIN_LOG_COLUMNS)
+    rows, _ = read_log_prefix(path, TRAIN_LOG_COLUMNS, "start a new run in another --outdir")
     return [dict(zip(TRAIN_LOG_COLUMNS, row.split("\t"))) for row in rows]
 
 

@@ -119,7 +119,9 @@ def _run(main):
                          f"rerun the same command to continue\n")
         sys.exit(143 if term else 130)
     except MemoryError:
-        sys.stderr.write(f"error: out of memory; lower --batch (or --N, --m); {written_so_far()}\n")
+        sizes = [FLAG_NAMES.get(d, "--" + d) for d in ("batch", "N", "m") if d in FLAG_DEFAULTS]   # this command's
+        sys.stderr.write(f"error: out of memory{'; lower ' + ' or '.join(sizes) if sizes else ''}; "
+                         f"{written_so_far()}\n")
         sys.exit(2)
     finally:
         end_distributed(wait=False)
@@ -933,7 +935,7 @@ def safe_load(path, device="cpu", trust=False, what="checkpoint"):
 def load_checkpoint(path, device="cpu", trust=False):
     """Read a checkpoint dict ({'arch', 'state_dict', ...}) with safe_load; a missing or unreadable file, or one
     that would need arbitrary unpickling (unless trust), is a UserError."""
-    common.check(os.path.isfile(path), f"checkpoint {path!r} not found; pass --checkpoint with a trained model file")
+    common.check(os.path.isfile(path), f"checkpoint {path!r} not found (no such file)")   # whichever flag named it
     ckpt = safe_load(path, device, trust)
     if isinstance(ckpt, dict) and "state_dict" not in ckpt and all(torch.is_tensor(v) for v in ckpt.values()):
         ckpt = {"state_dict": ckpt}  # a bare state_dict
@@ -1094,11 +1096,11 @@ def make_outdir(outdir):
     try:
         os.makedirs(outdir, exist_ok=True)
     except OSError as e:
-        raise common.UserError(f"cannot write to output folder {outdir!r} ({e.strerror}); pass a writable "
-                               f"--outdir") from None
+        raise common.UserError(f"cannot write to output folder {outdir!r} ({e.strerror}); choose a folder that "
+                               f"can be written") from None   # every command that writes files comes here
     # access() asks without writing anything (it knows read-only file systems too)
     common.check(os.access(outdir, os.W_OK | os.X_OK), f"cannot write to output folder {outdir!r} (permission "
-                                                        f"denied or read-only); pass a writable --outdir")
+                                                        f"denied or read-only); choose a folder that can be written")
     return outdir
 
 

@@ -27,10 +27,12 @@ def main(argv=None):
     p.add_argument("--skip", type=int, default=1, help="every skip-th test image")
     p.add_argument("--seed", type=int, default=0, help="ddrs.py certify's --seed (its optimisation noise)")
     p.add_argument("--out", required=True, help="a Markdown file")
+    p.add_argument("--trust-checkpoint", action="store_true", help="load a checkpoint that needs arbitrary "
+                   "unpickling: this RUNS CODE the file holds; only for files you trust")
     args = p.parse_args(argv)
     common.check(args.skip >= 1, f"--skip must be >= 1 (got {args.skip})")
     machinery.set_inputs([args.checkpoint])
-    model, ckpt = machinery.load_model(args.checkpoint)
+    model, ckpt = machinery.load_model(args.checkpoint, trust=args.trust_checkpoint)
     sigma, name = float(ckpt["sigma"]), ckpt["dataset"]
     test = common.get_dataset(name, "test", args.data_dir, train_transform=False)
     k = common.NUM_CLASSES[name]

@@ -55,6 +55,36 @@ def test_a_resumed_log_with_a_non_ascii_idx_is_malformed_not_a_crash(tmp_path):
         common.read_log_prefix(str(path), ("idx", "label"))
 
 
+def test_a_broken_training_log_names_the_training_scripts_way_out_not_certify_flags(tmp_path, monkeypatch, capsys):
+    """read_log_prefix serves certify.py (which has --overwrite) and the training runs' log.tsv (which have not):
+    each message ends with the reading command's own way out."""
+    (tmp_path / "log.tsv").write_text("\t".join(common.TRAIN_LOG_COLUMNS) + "\n" + "x\n" * 2)
+    with pytest.raises(common.UserError, match="line 2 is malformed") as e:
+        common.read_train_log(str(tmp_path / "log.tsv"))
+    assert "--overwrite" not in str(e.value) and "another --outdir" in str(e.value)
+    (tmp_path / "log.tsv").write_bytes(b"epoch\r\n")
+    for read in (common.read_train_log, lambda p: common.read_log_prefix(p, common.TRAIN_LOG_COLUMNS)):
+        with pytest.raises(common.UserError, match="CR LF") as e:
+            read(str(tmp_path / "log.tsv"))
+        assert ("--overwrite" in str(e.value)) == (read is not common.read_train_log)
+
+
+@pytest.mark.parametrize("flags, named", [(["--batch", "--N"], "lower --batch or --N"), ([], "error: out of memory; ")])
+def test_out_of_memory_names_only_the_size_flags_the_command_has(flags, named, capsys):
+    parser = machinery.ArgumentParser()
+    for flag in flags:
+        parser.add_argument(flag, type=int, default=1)
+    parser.parse_args([])
+
+    def main():
+        raise MemoryError
+    with pytest.raises(SystemExit) as e:
+        machinery.run(main)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and named in err and err.count("\n") == 1
+    assert "--m" not in err and ("--batch" in err) == bool(flags)   # no flag the command lacks
+
+
 def test_json_nested_without_end_is_one_line(tmp_path):
     path = tmp_path / "log.tsv.json"
     path.write_text("[" * 100_000 + "]" * 100_000)
@@ -241,6 +271,21 @@ def test_the_helper_scripts_refuse_a_bad_number_in_one_line(script, argv, messag
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert os.listdir(tmp_path) == []
+
+
+def test_an_output_folder_in_the_way_is_named_without_a_flag_the_command_lacks(tmp_path, capsys):
+    """The one guard of output folders (machinery.make_outdir) serves every command, whose flags differ (--out,
+    --outfile, --report, --outdir): its message names the folder, not a flag."""
+    import analyze
+    from helpers import run_main
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    log = tmp_path / "noise_0.5.tsv"
+    log.write_text(LOG.format("0.5"))
+    assert run_main(analyze.main, ["table", log, "--out", blocker / "tables"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write to output folder" in err and "--outdir" not in err and err.count("\n") == 1
+    assert blocker.read_text() == "not a folder"
 
 
 @pytest.mark.parametrize("argv, message", [

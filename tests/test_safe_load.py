@@ -17,6 +17,9 @@ import train_baselines
 import train_gaussian
 import train_ours
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import ddrs_class_check  # noqa: E402
+
 
 class Payload:
     """Unpickling this creates a file: a harmless stand-in for the code a hostile checkpoint could run."""
@@ -75,6 +78,7 @@ def commands(path, tmp_path):
                            "--out", tmp_path / "target.pt"]),
         (train_baselines, ["--method", "catrs", *DIGITS, "--catrs-target", path, "--outdir", tmp_path / "catrs"]),
         (bench, ["--quick", "--sections", "d", "--checkpoint", path, "--device", "cpu"]),
+        (ddrs_class_check, ["--checkpoint", path, "--out", tmp_path / "check.md"]),
     ]
 
 
