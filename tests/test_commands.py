@@ -316,17 +316,19 @@ def test_every_cpu_experiment_command_parses_and_uses_one_schedule(script, monke
     if script == "table5_cpu.sh":  # the eight rows, the variants' switches winning over the shared flags
         switches = {(a.discard is not False, a.reweight is not False, a.T != 0) for a in trained}
         assert len(trained) == 8 and len(switches) == 8 and all(a.sigma == 0.25 for a in trained)
-    if script == "grid_cpu.sh":    # six arms per sigma on the same examples, the budget 100,000 for the grid
-        assert len(certified) == 12
+    if script == "grid_cpu.sh":    # seven arms per sigma on the same examples, the budget 100,000 for the grid
+        assert len(certified) == 14
         grids = [a for a in certified if a.radii]
-        assert len(grids) == 8 and all(a.N == 100_000 for a in grids)
-        assert sum(not a.final_look for a in grids) == 2 and sum(not a.zero_level for a in grids) == 2
+        # r = 0.5 alone also on half the budget
+        assert len(grids) == 10 and sorted(a.N for a in grids) == [50_000] * 2 + [100_000] * 8
+        assert all(a.radii == [0.5] and not a.zero_level for a in grids if a.N == 50_000)
+        assert sum(not a.final_look for a in grids) == 2 and sum(not a.zero_level for a in grids) == 4
         assert sorted(a.N for a in certified if not a.radii) == [10_000, 10_000, 100_000, 100_000]
         for sigma in (0.25, 0.5):   # independent arms: each its own noise, the reference seed 0
             seeds = {a.seed: a for a in certified if a.sigma == sigma}
-            assert len(seeds) == 6 and seeds[0].N == 100_000 and not seeds[0].radii
+            assert len(seeds) == 7 and seeds[0].N == 100_000 and not seeds[0].radii
         tables = [a for name, a in parsed if name == "bench.py"]
-        assert len(tables) == 2 and all(len(a.grid_logs) == 6 and "N100000" in a.grid_logs[0] for a in tables)
+        assert len(tables) == 2 and all(len(a.grid_logs) == 7 and "N100000" in a.grid_logs[0] for a in tables)
         return
     if script == "table2_cpu.sh":  # each loss with the settings its model was trained with
         probes = [a for name, a in parsed if name.startswith("train_") and a.gradnorm]
