@@ -111,7 +111,7 @@ def rule_draws(log, radius, alpha, reps, seed):
     plan = certify.grid_plan([radius], sigma, CERTIFY_N, alpha, beta, True, zero_level=False,
                              selection_prior=False)
     grid, _ = beta_curve.simulate(plan, pA, np.ones(len(pA), bool), reps, seed)
-    return sigma, len(pA), {"grid (this rule, r alone, label mode)": grid,
+    return sigma, len(pA), sorted({int(n) for n in data["N"]}), {"grid (this rule, r alone, label mode)": grid,
                             "Voráček: betting confidence sequence": betting_draws(pA, tau, alpha, reps, seed).mean(),
                             "Horváth et al.: staged Clopper-Pearson": staged_draws(pA, tau, alpha, beta).mean()}
 
@@ -129,14 +129,15 @@ def main(argv=None):
                  "--radius > 0, --alpha in (0, 1) and --reps >= 1")
     machinery.set_inputs([q for log in args.logs for q in (log, log + ".json")])
     rows = [rule_draws(log, args.radius, args.alpha, args.reps, args.seed) for log in args.logs]
-    names = list(rows[0][2])
+    names = list(rows[0][3])
+    budgets = sorted({n for row in rows for n in row[2]})
     md = (f"Mean draws per image to decide r = {args.radius:g}, label mode, alpha = {args.alpha:g}, beta = alpha / 2, "
-          f"on the true pA (nY / N at N = 100,000) of each image of {', '.join(args.logs)}; simulated rules with "
+          f"on the true pA (nY / N at N = {' or '.join(f'{n:,}' for n in budgets)}) of each image of {', '.join(args.logs)}; simulated rules with "
           f"{args.reps} runs an image (seed {args.seed}); in brackets, how many times fewer than CERTIFY's "
           f"{CERTIFY_N:,} (`python scripts/like_for_like.py {' '.join(args.logs)}`; scripts/like_for_like.py "
           f"says how each rule is run).\n\n| rule | " +
-          " | ".join(f"σ = {s:g} ({n} images)" for s, n, _ in rows) + " |\n|---|" + "---|" * len(rows) + "\n" +
-          "".join(f"| {name} | " + " | ".join(f"{r[name]:,.0f} ({CERTIFY_N / r[name]:.1f}x)" for _, _, r in rows)
+          " | ".join(f"σ = {s:g} ({n} images)" for s, n, _, _ in rows) + " |\n|---|" + "---|" * len(rows) + "\n" +
+          "".join(f"| {name} | " + " | ".join(f"{r[name]:,.0f} ({CERTIFY_N / r[name]:.1f}x)" for _, _, _, r in rows)
                   + " |\n" for name in names))
     print(md)
     if args.out:
