@@ -220,15 +220,15 @@ def budgets(args):
     budget; a smaller one gives up the certificates of examples whose pA lies next to a threshold."""
     import bench
     sigma, pA, correct, _ = read_truth(args.log)
-    rows, base = [], None
+    rows = []
     for n_max in sorted({args.N, *args.budgets}, reverse=True):
         plan = certify.grid_plan(args.radii, sigma, n_max, args.alpha, certify.DEFAULT_BETA, True,
                                  zero_level=not args.no_zero_level)
         draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
         oracle = bench.oracle_draws(pA, plan["taus"], args.alpha, certify.DEFAULT_BETA, n_max, runs=args.reps,
                                     seed=args.seed)[0].mean()
-        base = base if n_max != args.N else acc
         rows.append((n_max, args.N0 + draws, acc, args.N0 + oracle))
+    base = next(acc for n_max, _, acc, _ in rows if n_max == args.N)   # the changes are against the run on --N
     radii = plan["radii"]
     return (f"certify.py --radii {' '.join(f'{r:g}' for r in args.radii)}"
             f"{' --no-zero-level' if args.no_zero_level else ''} on each budget N_max (sigma {sigma:g}, alpha "

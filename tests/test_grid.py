@@ -985,17 +985,17 @@ def test_budgets_table_runs_the_grid_on_each_budget_against_certify_and_the_run_
     log.write_text("\n".join(rows) + "\n")
     (tmp_path / "log.tsv.json").write_text(json.dumps({"sigma": 0.5}))
     md = beta_curve.budgets(types.SimpleNamespace(log=str(log), radii=[0.5], N=N, N0=100, alpha=0.01, reps=20,
-                                                  seed=0, budgets=[500, 2000], no_zero_level=True))
+                                                  seed=0, budgets=[500, 2000, 8000], no_zero_level=True))
     header = next(line for line in md.splitlines() if line.startswith("| N_max"))
     assert "r = 0 " not in header and "r = 0.5" in header
     table = [line.split("|")[1:-1] for line in md.splitlines() if re.match(r"\| \d", line)]
     number = lambda cell: float(cell.strip(" *x+").replace(",", ""))   # noqa: E731
-    assert [int(number(r[0])) for r in table] == [4000, 2000, 500]
+    assert [int(number(r[0])) for r in table] == [8000, 4000, 2000, 500]   # a budget above --N too
     for n_max, evaluations, saving, _, _, _, change in (list(map(number, r)) for r in table):
         assert 100 <= evaluations <= 100 + n_max
         assert saving == pytest.approx((100 + N) / evaluations, abs=0.051 + 0.5 * saving / evaluations)   # rounding
-    assert number(table[0][6]) == 0   # the run on N against itself
-    assert number(table[2][1]) < number(table[0][1])   # a budget of 500 stops the examples next to Phi(1)
+    assert number(table[1][6]) == 0   # the run on N against itself
+    assert number(table[3][1]) < number(table[1][1])   # a budget of 500 stops the examples next to Phi(1)
     for bad in (["--no-zero-level"], ["--budgets", "500", "--savings"], ["--estimates", "2"],
                 ["--budgets", "0"]):
         assert run_main(beta_curve.main, [str(log), "--radii", "0.5", *bad]) == 2
