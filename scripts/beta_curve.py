@@ -28,13 +28,12 @@ BETAS = (0.0, 0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 
 # The kinds of log (common.LOG_KINDS) this script refuses as the truth, and why.
-TRUTH_REFUSED = {"PREDICT": "it has no votes to take as pA",
-                 "grid": "its nA / N comes from a run that stopped early, not an estimate of pA to take as the truth",
-                 "grid without r = 0": "its nA / N comes from a run that stopped early, not an estimate of pA to "
-                                       "take as the truth",
+STOPPED_EARLY = "its nA / N comes from a run that stopped early, not an estimate of pA to take as the truth"
+PER_INPUT_SIGMA = "its sigma differs per input; the simulation runs at one sigma"
+TRUTH_REFUSED = {"PREDICT": "it has no votes to take as pA", "grid": STOPPED_EARLY,
+                 "grid without r = 0": STOPPED_EARLY,
                  "label mode": "its nA counts the label's votes, not those of the class the model selects",
-                 "DDRS": "its sigma differs per input; the simulation runs at one sigma",
-                 "semi-elastic": "its sigma differs per input; the simulation runs at one sigma"}
+                 "DDRS": PER_INPUT_SIGMA, "semi-elastic": PER_INPUT_SIGMA}
 
 
 def read_truth(path):
