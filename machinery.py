@@ -237,23 +237,56 @@ def open_file(path, mode, new=False, encoding=None):
 
 
 @contextlib.contextmanager
-def exclusive_lock(path, what):
-    """Hold an exclusive lock on the file `path` (created if missing) for the block: one run per output.
+def locked_file(path, wait=False):
+    """Hold the kernel's exclusive lock (flock) on the file `path` for the block, and remove the file when the
+    block ends (a normal end, an exception, a signal turned into one): no lock file outlives its holder, except
+    after SIGKILL or a power cut, where an empty file stays and holds nothing (the kernel drops the lock).
 
-    A second run asking for the same lock gets a UserError at once (no waiting). The lock is the kernel's
-    (flock): it is released when the block ends or the process dies, however it dies, so a killed run never
-    leaves a stale lock. Where fcntl does not exist (Windows) there is no lock.
+    Removing a lock file races with a second process that opened it just before: that one may lock the old,
+    removed file. So after locking, the path must still name the file locked; if not, it opens the new one.
+    wait: block until the lock is free; else raise BlockingIOError at once. Yields None without fcntl (Windows).
     """
     try:
         import fcntl
     except ImportError:
         yield
         return
-    f = open_file(path, "a")
+    while True:
+        f = open_file(path, "a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            try:
+                if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+                    break
+            except FileNotFoundError:
+                pass
+        except BaseException:
+            f.close()
+            raise
+        f.close()   # the holder removed it after this process opened it: take the file now under that name
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+        yield
+    finally:
+        try:
+            os.remove(path)   # still holding the lock: whoever opens the name next makes a new file
+        except OSError:
+            pass
         f.close()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path, what):
+    """Hold an exclusive lock on the file `path` (created if missing, removed at the end: locked_file) for the
+    block: one run per output.
+
+    A second run asking for the same lock gets a UserError at once (no waiting). The lock is the kernel's
+    (flock): it is released when the block ends or the process dies, however it dies, so a killed run never
+    leaves a stale lock. Where fcntl does not exist (Windows) there is no lock.
+    """
+    try:
+        held = locked_file(path)
+        held.__enter__()
+    except BlockingIOError:
         raise common.UserError(f"{what} is in use by another run (it holds {path}); wait for that run to end, or "
                                f"choose another output") from None
     _HELD_LOCKS.add(os.path.realpath(path))
@@ -261,7 +294,7 @@ def exclusive_lock(path, what):
         yield
     finally:
         _HELD_LOCKS.discard(os.path.realpath(path))
-        f.close()
+        held.__exit__(None, None, None)
 
 
 @contextlib.contextmanager
@@ -418,12 +451,7 @@ def _folder_record(folder):
     """The output record of `folder` under its lock (one writer at a time in a folder), with the temporary
     files of stopped writers removed; yields (record, save), save() writing the record as it is now."""
     make_outdir(folder)
-    with open_file(os.path.join(folder, RECORD_LOCK), "a") as lock:
-        try:
-            import fcntl
-            fcntl.flock(lock, fcntl.LOCK_EX)   # held for one file write at most
-        except ImportError:
-            pass
+    with locked_file(os.path.join(folder, RECORD_LOCK), wait=True):   # held for one file write at most
         record = _read_record(folder)
         if any(entry.get("kind") == TEMPORARY for entry in record.values()):
             _remove_leftovers(folder, record)

@@ -170,6 +170,10 @@ def pass_or_fail(ok):
 def main(argv=None):
     args = parse_args(argv)
     device = machinery.get_device(args.device)
+    # Paper-scale sizes on a CPU take hours and measure nothing this check is for: a GPU is required, and --smoke
+    # (tiny sizes) is what runs anywhere.
+    common.check(args.smoke or device.type == "cuda", f"gpu_check.py needs a CUDA device (found {device.type}); "
+                 "--smoke runs its paths at tiny sizes on any device")
     start = time.time()
     print(device_line(device), flush=True)
     summary = [device_line(device)]

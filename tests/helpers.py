@@ -37,3 +37,31 @@ def run_main(main, argv):
     except SystemExit as e:
         return e.code
     return 0
+
+
+# Folders that a user's machine puts inside a clone and that are never the project's own, for a tree that is not a
+# git checkout (a downloaded archive): local environments, caches, outputs.
+NOT_THE_PROJECT = {".git", ".venv", "venv", "env", ".env", ".tox", ".nox", ".mypy_cache", ".pytest_cache",
+                   ".hypothesis", "__pycache__", "runs", "data", "node_modules"}
+
+
+def project_files(root):
+    """The project's files under root, relative paths: what git tracks plus new files it does not ignore (git's
+    own reading of .gitignore), so a virtual environment or outputs inside the clone are never scanned as the
+    project. Outside a git checkout: every file, skipping NOT_THE_PROJECT and any folder holding pyvenv.cfg."""
+    import os
+    import subprocess
+    try:
+        done = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                              capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        done = None
+    if done is not None and done.returncode == 0 and os.path.isdir(os.path.join(str(root), ".git")):
+        names = [n for n in done.stdout.decode().split("\0") if n]
+        return sorted(n for n in names if os.path.isfile(os.path.join(str(root), n)))   # deleted ones drop out
+    found = []
+    for folder, dirs, names in os.walk(str(root)):
+        dirs[:] = [d for d in dirs if d not in NOT_THE_PROJECT
+                   and not os.path.isfile(os.path.join(folder, d, "pyvenv.cfg"))]
+        found += [os.path.relpath(os.path.join(folder, n), str(root)) for n in names]
+    return sorted(found)

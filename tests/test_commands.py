@@ -8,6 +8,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+import helpers
 
 import analyze
 import bench
@@ -276,6 +279,17 @@ def test_gpu_check_runs_shrunk_on_the_cpu():
     assert summary.count("training ") == 2 and "textbook CERTIFY (fp32)" in proc.stdout
 
 
+@pytest.mark.parametrize("argv", [[], ["--no-tests"], ["--device", "cpu", "--no-training"]])
+def test_gpu_check_without_a_cuda_device_is_one_line_and_exit_2(argv):
+    """At paper scale on a CPU the check would run for hours: without CUDA it stops before any work."""
+    if torch.cuda.is_available() and "--device" not in argv:
+        pytest.skip("a CUDA device is present")
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:]
+    assert proc.stderr.strip().count("\n") == 0 and "needs a CUDA device" in proc.stderr, proc.stderr
+
+
 def test_the_digits_grid_benchmark_certifies_four_independent_arms_on_one_model(monkeypatch, tmp_path):
     """scripts/grid_digits.sh (results/grid_digits/certify_py): the reference CERTIFY at 100,000 first, then the
     grid, the single radius and r = 0.5 alone, each with its own seed, the same 100 digits; bench.py last."""
@@ -375,35 +389,61 @@ def test_no_committed_text_names_an_absolute_path_of_a_machine():
     """README, docs/ and results/ (logs, sidecars, tables) name files relative to the repository."""
     pattern = re.compile(r"(?<![\w.])/(?:work|root|home|tmp|Users|mnt|scratch)/|[A-Z]:\\\\Users")
     found = []
-    for top in ("README.md", "docs", "results"):
-        path = os.path.join(ROOT, top)
-        files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
-        for file in files:
-            if file.endswith((".png", ".pdf")):
-                continue
-            with open(file, errors="replace") as f:
-                if pattern.search(f.read()):
-                    found.append(os.path.relpath(file, ROOT))
+    for rel in helpers.project_files(ROOT):
+        if rel.split("/")[0] not in ("README.md", "docs", "results") or rel.endswith((".png", ".pdf")):
+            continue
+        with open(os.path.join(ROOT, rel), errors="replace") as f:
+            if pattern.search(f.read()):
+                found.append(rel)
     assert not found, found
+
+
+NARRATIVE = re.compile(r"\bsessions? \d+|\bsession \d|\bissue #?\d+|\(#\d+\)|\bissue:|\bthis session\b", re.I)
+SCANNED = (".py", ".md", ".sh", ".txt", ".tsv", ".json", ".tex", "Makefile")
+
+
+def narrative_lines(root):
+    """Lines of the project's own files under root (helpers.project_files: never a local environment or output
+    inside the clone) that tell the history of the project's making."""
+    found = []
+    for rel in helpers.project_files(root):
+        if not rel.endswith(SCANNED):
+            continue
+        with open(os.path.join(root, rel), errors="replace") as f:
+            for i, line in enumerate(f, 1):
+                if NARRATIVE.search(line) and "re.compile" not in line:
+                    found.append(f"{rel}:{i}: {line.strip()[:80]}")
+    return found
 
 
 def test_the_project_speaks_of_itself_as_it_is_now():
     """No history of its own making in code, docs or results: no session numbers, no issue numbers."""
-    pattern = re.compile(r"\bsessions? \d+|\bsession \d|\bissue #?\d+|\(#\d+\)|\bissue:|\bthis session\b", re.I)
-    found = []
-    for folder, _, names in os.walk(ROOT):
-        rel = os.path.relpath(folder, ROOT)
-        if rel.split(os.sep)[0] in (".git", "runs", "data", ".hypothesis", ".pytest_cache") or "__pycache__" in rel:
-            continue
-        for name in names:
-            if not name.endswith((".py", ".md", ".sh", ".txt", ".tsv", ".json", ".tex", "Makefile")):
-                continue
-            path = os.path.join(folder, name)
-            with open(path, errors="replace") as f:
-                for i, line in enumerate(f, 1):
-                    if pattern.search(line) and "re.compile" not in line:
-                        found.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()[:80]}")
+    found = narrative_lines(ROOT)
     assert not found, found
+
+
+def test_a_virtual_environment_inside_a_clone_is_neither_scanned_nor_shown_by_git(tmp_path):
+    """The README's `python3.11 -m venv .venv` inside the clone: git ignores it (.gitignore) and the scans read
+    only the project's files. The clone is a new git repository with the project's .gitignore and one file."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    git = lambda *a: subprocess.run(["git", "-C", str(clone), *a], capture_output=True, text=True, check=True)
+    git("init", "-q")
+    (clone / ".gitignore").write_text(open(os.path.join(ROOT, ".gitignore")).read())
+    (clone / "own.py").write_text("x = 1\n")
+    for env in (".venv", "venv", "env"):
+        site = clone / env / "lib" / "python3.11" / "site-packages"
+        site.mkdir(parents=True)
+        (clone / env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (site / "threadpoolctl.py").write_text("# see iss" + "ue #11848 upstream\n")   # split: not this file's
+    git("add", "-A")
+    assert git("status", "--porcelain").stdout.split() == ["A", ".gitignore", "A", "own.py"]
+    assert narrative_lines(clone) == []
+    history = "# fixed in sess" + "ion 3"
+    (clone / "own.py").write_text(history + "\n")   # the negative control: the project's own file
+    assert narrative_lines(clone) == ["own.py:1: " + history]
+    os.rename(clone / ".git", tmp_path / "moved")                # an archive, not a checkout: the same answer
+    assert narrative_lines(clone) == ["own.py:1: " + history]
 
 
 @pytest.mark.parametrize("shadow, module", [("common", "train_ours"), ("common", "certify"), ("certify", "ddrs"),

@@ -489,7 +489,7 @@ def test_two_analyses_into_one_folder_do_not_mix_their_outputs(tmp_path, capsys)
         assert "in use by another command" in err and len(err.strip().splitlines()) == 1
         assert os.listdir(out) == []
     assert run_main(analyze.main, argv) == 0
-    assert not [f for f in os.listdir(out) if f.endswith(".lock") and f != machinery.RECORD_LOCK]
+    assert not [f for f in os.listdir(out) if f.endswith(".lock")]
 
 
 # Run identity checked by every consumer ---------------------------------------------------------------------

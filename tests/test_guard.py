@@ -90,7 +90,7 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
     with pytest.raises(common.UserError, match="not written .File too large., its previous content is intact"):
         machinery.write_output(path, "analyze.py output", fails)
     assert open(path).read() == "complete\n"
-    assert sorted(os.listdir(tmp_path)) == [".rs-outputs.json", ".rs-outputs.lock", "out.md"]
+    assert sorted(os.listdir(tmp_path)) == [".rs-outputs.json", "out.md"]   # the record's lock is gone too
 
 
 def test_a_write_over_ulimit_f_fails_in_one_line_and_keeps_the_old_file(tmp_path):
@@ -284,7 +284,9 @@ def test_certify_stopped_by_sigterm_exits_143_and_resumes_to_the_uninterrupted_l
     _, err = proc.communicate(timeout=60)
     lines = [ln for ln in err.splitlines() if not ln.startswith(("certify:", "note:")) and "examples," not in ln]
     assert proc.returncode == 143 and lines == [lines[-1]] and "SIGTERM" in lines[-1], err
+    assert not list(tmp_path.glob("*.lock")), "a stopped run leaves no lock file"
     assert run_main(certify.main, flags + ["--outfile", str(cut)]) == 0
+    assert not list(tmp_path.glob("*.lock")), "a finished run leaves no lock file"
     strip = lambda p: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in p.read_text().splitlines()]   # no time
     assert strip(cut) == strip(whole)
 
@@ -385,3 +387,30 @@ def test_a_command_ends_its_own_process_without_teardown_and_no_other(monkeypatc
         except SystemExit as e:
             code = e.code
         assert (exits, handlers, code) == (([3], [1], None) if fast else ([], [], 3)), orig
+
+
+def test_a_lock_file_lives_only_while_held_and_its_removal_cannot_give_the_lock_twice(tmp_path):
+    """machinery.locked_file: the file is removed at the end of the block. A process that opened the old file
+    just before its removal (a thread here: flock locks belong to an open file, so two opens in one process
+    conflict like two processes) must not hold the removed file's lock while a third locks the new one."""
+    import threading
+    path = str(tmp_path / "o.tsv.lock")
+    got, release = threading.Event(), threading.Event()
+
+    def second():
+        with machinery.locked_file(path, wait=True):   # opens the first's file, waits, then takes the new one
+            got.set()
+            release.wait(30)
+    with machinery.locked_file(path):
+        assert os.path.exists(path)
+        worker = threading.Thread(target=second)
+        worker.start()
+        assert not got.wait(0.3)                        # blocked while the first holds it
+    assert got.wait(30)
+    with pytest.raises(BlockingIOError):                # the second holds the file now under that name
+        with machinery.locked_file(path):
+            pass
+    assert machinery.is_locked(path)
+    release.set()
+    worker.join(30)
+    assert not os.path.exists(path) and os.listdir(tmp_path) == []
