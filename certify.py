@@ -180,13 +180,11 @@ def parse_args(argv=None, parser=None):
 
 def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, sample=common.sample_counts,
             candidate=None):
-    """CERTIFY of Cohen et al. (2019): select cA on N0 noisy copies of x (C, H, W), lower-bound pA on N fresh
-    ones. With probability >= 1 - alpha a returned radius is a true l2 robustness radius of the smoothed
-    classifier at x. Returns {predict: cA or -1 (abstain), radius (0.0 on abstention), pA_lower, nA, N, counts
-    (every class's votes among the N)}. The model runs in eval mode and is handed back as it came; noise comes
-    from generator (default torch's global one), selection first. sample: the vote counter (certify.py passes
-    one with its options: sampler_of). candidate: a class to certify without selection draws (--label-mode: the
-    true label), which measures certified accuracy, not what the smoothed classifier predicts."""
+    """CERTIFY of Cohen et al. (2019): cA from N0 noisy copies of x (C, H, W), pA bounded on N fresh ones; with
+    probability >= 1 - alpha the radius is a true l2 robustness radius of the smoothed classifier at x. Returns
+    {predict: cA or -1 (abstain), radius, pA_lower, nA, N, counts}. sample: the vote counter (sampler_of); candidate:
+    the class to certify, no selection (--label-mode). Eval mode, each module handed back; bad arguments: ValueError."""
+    common.check_smoothing(sigma, alpha, N=N, batch=batch, num_classes=num_classes, N0=N0 if candidate is None else 1)
     with common.eval_mode(model):
         if candidate is None:   # first class on ties, as numpy's argmax in Cohen's code
             candidate = int(sample(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator)[0].argmax())
@@ -199,12 +197,10 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, s
 
 
 def predict(model, x, sigma, N, alpha, batch, num_classes, generator=None, sample=common.sample_counts):
-    """PREDICT of Cohen et al. (2019): the top class of N noisy copies of x, unless a two-sided binomial test
-    cannot tell it from the runner-up at level alpha (then abstain: -1). x: (C, H, W); the model is evaluated
-    in eval mode and handed back as it came. Returns a dict: predict, nA (votes for the top class), N, the
-    test's pvalue and counts (every class's votes, a list of ints). The smoothed classifier's answer is wrong
-    with probability at most alpha. sample: as in certify.
-    """
+    """PREDICT of Cohen et al. (2019): the top class of N noisy copies of x (C, H, W), or -1 (abstain) unless a
+    two-sided binomial test tells it from the runner-up at level alpha: wrong with probability at most alpha.
+    Returns predict, nA (the top class's votes), N, pvalue, counts. sample, eval mode and checks: as certify's."""
+    common.check_smoothing(sigma, alpha, N=N, batch=batch, num_classes=num_classes)
     with common.eval_mode(model):
         counts = sample(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0].cpu()
     order = np.argsort(-counts.numpy(), kind="stable")  # ties: the lower class first
@@ -325,13 +321,14 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=
     beta defaults to DEFAULT_BETA, final_look to True (certify.py's defaults).
     """
     beta = DEFAULT_BETA if beta is None else beta
-    common.check(0 < alpha < 1 and 0 <= beta < 1 and N_max >= 1, f"grid_plan needs 0 < alpha < 1, 0 <= beta < 1 "
-                                                                 f"and N_max >= 1 (got {alpha}, {beta}, {N_max})")
+    common.check_smoothing(sigma, alpha, N_max=N_max)
+    common.check(0 <= beta < 1, f"beta must lie in [0, 1) (got {beta})")
+    common.check(all(0 <= float(r) < math.inf for r in radii), f"radii must be finite, >= 0 (got {list(radii)})")
     radii = sorted({0.0, *map(float, radii)} if zero_level else set(map(float, radii)))
     common.check(len(radii) > 0, "--radii needs at least one radius")
     checks = look_schedule(N_max) if looks is None else [int(t) for t in looks]
     common.check(checks[-1] == N_max and all(np.diff(checks) > 0), "looks must rise and end at N_max")
-    plan = dict(radii=radii, taus=ndtr(np.array(radii) / sigma), checks=checks,
+    plan = dict(radii=radii, sigma=float(sigma), taus=ndtr(np.array(radii) / sigma), checks=checks,
                 position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=seq_level * alpha,
                 beta=beta, N_max=N_max, final_look=final_look, one_sided=one_sided,
                 selection_prior=selection_prior, exact_beta=exact_beta, cache={})
@@ -341,9 +338,8 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=
 
 
 def prior_tables(plan, prior):
-    """The tables of grid_plan's tests with the mixture Beta(prior), cached in the plan: lower (common.threshold_row),
-    upper (ruled_out_rows), reach (votes needed beyond all-cA draws: curtailing) and final_bound (the final look's
-    thresholds at the whole alpha: curtailing on them ends no run that could still be certified)."""
+    """grid_plan's tables for the mixture Beta(prior), cached: lower (common.threshold_row), upper (ruled_out_rows),
+    reach (votes beyond all-cA draws still needed: curtailing) and final_bound (the final look's at the whole alpha)."""
     key = (float(prior[0]), float(prior[1]))
     if key not in plan["cache"]:
         checks, level = plan["checks"], math.log(1 / plan["alpha_seq"])
@@ -357,12 +353,9 @@ def prior_tables(plan, prior):
 
 
 def ruled_out_rows(plan, prior):
-    """upper of prior_tables: level j is ruled out once A <= upper[j, i]. Row by row from the lowest (each at least
-    the one below), at a log wealth whose exact error P(ever ruled out | pA = tau_j) is at most beta and near it:
-    from Ville's log(1 / beta), secant steps on the log of the error (three at most, kept between the last level
-    within beta and the last above), at the levels the prior finds plausible (its mass below tau_j within
-    [NEAR_PRIOR, 1 - NEAR_PRIOR]); elsewhere, and without exact_beta, at Ville's level (its error <= beta too),
-    which matters only where the selection votes were far off pA. Errors: upper bounds (crossing_probability)."""
+    """prior_tables' upper: level j is ruled out once A <= upper[j, i]; row by row (each >= the one below) at a log
+    wealth whose exact error P(ever ruled out | pA = tau_j) is <= beta and near it (up to three secant steps from
+    Ville's log(1 / beta)) where the prior's mass below tau_j is in [NEAR_PRIOR, 1 - NEAR_PRIOR]; else Ville's."""
     from scipy.special import betainc
     checks, beta, floor, rows = np.array(plan["checks"]), plan["beta"], -1, []
     for tau in plan["taus"]:
@@ -386,9 +379,8 @@ def ruled_out_rows(plan, prior):
 
 
 def final_look_tables(plan, tables):
-    """Adds the exact alpha accounting to prior_tables's tables, once (grid_plan): spent_levels (the sequence's
-    error at pA = tau_j, per level), alpha_fin_levels = alpha - spent_j (0 without final_look), final (its
-    look's thresholds, monotone in j), and spent / alpha_fin, the largest and smallest of them."""
+    """Adds grid_plan's exact alpha accounting to prior_tables' tables, once: spent_levels (the sequence's error at
+    pA = tau_j), alpha_fin_levels = alpha - spent_j (0 without final_look), final (monotone), spent, alpha_fin."""
     if "final" not in tables:
         alpha, checks = plan["alpha"], plan["checks"]
         spent = np.array([common.crossing_probability(tables["lower"][j], checks, tau)
@@ -411,8 +403,7 @@ def job_tables(plan, k0, N0):
 
 
 def decided_levels(tables, A, i, final=False):
-    """(highest certified level, highest level not ruled out) after check i with A votes (-1: none), from a
-    plan's tables (prior_tables; every column non-decreasing in j, so each answer is a count)."""
+    """(highest certified level, highest not ruled out) after check i with A votes (-1: none); columns rise in j."""
     certified = int(np.searchsorted(tables["lower"][:, i], A, side="right"))
     if final:
         certified = max(certified, int(np.searchsorted(tables["final"], A, side="right")))
@@ -422,14 +413,12 @@ def decided_levels(tables, A, i, final=False):
 def grid_certify(model, x, sigma, N0, batch, num_classes, generator=None, plan=None, copies=common.gaussian_copies,
                  candidate=None):
     """GRID-CS on one input (grid_certify_many, see there). plan: grid_plan(...), required."""
-    if plan is None:
-        raise TypeError("grid_certify() needs plan= (certify.grid_plan(radii, sigma, N_max, alpha))")
+    common.check(plan is not None, "grid_certify needs plan= (a grid_plan(radii, sigma, N_max, alpha))")
     return grid_certify_many(model, [(x, generator, candidate)], sigma, N0, batch, num_classes, plan, copies)[0]
 
 
 class GridJob:
-    """One example of grid_certify_many: its generator, votes, levels, and its draws cut into chunks of at most
-    `batch` (selection, then each gap between looks), so its noise does not depend on the other examples."""
+    """One example of grid_certify_many, its draws cut into chunks (selection, each gap between looks) of <= batch."""
 
     def __init__(self, x, generator, candidate, N0, batch, num_classes, plan):
         self.x, self.generator, self.cA, self.plan = x, generator, candidate, plan
@@ -442,8 +431,7 @@ class GridJob:
         self.jL, self.jU, self.stop, self.done = -1, len(plan["radii"]) - 1, "budget", False
 
     def ahead(self, room):
-        """The sizes of the chunks to draw in this pass, within room: the next, then more while no votes they could
-        bring end the example at a look between them, so that the looks after the pass give what one pass each would."""
+        """The chunks to draw in this pass, within room: the next, then more while none could end it at a look."""
         plan, tables, nxt, A = self.plan, self.tables, self.jL + 1, int(self.counts[self.cA or 0])
         sizes, end = [], self.next
         while end < len(self.chunks) and sum(sizes) + self.chunks[end][1] <= room:
@@ -509,16 +497,13 @@ def grid_interval(out, plan):
 
 
 def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=common.gaussian_copies):
-    """GRID-CS on several inputs: cA from N0 draws (or the given candidate), then estimation draws until each
-    example's certified level is decided, the draws of all examples packed into full batches of `batch`.
-
-    items: (x (C, H, W) on the model's device, its generator, candidate or None) per example. After each look
-    (plan["checks"]) an example stops when its level is decided, when the next level can no longer be reached
-    (curtailed) or at N_max (budget; the final Clopper-Pearson look too). Whatever the stopping or packing, its
-    certified radius is wrong with probability at most alpha (grid_plan). Returns per item: predict (cA, -1 if
-    no level is certified), radius (r_jL), nA, N (draws made), stop, prior (of its tests), counts, pA_certified
-    = Phi(r_jL / sigma) (0 if none). copies: common.gaussian_copies or common.sound_copies. The model runs in
-    eval mode, handed back as it came; the log's interval: grid_interval."""
+    """GRID-CS: cA from N0 draws (or the candidate), then draws until each example's level is decided, all packed into
+    passes of `batch`. items: (x (C, H, W), generator, candidate or None). An example stops when decided, when the
+    next level is out of reach (curtailed) or at N_max (budget, with the final look); whatever the stopping, its
+    radius is wrong with probability <= alpha (grid_plan). Returns per item predict (-1: none), radius, nA, N, stop,
+    prior, counts, pA_certified. sigma must be the plan's own; copies: gaussian_copies or sound_copies."""
+    common.check(plan.get("sigma") == float(sigma), f"sigma {sigma} is not its plan's {plan.get('sigma')} (grid_plan)")
+    common.check(int(batch) == batch >= 1 and int(N0) == N0 >= 0, f"batch >= 1, N0 >= 0 integers (got {batch}, {N0})")
     jobs = [GridJob(x, g, c, N0, batch, num_classes, plan) for x, g, c in items]
     active = list(jobs)
     with torch.inference_mode(), common.eval_mode(model):
@@ -534,6 +519,7 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=
                 if room == 0:
                     break
             logits = model(torch.cat(inputs))
+            common.check(logits.shape[-1] == num_classes, f"num_classes {num_classes} != {logits.shape[-1]} outputs")
             pred = torch.where(torch.isfinite(logits).all(1), logits.argmax(1), -1)
             if failures[0] is not None:   # the sound sampler's failed draws vote for no class
                 pred = torch.where(torch.cat(failures), num_classes, pred)

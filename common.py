@@ -47,6 +47,13 @@ def check(condition, message):
         raise UserError(message)
 
 
+def check_smoothing(sigma, alpha=0.5, **counts):
+    """UserError (a ValueError) naming the argument unless 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
+    for name, value, ok in [("sigma", sigma, 0 < sigma < math.inf), ("alpha", alpha, 0 < alpha < 1)] + \
+            [(name, n, int(n) == n >= 1) for name, n in counts.items()]:
+        check(ok, f"{name} = {value!r} is out of range (sigma > 0 and finite, 0 < alpha < 1, counts integers >= 1)")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Readers: one per format, each checking its whole contract (a UserError names the file, the line, the field)
 # ----------------------------------------------------------------------------------------------------------
@@ -682,8 +689,7 @@ class WithIndex(torch.utils.data.Dataset):
 # ----------------------------------------------------------------------------------------------------------
 
 def clopper_pearson_lower(nA, N, alpha):
-    """One-sided (1 - alpha) Clopper-Pearson lower confidence bound on a binomial proportion: the alpha-quantile
-    of Beta(nA, N - nA + 1), 0 at nA = 0 (alpha ** (1 / N) at nA = N); elementwise on numpy arrays."""
+    """One-sided (1 - alpha) Clopper-Pearson lower bound, elementwise: Beta(nA, N - nA + 1)'s alpha-quantile, 0 at 0."""
     nA, N = np.asarray(nA, dtype=float), np.asarray(N, dtype=float)
     with np.errstate(invalid="ignore"):
         bound = betaincinv(np.maximum(nA, 1), N - nA + 1, alpha)
@@ -721,8 +727,7 @@ KT_PRIOR = (0.5, 0.5)   # Krichevsky-Trofimov: Beta(1/2, 1/2)
 
 
 def kt_log_wealth(A, t, p, prior=KT_PRIOR):
-    """log W_t(p) of the betting confidence sequence with the mixture prior = Beta(a0, b0) (KT by default):
-    log of B(A + a0, t - A + b0) / (B(a0, b0) p^A (1 - p)^(t - A)), with scipy's betaln; numpy-vectorised."""
+    """log W_t(p) = log B(A + a0, t - A + b0) / (B(a0, b0) p^A (1 - p)^(t - A)), mixture prior Beta(a0, b0)."""
     from scipy.special import betaln, xlog1py, xlogy
     A, t, p = np.asarray(A, dtype=float), np.asarray(t, dtype=float), np.asarray(p, dtype=float)
     a0, b0 = prior
@@ -730,11 +735,9 @@ def kt_log_wealth(A, t, p, prior=KT_PRIOR):
 
 
 def one_sided_log_wealth(A, t, tau, side, prior=KT_PRIOR):
-    """log wealth after t draws with A votes of the mixture prior = Beta(a0, b0) restricted to q > tau (side +1)
-    or q < tau (side -1): W+_t(tau) = int_{q > tau} (q / tau)^A ((1 - q) / (1 - tau))^(t - A) pi(q) dq / pi(q > tau),
-    the mixture's wealth (kt_log_wealth) times the posterior mass above tau over the prior's. A nonnegative
-    supermartingale whenever p <= tau (Ville: P(ever >= 1/alpha) <= alpha) for any prior fixed before the
-    draws; underflow only lowers it (prior mass floored at 1e-300). numpy-vectorised (ADAPTIVE.md §2)."""
+    """log wealth after t draws with A votes of the mixture Beta(a0, b0) restricted to q > tau (side +1) or q < tau
+    (side -1): kt_log_wealth times the posterior mass beyond tau over the prior's. A supermartingale when p <= tau
+    (side +1), so by Ville P(ever >= 1 / alpha) <= alpha; underflow only lowers it (prior mass floored)."""
     from scipy.special import betainc, betaincc
     A, t = np.asarray(A, dtype=float), np.asarray(t, dtype=float)
     a0, b0 = prior
@@ -746,10 +749,8 @@ def one_sided_log_wealth(A, t, tau, side, prior=KT_PRIOR):
 
 
 def first_true(lo, hi, ok, guess=None):
-    """Per entry, the smallest integer x in [lo, hi] with ok(x) (ok rises with x), hi + 1 if none: a binary
-    search run on whole arrays at once. ok(x, at) is asked about the entries `at` (an index array) still open,
-    at values x. guess: a value near each answer; probing guess - 4 and guess + 4 first leaves 4 steps where
-    it is that close."""
+    """Per entry, the smallest integer x in [lo, hi] with ok(x, at) (rising in x; `at`: the open entries), hi + 1 if
+    none, by binary search on whole arrays; guess: near each answer (guess -/+ 4 are probed first)."""
     lo, hi = np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64)   # below lo: not ok; above hi: ok
     for edge in () if guess is None else (np.asarray(guess, dtype=np.int64) + d for d in (-4, 4)):
         at = np.flatnonzero((lo <= edge) & (edge <= hi))
@@ -765,10 +766,9 @@ def first_true(lo, hi, ok, guess=None):
 
 
 def threshold_row(tau, checks, level, side, prior=KT_PRIOR, one_sided=True):
-    """Per check t of `checks`: side +1, the smallest A with A / t > tau whose log wealth against pA <= tau
-    reaches `level` (t + 1: none); side -1, the largest A with A / t < tau whose log wealth against pA >= tau
-    reaches it (-1: none). Wealth: one_sided_log_wealth with `prior` (one_sided=False: kt_log_wealth). Searched
-    at every 8th check first, whose answers, interpolated, guide the search at the others (first_true)."""
+    """Per check t: side +1, the smallest A > t tau whose log wealth against pA <= tau reaches `level` (t + 1: none);
+    side -1, the largest A < t tau whose wealth against pA >= tau reaches it (-1: none); one_sided_log_wealth
+    (one_sided=False: kt_log_wealth). Every 8th check first: their answers, interpolated, guide the others."""
     t = np.asarray(checks, dtype=np.int64)
     lo, hi = (np.floor(t * tau).astype(np.int64) + 1, t) if side > 0 else (0 * t, np.ceil(t * tau).astype(np.int64) - 1)
 
@@ -797,9 +797,8 @@ def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True,
 
 
 def final_thresholds(taus, N_max, alpha_fin):
-    """final[j] of grid_tables: the smallest A whose Clopper-Pearson bound at alpha_fin (one level, or one per
-    tau) over N_max draws exceeds tau_j (>= for j > 0; > 1/2 for tau_0 = 1/2, as CERTIFY's prediction),
-    N_max + 1 if none or at alpha_fin = 0 (no final look)."""
+    """The smallest A whose Clopper-Pearson bound at alpha_fin (per tau, or one) over N_max draws reaches tau_j (> 1/2
+    for tau_0 = 1/2, as CERTIFY), N_max + 1 if none or at alpha_fin = 0 (no final look)."""
     taus = np.asarray(taus, dtype=float)
     alphas, strict = np.broadcast_to(alpha_fin, taus.shape), np.arange(len(taus)) == 0
 
@@ -810,10 +809,9 @@ def final_thresholds(taus, N_max, alpha_fin):
 
 
 def crossing_probability(lower, checks, p, drop=1e-15):
-    """P(A_t >= lower[i] at some check t = checks[i]) when each draw votes cA with probability p: the error a
-    sequential test with these thresholds spends (ADAPTIVE.md §2), by dynamic programming over the paths not
-    yet crossed. Every rounding counts as crossing, so this is an upper bound: 1e-12 per check that cuts, at
-    most `drop` of lower-tail mass per check, binomial tails beyond entries of 1e-20."""
+    """P(A_t >= lower[i] at some check t = checks[i]) when each draw votes cA with probability p, by dynamic
+    programming over the paths not yet crossed: the error a sequential test spends. An upper bound: every rounding
+    counts as crossing (1e-12 per cutting check, `drop` of lower tail per check, binomial tails under 1e-20)."""
     from scipy.signal import fftconvolve
     from scipy.stats import binom
     dist, offset, previous, crossed = np.ones(1), 0, 0, 0.0   # dist[k]: P(A = offset + k, not crossed)
@@ -870,10 +868,11 @@ def example_generator(seed, idx, device="cpu"):
 
 
 def gaussian_copies(x, k, sigma, generator=None):
-    """k noisy copies x + sigma * N(0, I) of each input x (B, C, H, W), as (k * B, C, H, W) (copy j of input b
-    at j * B + b), and which draws failed: None, a Gaussian draw never fails (sound_copies' can)."""
-    noise = sigma * torch.randn((k, *x.shape), device=x.device, generator=generator)
-    return (x.unsqueeze(0) + noise).flatten(0, 1), None
+    """k copies x + sigma N(0, I) of each x (B, C, H, W) in x's dtype, (k * B, C, H, W), copy j of b at j * B + b;
+    and which draws failed: None, a Gaussian draw never fails (sound_copies' can)."""
+    noise = sigma * torch.randn((k, *x.shape), device=x.device, generator=generator,   # half types: drawn in fp32
+                                dtype=x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32)
+    return (x.unsqueeze(0) + noise).to(x.dtype).flatten(0, 1), None
 
 
 def pass_sizes(n, per_pass):
@@ -885,8 +884,7 @@ def pass_sizes(n, per_pass):
 
 @contextlib.contextmanager
 def eval_mode(model):
-    """The model in eval mode for a block (BatchNorm's running statistics, no dropout), then every module back
-    in the mode it came in: certification evaluates one fixed classifier and leaves the caller's as it was."""
+    """The model in eval mode for a block (one fixed classifier), then every module back in the mode it came in."""
     modes = [(m, m.training) for m in model.modules()] if isinstance(model, torch.nn.Module) else []
     try:
         yield model.eval() if modes else model
@@ -896,10 +894,8 @@ def eval_mode(model):
 
 
 def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies=gaussian_copies, stop=None):
-    """The base classifier's votes (int64 (B, num_classes) on x's device) on n noisy copies of each input x
-    (B, C, H, W) in [0, 1], in passes of about `batch` inputs (pass_sizes), the noise drawn on the device by
-    copies (gaussian_copies; sound_copies' failed draws vote for no class) from generator (default torch's).
-    stop: None, or callable(counts, drawn) -> True to end counting after a pass (early abstention)."""
+    """Votes (int64 (B, num_classes), x's device) on n noisy copies of each x (B, C, H, W), about `batch` inputs a pass,
+    noise by copies (sound_copies' failed draws vote for none) from generator; stop(counts, drawn) -> True ends."""
     B = x.shape[0]
     with torch.inference_mode():
         counts = torch.zeros(B, num_classes + 1, dtype=torch.long, device=x.device)   # + failed draws
@@ -907,6 +903,7 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies
         for k in pass_sizes(n, max(1, batch // B)):
             noisy, failed = copies(x, k, sigma, generator)
             logits = model(noisy)
+            check(logits.shape[-1] == num_classes, f"num_classes {num_classes} != {logits.shape[-1]} model outputs")
             finite = finite & torch.isfinite(logits).all()   # on the device: one sync at the end, not per pass
             pred = logits.argmax(1) if failed is None else torch.where(failed, num_classes, logits.argmax(1))
             counts.view(-1).index_add_(0, torch.arange(B, device=x.device).repeat(k) * (num_classes + 1) + pred,
@@ -914,8 +911,7 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies
             drawn += k
             if stop is not None and drawn < n and stop(counts[:, :num_classes], drawn):
                 break
-    check(bool(finite), f"the model gave non-finite outputs on noisy inputs (sigma {sigma}); no certificate "
-                        f"is written from them: lower --sigma, or use fp32 (--precision)")
+    check(bool(finite), f"the model gave non-finite outputs on noisy inputs (sigma {sigma}): no certificate")
     return counts[:, :num_classes].clone()   # a normal tensor: callers may update it outside inference mode
 
 
@@ -1003,7 +999,7 @@ def sound_copies(levels=GRID_LEVELS):
     integer noise (certify.py --sound). Its failed draws vote for no class."""
     def copies(x, k, sigma, generator=None):
         z, failed = sound_noisy_inputs(grid_levels(x, levels), k, sigma, generator, levels=levels)
-        return z.flatten(0, 1), failed.flatten()
+        return z.flatten(0, 1).to(x.dtype), failed.flatten()   # a cast of the grid point: part of the classifier
     return copies
 
 
@@ -1044,12 +1040,9 @@ def in_precision(model, precision):
 
 @contextlib.contextmanager
 def frozen_eval(model):
-    """Run attacks with model.eval() and frozen parameters (BASELINES.md 0.2); both are restored afterwards.
-
-    Eval mode keeps BatchNorm statistics untouched; frozen parameters keep the attack's backward pass from
-    computing (or accumulating) weight gradients.
-    """
-    was_training = model.training
+    """Run attacks in eval mode (BatchNorm statistics untouched) with frozen parameters (no weight gradients); then
+    every module gets back its own mode (not only the top one's) and every parameter its requires_grad."""
+    modes = [(m, m.training) for m in model.modules()]   # each module's own: a frozen BatchNorm stays in eval
     flags = [p.requires_grad for p in model.parameters()]
     model.eval()
     for p in model.parameters():
@@ -1059,20 +1052,19 @@ def frozen_eval(model):
     finally:
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
-        model.train(was_training)
+        for module, training in modes:
+            module.train(training)
 
 
 def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
     """Move each Gaussian noise along its sphere ||delta|| = const to make the base model err (Alg. 1).
 
-    x: (B, C, H, W); y: (B,); delta: (m, B, C, H, W), the m noise draws. T PGD steps on the cross-entropy
-    with step eps: l2 uses the normalised gradient, linf the sign scaled by 1/sqrt(d) (as the official code,
-    so eps is comparable across norms). After each step every draw is rescaled to its original norm.
-    Each draw keeps the first iterate the model misclassifies (a draw misclassified from the start comes back
-    unchanged); draws never misclassified take the final iterate. T = 0 returns delta. Runs the model in eval
-    mode with gradients off for the parameters and restores both, so weights and BatchNorm statistics stay.
-    Returns a new tensor shaped like delta, detached.
+    x: (B, C, H, W); y: (B,); delta: (m, B, C, H, W), the m noise draws. T PGD steps on the cross-entropy with
+    step eps, l2 the normalised gradient, linf its sign over sqrt(d) (the official code's), each draw rescaled to
+    its norm after each step. A draw keeps its first misclassified iterate, else the last (T = 0: delta). The model
+    runs under frozen_eval (weights and BatchNorm statistics kept). Returns a new detached tensor like delta.
     """
+    check(norm_type in ("l2", "linf"), f"norm_type must be 'l2' or 'linf' (got {norm_type!r})")
     if T == 0:
         return delta.detach().clone()
     model = unwrap(model)  # under DDP: attack the plain module, no gradient synchronisation

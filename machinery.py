@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import datetime
 import errno
+import functools
 import json
 import math
 import os
@@ -853,10 +854,53 @@ def environment():
         pass
     wanted = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
     versions["cpu"] = {"model": cpu, "logical_cpus": os.cpu_count(), "extensions": [f for f in wanted if f in flags],
-                       "torch_capability": torch.backends.cpu.get_cpu_capability()}
+                       "torch_capability": torch.backends.cpu.get_cpu_capability(), **math_kernels()}
     if torch.cuda.is_available():
         versions["gpu"] = torch.cuda.get_device_name(0)
     return versions
+
+
+# The variables that cap the math libraries' instruction sets (scripts/demo.sh pins them for a report that is the
+# same file on every x86-64 CPU with AVX2); recorded as set.
+ISA_PINS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS",
+            "MKL_CBWR", "OPENBLAS_CORETYPE")
+
+
+@functools.lru_cache(maxsize=None)
+def math_kernels():
+    """What the CPU math libraries run in this process, read from the libraries themselves, not from the CPU's
+    flags: {"onednn_isa": oneDNN's own line ("Intel AVX2", ...), "openblas_core": the core OpenBLAS chose for
+    numpy ("Haswell", "SkylakeX", ...), "isa_pins": the ISA_PINS variables that are set}; None where unknown.
+    oneDNN says its ISA once per process, in its verbose output (a C printf to descriptor 1): one small
+    convolution is run with it on and that descriptor caught in a temporary file (about 20 ms)."""
+    import tempfile
+    onednn = None
+    if torch.backends.mkldnn.is_available():
+        try:
+            sys.stdout.flush()
+            saved = os.dup(1)
+            with tempfile.TemporaryFile() as caught:
+                os.dup2(caught.fileno(), 1)
+                try:   # a batch of 2 of this size goes to oneDNN (a smaller one may not)
+                    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                        torch.nn.functional.conv2d(torch.ones(2, 3, 32, 32), torch.ones(6, 3, 5, 5))
+                finally:
+                    os.dup2(saved, 1)
+                    os.close(saved)
+                caught.seek(0)
+                text = caught.read().decode(errors="replace")
+            onednn = next((line.split("isa:", 1)[1].strip() for line in text.splitlines() if ",isa:" in line), None)
+        except (OSError, RuntimeError, ValueError):   # no descriptor 1 (a closed stdout), a build without verbose
+            onednn = None
+    openblas = None
+    try:
+        import threadpoolctl
+        openblas = next((lib.get("architecture") for lib in threadpoolctl.threadpool_info()
+                         if lib.get("internal_api") == "openblas"), None)
+    except Exception:   # threadpoolctl missing or failing: the record is informative only
+        pass
+    return {"onednn_isa": onednn, "openblas_core": openblas,
+            "isa_pins": {name: os.environ[name] for name in ISA_PINS if name in os.environ}}
 
 
 def environment_line(env=None):
@@ -865,10 +909,13 @@ def environment_line(env=None):
     cpu = env.get("cpu") if isinstance(env.get("cpu"), dict) else {}
     get = lambda d, key: str(d.get(key)) if d.get(key) is not None else "?"
     ext = " ".join(map(str, cpu["extensions"])) if isinstance(cpu.get("extensions"), list) else "?"
+    given = cpu.get("isa_pins") if isinstance(cpu.get("isa_pins"), dict) else {}
+    pins = "; pinned " + " ".join(f"{k}={v}" for k, v in sorted(given.items())) if given else ""
     return (f"python {get(env, 'python')}, torch {get(env, 'torch')}, torchvision {get(env, 'torchvision')}, "
             f"numpy {get(env, 'numpy')} ({get(env, 'numpy_blas')}), scipy {get(env, 'scipy')}; {get(cpu, 'model')}, "
             f"{get(cpu, 'logical_cpus')} logical CPUs, {ext or 'no listed extensions'} (torch: "
-            f"{get(cpu, 'torch_capability')})" + (f"; {env['gpu']}" if env.get("gpu") else ""))
+            f"{get(cpu, 'torch_capability')}, oneDNN: {get(cpu, 'onednn_isa')}, OpenBLAS: {get(cpu, 'openblas_core')}"
+            f"{pins})" + (f"; {env['gpu']}" if env.get("gpu") else ""))
 
 
 def run_identity(script, dataset, data_dir=None):

@@ -29,6 +29,7 @@ import signal
 if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
+import math
 import os
 import sys
 import time
@@ -164,7 +165,9 @@ def check_settings(s):
 
 def ours_loss(model, x, y, sigma, m, T, eps, attack):
     """Alg. 2 inner loop: m Gaussian draws per image, each moved on its sphere by Alg. 1, mean cross-entropy."""
-    delta = sigma * torch.randn(m, *x.shape, device=x.device)   # (m, b, C, H, W)
+    common.check(attack in ("l2", "linf") and 0 < sigma < math.inf and int(m) == m >= 1 and int(T) == T >= 0,
+                 f"ours_loss needs attack 'l2' or 'linf', sigma > 0, m >= 1, T >= 0 (got {attack!r}, {sigma}, {m}, {T})")
+    delta = sigma * torch.randn(m, *x.shape, device=x.device, dtype=x.dtype)   # (m, b, C, H, W)
     if T > 0:
         delta = common.sphere_pgd(model, x, y, delta, T, eps, attack)  # eval mode inside; norms kept
     logits = model((x.unsqueeze(0) + delta).flatten(0, 1))        # (m*b, K), block order
@@ -218,12 +221,14 @@ def code_weight_floor(N, alpha, p_min):
     return ndtri(common.clopper_pearson_lower(np.floor(N * p_min), N, alpha))
 
 
-def radius_weights(counts, N, alpha, p_min, formula="code"):
-    """§5.2 sampling weight of each example from k = counts correct noisy copies out of N (BASELINES.md 7.4).
+def radius_weights(counts, N, alpha, p_min, formula="paper"):
+    """§5.2 sampling weight of each example from k = counts correct noisy copies out of N.
 
-    code (official): k' = max(k, floor(N p_min)), w = Phi^-1(CP_lower(k', N, alpha)), divided by the weight
-    at k' = floor(N p_min), so hard examples weigh 1. paper: w = max(1, Phi^-1(CP_lower(k)) / Phi^-1(p_min)).
-    """
+    paper (the default, §5.2's formula): w = max(1, Phi^-1(CP_lower(k, N, alpha)) / Phi^-1(p_min)).
+    code (the authors' released code, train_ours.py's --weights default, which the paper's numbers come from):
+    k' = max(k, floor(N p_min)), w = Phi^-1(CP_lower(k', N, alpha)) / the same at k' = floor(N p_min), so hard
+    examples weigh 1 in both; the two differ in how fast w grows with k (docs/training.md)."""
+    common.check(formula in ("paper", "code"), f"formula must be 'paper' or 'code' (got {formula!r})")
     counts = np.asarray(counts, dtype=float)
     if formula == "code":
         k = np.maximum(counts, np.floor(N * p_min))   # clip the probability at p_min
@@ -292,7 +297,7 @@ def train(args, device):
             counts, labels = common.count_correct(model, train_set, kept, args.sigma, args.N_weight, 1024)
             counts = shared_counts(counts, labels, kept, args.N_weight,
                                    os.path.join(args.outdir, f"pA_epoch{epoch}_weights.tsv"), device)
-            weights = radius_weights(counts, args.N_weight, args.alpha, args.p_min, args.weights)
+            weights = radius_weights(counts, args.N_weight, args.alpha, args.p_min, formula=args.weights)
         late = epoch >= start   # from Et on: |D| draws with replacement from D', and the attack
         loader = loaders.epoch(epoch, indices=kept if late else None, weights=weights if late else None)
         T = args.T if late else 0

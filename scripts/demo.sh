@@ -13,7 +13,7 @@
 # Size knobs (the test runs a small demo): DEMO_EPOCHS (default 20), DEMO_MAX_BATCHES (batches per epoch;
 # default: all), DEMO_N (10000), DEMO_MAX (default: all test digits), DEMO_OUT (runs/demo); PYTHON
 # (python3); DEMO_CERTIFY_FLAGS (extra certify.py flags, e.g. "--precision bf16" on a slow CPU; the
-# certificate then holds for the bf16 classifier).
+# certificate then holds for the bf16 classifier); DEMO_NATIVE_ISA=1 (the math libraries unpinned, below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +28,16 @@ export PYTHONUNBUFFERED=1   # progress lines appear as they are printed, not whe
 # Two jobs run side by side with one thread each: for a model this small, two single-threaded processes on
 # 2 cores do about twice the work of one two-threaded process.
 export OMP_NUM_THREADS=1
+# The same report on any x86-64 CPU with AVX2 (docs/demo.md, "The same file on every CPU"): the math libraries
+# pick their kernels by the CPU's widest instruction set, and AVX-512 kernels sum in another order than AVX2
+# ones, so the trained weights, and with them the report, would differ in their last digits. Pinned to AVX2
+# (each may be set beforehand to another value): oneDNN (convolutions; DNNL_ is its older name), ATen's own
+# vectorised kernels, MKL (matrix products) and numpy's OpenBLAS. DEMO_NATIVE_ISA=1 leaves them unpinned.
+if [ "${DEMO_NATIVE_ISA:-0}" != 1 ]; then
+    export ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-AVX2} DNNL_MAX_CPU_ISA=${DNNL_MAX_CPU_ISA:-AVX2}
+    export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2} MKL_ENABLE_INSTRUCTIONS=${MKL_ENABLE_INSTRUCTIONS:-AVX2}
+    export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
+fi
 
 # The demo folder is the demo's own: start afresh, but never delete a folder the demo did not make (its
 # marker), nor anything in it that the project did not write (each folder's record of outputs lists those,

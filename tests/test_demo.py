@@ -1,5 +1,6 @@
 """The demo (`make demo`, scripts/demo.sh) end to end at a reduced size, and its report's numbers against
 analyze.py's on the same logs; the report's verdict on logs where the answer is known."""
+import json
 import os
 import re
 import subprocess
@@ -7,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import analyze
 import common
@@ -55,6 +57,28 @@ def test_demo_writes_every_output_and_each_parses(demo):
     assert "P(pA<0.1)" in (out / "ecdf.md").read_text()                # the whole range, from nY
     with open(out / "ecdf_full.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+PINS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
+
+
+def test_the_demo_pins_the_math_libraries_to_avx2_and_every_record_says_what_they_ran(demo):
+    """scripts/demo.sh pins the instruction sets (docs/demo.md): each sidecar and args.json records the pins
+    and what oneDNN and OpenBLAS ran, read from the libraries; the report's header says it. No lock is left."""
+    if any(name in os.environ for name in PINS):
+        pytest.skip("the caller set a pin of its own")
+    out, _ = demo
+    records = [json.load(open(out / "certify" / f"{name}.tsv.json"))["environment"] for name in MODELS]
+    records += [json.load(open(out / "train" / name / "args.json"))["environment"] for name in MODELS]
+    has_avx2 = "avx2" in open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else False
+    for env in records:
+        assert env["cpu"]["isa_pins"] == PINS
+        if has_avx2 and torch.backends.mkldnn.is_available():
+            assert env["cpu"]["onednn_isa"] == "Intel AVX2" and env["cpu"]["torch_capability"] == "AVX2"
+    header = (out / "report.md").read_text().split("\n\n")[2]
+    assert header.startswith("Made with: ") and "oneDNN: " in header and "ONEDNN_MAX_CPU_ISA=AVX2" in header
+    assert not list(out.rglob("*.lock"))
 
 
 def test_demo_shows_progress_of_every_model_and_says_where_the_report_is(demo):

@@ -577,3 +577,29 @@ def test_a_log_whose_name_is_not_utf8_is_analysed_and_its_label_shows_the_byte(t
     for command, figure in (("table", "certified_accuracy.png"), ("ecdf", "ecdf.png")):
         assert b"m\\xff" in (tmp_path / command / f"{command}.md").read_bytes()
         assert (tmp_path / command / figure).exists()
+
+
+# ---- what the math libraries ran: read from them, recorded in every sidecar -----------------------------------
+
+@pytest.mark.parametrize("pin, expected", [("AVX2", "Intel AVX2"), (None, None)])
+def test_the_record_says_which_instruction_set_onednn_ran(pin, expected):
+    if not torch.backends.mkldnn.is_available() or "avx2" not in open("/proc/cpuinfo").read().split():
+        pytest.skip("no oneDNN or no AVX2")
+    env = {k: v for k, v in os.environ.items() if k not in machinery.ISA_PINS}
+    if pin:
+        env["ONEDNN_MAX_CPU_ISA"] = pin
+    code = ("import json, machinery; e = machinery.environment()['cpu']; "
+            "print(json.dumps([e['onednn_isa'], e['isa_pins']]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    isa, pins = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isa and isa.startswith("Intel ") and (expected is None or isa == expected)
+    assert pins == ({"ONEDNN_MAX_CPU_ISA": pin} if pin else {})
+    assert done.stdout.count("onednn_verbose") == 0          # the library's own lines are caught, not printed
+
+
+def test_the_record_of_the_math_libraries_survives_a_closed_stdout_and_an_old_sidecar():
+    code = "import os, machinery; os.close(1); import sys; machinery.environment(); sys.stderr.write('ok')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr.endswith("ok"), done.stderr
+    old = {"python": "3.11", "cpu": {"model": "x", "torch_capability": "AVX2"}}   # written before the fields existed
+    assert "(torch: AVX2, oneDNN: ?, OpenBLAS: ?)" in machinery.environment_line(old)

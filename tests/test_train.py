@@ -178,7 +178,7 @@ def test_code_weights_equal_the_hand_computed_clopper_pearson_formula():
     for k in range(17):
         kk = max(k, 12)
         by_hand = norm.ppf(beta.ppf(0.1, kk, 16 - kk + 1)) / norm.ppf(beta.ppf(0.1, 12, 5))
-        assert train_ours.radius_weights([k], 16, 0.1, 0.75)[0].item() == pytest.approx(by_hand, rel=1e-12)
+        assert train_ours.radius_weights([k], 16, 0.1, 0.75, "code")[0].item() == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_paper_weights_clip_the_weight_at_one():
