@@ -1021,7 +1021,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
                 "mode": "predict" if args.predict else "grid" if plan else "certify", "dataset": dataset_name,
                 "split": args.split,
                 # relative to the working directory: no machine's path in a published log; the hash identifies it
-                "checkpoint": os.path.relpath(args.checkpoint), "checkpoint_sha256": file_sha256(args.checkpoint),
+                "checkpoint": os.path.relpath(args.checkpoint),
+                "checkpoint_sha256": machinery.loaded_sha256(args.checkpoint),   # the bytes loaded, not read again
                 "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
                 "N0": None if args.predict else args.N0,  # PREDICT has no selection step
                 "seed": args.seed, "seed_value": None, "skip": args.skip,

@@ -571,6 +571,8 @@ def ds_train(s, hp, device):
             loaded, start = machinery.load_model(path, s.dataset, s.arch, device, s.trust_checkpoint)
         except common.UserError as e:
             raise common.UserError(f"--init-checkpoint: {e}") from None
+        common.check(machinery.loaded_sha256(path) == s.init_checkpoint["sha256"], f"--init-checkpoint {path!r} "
+                     f"changed since this run recorded it (another sha256); rerun to record the file as it is now")
         common.check(start.get("arch") in (None, s.arch) and start.get("dataset") in (None, s.dataset),
                      f"--init-checkpoint {path!r} holds {start.get('arch')} on {start.get('dataset')}; this run "
                      f"trains {s.arch} on {s.dataset} (pass --arch)")

@@ -54,8 +54,38 @@ class Interrupted(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C (SIGINT) so that every `finally` and every temporary-file cleanup runs."""
 
 
+_DEFERRED = {"depth": 0, "pending": None}   # signals_deferred's state (the main thread's: signals land there)
+
+
 def _raise_interrupted(signum, frame):
-    raise Interrupted()
+    """The handler of SIGTERM and SIGINT: raise Interrupted / KeyboardInterrupt, or, inside signals_deferred,
+    remember the signal and return, so that a file and its record are never left between two states."""
+    import signal
+    if _DEFERRED["depth"] > 0:
+        _DEFERRED["pending"] = signum
+        return
+    raise Interrupted() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGTERM and SIGINT for the block (a write and its record, including the record's own rename and
+    the clean-up of its temporary file), then honour one that came: it is raised as the block ends. Only the
+    main thread defers (signals are handled there); nested blocks raise at the outermost end."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _DEFERRED["depth"] += 1
+    try:
+        yield
+    finally:
+        _DEFERRED["depth"] -= 1
+        signum = _DEFERRED["pending"] if _DEFERRED["depth"] == 0 else None
+        if signum is not None:
+            _DEFERRED["pending"] = None
+            raise Interrupted() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def run(main, exit_process=False):
@@ -102,7 +132,7 @@ def _run(main):
             stream.reconfigure(errors="backslashreplace")
     try:
         signal.signal(signal.SIGTERM, _raise_interrupted)
-        signal.signal(signal.SIGINT, signal.default_int_handler)   # the scripts stop quietly while importing
+        signal.signal(signal.SIGINT, _raise_interrupted)   # the scripts stop quietly while importing
     except ValueError:   # not the main thread (a test runner's worker): keep the default
         pass
     try:
@@ -426,7 +456,8 @@ def _save_record(folder, record):
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        os.remove(tmp)
+        if os.path.lexists(tmp):   # gone once the rename is done
+            os.remove(tmp)
         raise
 
 
@@ -452,7 +483,7 @@ def _folder_record(folder):
     """The output record of `folder` under its lock (one writer at a time in a folder), with the temporary
     files of stopped writers removed; yields (record, save), save() writing the record as it is now."""
     make_outdir(folder)
-    with locked_file(os.path.join(folder, RECORD_LOCK), wait=True):   # held for one file write at most
+    with signals_deferred(), locked_file(os.path.join(folder, RECORD_LOCK), wait=True):   # one file write at most
         record = _read_record(folder)
         if any(entry.get("kind") == TEMPORARY for entry in record.values()):
             _remove_leftovers(folder, record)
@@ -502,7 +533,7 @@ def output_problem(path, kind, inputs=(), record=None, append=False, claimed=Fal
     if source is not None and entry.get("from") not in (None, source):
         return (f"{path!r} was made from {entry['from']!r}, not from {source!r}: two inputs would share one output; "
                 f"choose another output (--outdir) or move it away")
-    if not claimed and not content_is_recorded(path, entry, whole=not append):
+    if not content_is_recorded(path, entry, whole=not append):   # claimed or not: the record's hash decides
         return (f"{path!r} changed since {entry.get('by', 'this project')} wrote it; move it away or choose "
                 f"another output")
     return None
@@ -657,12 +688,13 @@ class AppendedLog:
         self.record_prefix()
 
     def record_prefix(self):
-        """Record the log's length and hash now (close does; a log with a row per epoch does at each row)."""
+        """Record the length and hash of the log's complete lines now (close does; a log with a row per epoch
+        does at each row). A torn last line (a write cut short) is left out: a resume cuts it off."""
         folder, name = os.path.dirname(os.path.abspath(self.path)), os.path.basename(self.path)
         try:
             with _folder_record(folder) as (record, save):
                 if name in record and record[name].get("append"):
-                    size = os.path.getsize(self.path)
+                    size = complete_lines_size(self.path)
                     record[name].update(sha256=file_sha256(self.path, size), size=size)
                     save()
         except (OSError, common.UserError):
@@ -673,6 +705,20 @@ class AppendedLog:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def complete_lines_size(path, block=1 << 16):
+    """The number of bytes of `path` up to and including its last newline (0 if none)."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            chunk = f.read(end - start)
+            if b"\n" in chunk:
+                return start + chunk.rindex(b"\n") + 1
+            end = start
+    return 0
 
 
 def copy_training_log(source, path):
@@ -978,6 +1024,16 @@ def numpy_array_globals():
             (_reconstruct, "numpy.core.multiarray._reconstruct")]
 
 
+_LOADED_SHA256 = {}   # realpath -> sha256 of the bytes safe_load last read from it in this process
+
+
+def loaded_sha256(path):
+    """The sha256 of the bytes that safe_load read from `path` (the last time, in this process): the identity a
+    record gives the model it used, taken from those very bytes, never from reading the path again (a training
+    run may replace the file in between). None if it was not loaded."""
+    return _LOADED_SHA256.get(os.path.realpath(path))
+
+
 def safe_load(path, device="cpu", trust=False, what="checkpoint"):
     """torch.load that cannot run code from the file (its pickle is read with weights_only=True).
 
@@ -986,21 +1042,30 @@ def safe_load(path, device="cpu", trust=False, what="checkpoint"):
     A file whose pickle names anything else (a class, a function) could run code while loading: it is a
     UserError naming the file, what it asks for and the flag --trust-checkpoint. trust=True (that flag)
     loads with weights_only=False, which runs whatever the file holds: only for files from a trusted source.
+    The file is read once; its bytes are loaded and hashed (loaded_sha256).
     """
+    import hashlib
+    import io
     common.check(os.path.isfile(path), f"{what} {path!r} not found")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise common.UserError(f"cannot read {what} {path!r} ({e.strerror or type(e).__name__})") from None
+    _LOADED_SHA256[os.path.realpath(path)] = hashlib.sha256(data).hexdigest()
     if trust:
         try:
-            return torch.load(path, map_location=device, weights_only=False)
+            return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
         except Exception as e:
             raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
     try:
         with torch.serialization.safe_globals(numpy_array_globals()):
-            return torch.load(path, map_location=device, weights_only=True)
+            return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
     except Exception as e:
         if "Weights only load failed" not in str(e):
             raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
         try:
-            names = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)) or "objects"
+            names = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))) or "objects"
         except Exception:
             names = "objects"
         raise common.UserError(f"{what} {path!r} needs arbitrary unpickling ({names}), which can run any code it holds; "

@@ -1,15 +1,18 @@
 """Fault injection: a command stopped at any one of its file operations (an open, a write, an fsync, a rename,
 a removal) leaves a folder that the next valid command accepts, and that rerun gives the files of an
-uninterrupted run. Two kinds of stop at every operation k of a run: the operation fails (a full disk: the
-command says so in one line, exit 2) and the process dies there (os._exit in a forked copy: no cleanup runs,
-as under SIGKILL or a power cut that keeps the written pages). A user's file in the folder stays as it was.
+uninterrupted run. Three kinds of stop at every operation k of a run: the operation fails (a full disk: the
+command says so in one line, exit 2), the process dies there (os._exit in a forked copy: no cleanup runs,
+as under SIGKILL or a power cut that keeps the written pages), and a real SIGTERM arrives there (in a forked
+copy: the command must stop with exit 143 wherever it lands, the record's own rename included, never finish
+as if nothing came). A user's file in the folder stays as it was.
 
 The runs: a small certification with --save-counts and a two-epoch training, which between them reach every
 writer of machinery.py. `make fuzz` stops them at every k in both modes (FAULT_RUNS=all); the suite at 16
-operations spread over each run, the two modes taking turns."""
+operations spread over each run, the three modes taking turns."""
 import errno
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -19,6 +22,7 @@ import machinery
 import train_gaussian
 
 KILLED = 137
+TERMINATED = 143
 DIGITS = ["--dataset", "digits", "--sigma", "0.25", "--workers", "0"]
 
 
@@ -33,6 +37,9 @@ class Faults:
         if self.n == self.k:
             if self.mode == "kill":
                 os._exit(KILLED)
+            if self.mode == "signal":   # delivered now; Python runs the handler at the next bytecode
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
             raise OSError(errno.ENOSPC, f"No space left on device (injected at {what})")
 
 
@@ -82,14 +89,15 @@ def command(main, argv, monkeypatch, faults=None):
         monkeypatch.undo()
 
 
-def killed_at(main, argv, k):
-    """Run the command in a forked copy of this process that dies at operation k; its exit status."""
+def killed_at(main, argv, k, mode="kill"):
+    """Run the command in a forked copy of this process that dies (or gets SIGTERM: mode "signal") at operation
+    k; its exit status."""
     pid = os.fork()
     if pid == 0:   # the child: never returns into pytest
         code = 99
         try:
             mp = pytest.MonkeyPatch()
-            code = command(main, argv, mp, Faults(k, "kill"))
+            code = command(main, argv, mp, Faults(k, mode))
         finally:
             os._exit(code if isinstance(code, int) else 98)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -144,17 +152,17 @@ def stop_everywhere(tmp_path, monkeypatch, main, argv_of, rerun_of):
     want = snapshot(ref)
     assert count.n >= 10
     if os.environ.get("FAULT_RUNS") == "all":
-        stops = [(k, mode) for k in range(1, count.n + 1) for mode in ("error", "kill")]
-    else:   # 16 operations spread over the run, the two modes taking turns
+        stops = [(k, mode) for k in range(1, count.n + 1) for mode in ("error", "kill", "signal")]
+    else:   # 16 operations spread over the run, the three modes taking turns
         ks = sorted({round(1 + j * (count.n - 1) / 15) for j in range(16)})
-        stops = [(k, ("error", "kill")[j % 2]) for j, k in enumerate(ks)]
+        stops = [(k, ("error", "kill", "signal")[j % 3]) for j, k in enumerate(ks)]
     for k, mode in stops:
         out = tmp_path / f"{mode}{k}"
         out.mkdir()
         (out / "notes.txt").write_bytes(b"a user's notes\n")
-        if mode == "kill":
-            code = killed_at(main, argv_of(out), k)
-            assert code == KILLED, (k, code)
+        if mode in ("kill", "signal"):
+            code = killed_at(main, argv_of(out), k, mode)
+            assert code == (KILLED if mode == "kill" else TERMINATED), (mode, k, code)
         else:   # a best-effort step (the record's last update, a lock's release) may fail without harm
             code = command(main, argv_of(out), monkeypatch, Faults(k, "error"))
             assert code in (0, 2), (k, code)
