@@ -222,8 +222,9 @@ def label_from_path(path):
 
 
 def shown(text):
-    """A label as tables and figures can show it: bytes of a file name that are not UTF-8 as \\xff."""
-    return os.fsencode(text).decode("utf-8", "backslashreplace")
+    """A label as tables and figures can show it: bytes of a file name that are not UTF-8 as \\xff; a tab, line
+    break or '|', which would break a table, refused (common.check_cell)."""
+    return common.check_cell(os.fsencode(text).decode("utf-8", "backslashreplace"), "the label")
 
 
 def per_log(values, logs, flag):

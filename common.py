@@ -47,6 +47,18 @@ def check(condition, message):
         raise UserError(message)
 
 
+SEPARATORS = {"\t": "a tab", "\n": "a line break", "\r": "a carriage return", "|": "'|'"}
+
+
+def check_cell(text, what):
+    """Refuse (UserError) a label or file name that would break the tables it names: a tab or a line break ends a
+    TSV field or row, '|' a Markdown cell."""
+    found = [name for sep, name in SEPARATORS.items() if sep in text]
+    check(not found, f"{what} {text!r} holds {' and '.join(found)}, which would break the tables it is written into; "
+                     f"rename it (or give --labels)")
+    return text
+
+
 def check_smoothing(sigma, alpha=0.5, **counts):
     """UserError (a ValueError) naming the argument unless 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
     for name, value, ok in [("sigma", sigma, 0 < sigma < math.inf), ("alpha", alpha, 0 < alpha < 1)] + \
@@ -207,9 +219,30 @@ def log_kinds(log, sidecar):
 
 
 def check_log_kinds(log, sidecar, refused, command):
-    """A UserError in one line if the log is of a kind that `command` refuses (refused: {kind: why})."""
+    """A UserError in one line if the log is of a kind that `command` refuses (refused: {kind: why}), or if a
+    row claims more than its own counts allow (check_radii)."""
     for kind in log_kinds(log, sidecar):
         check(kind not in refused, f"{log['path']}: a {kind} log, which {command} does not take: {refused.get(kind)}")
+    check_radii(log, sidecar)
+
+
+def check_radii(log, sidecar):
+    """Refuse (UserError, one line) a CERTIFY log row whose radius exceeds sigma Phi^-1(CP_lower(nA, N, alpha)),
+    the most its own counts allow, where the log carries nA and N and its settings file sigma and alpha (a
+    radius edited by hand, or a log paired with another run's settings). The TSV's 6 significant digits are
+    allowed for; grid, DDRS and semi-elastic logs bound their radii otherwise and are not checked here."""
+    sigma, alpha = sidecar.get("sigma"), sidecar.get("alpha")
+    if "nA" not in log or "N" not in log or not (_is_number(sigma) and _is_number(alpha)) or \
+            set(log_kinds(log, sidecar)) & {"grid", "grid without r = 0", "PREDICT", "DDRS", "semi-elastic"}:
+        return
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bound = np.maximum(sigma * ndtri(clopper_pearson_lower(log["nA"], log["N"], alpha)), 0.0)
+    bad = np.flatnonzero(log["radius"] > bound * (1 + 1e-5) + 1e-6)
+    if len(bad):
+        i = bad[0]
+        raise UserError(f"{log['path']}: the row of idx {int(log['idx'][i])} has radius {log['radius'][i]:g}, more "
+                        f"than its nA {int(log['nA'][i])} of N {int(log['N'][i])} allow at sigma {sigma:g}, alpha "
+                        f"{alpha:g} ({bound[i]:.6g}); {len(bad)} such row(s): edited by hand, or another run's log")
 
 
 # The sidecar's fields that readers use, with their contract (a field may be missing: older logs lack some).

@@ -295,6 +295,9 @@ def check_memory_invariant(memory):
 
 def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):   # the module's own page: its usage and what a certificate proves
+        print(__doc__)
+        sys.exit(0)
     common.check(argv[:1] in (["certify"], ["memory"], ["train"], ["report"]),
                  "usage: python ddrs.py certify ... | memory LOG | train ... | report LOGS --fixed LOG --out DIR "
                  "(see --help of each)")
@@ -641,7 +644,7 @@ def report_main(args):
         tiny = abs(delta) < 0.005 * len(gain)   # no gain to speak of: its shares mean nothing
         share = float("nan") if tiny else (gain - f_gain)[near].sum() / delta
         top = float("nan") if tiny else np.sort(gain - f_gain)[::-1][:max(1, len(gain) // 20)].sum() / delta
-        rows.append([os.path.basename(path), what, f"{gain.mean():.3f}",
+        rows.append([common.check_cell(os.path.basename(path), "the file name"), what, f"{gain.mean():.3f}",
                      *[f"{100 * np.mean(log['correct'] & (log['radius'] >= r)):.1f}" for r in radii],
                      f"{np.median(sx):.3f}", f"{np.percentile(sx, 5):.3f}-{np.percentile(sx, 95):.3f}",
                      f"{sx.min():.3f}-{sx.max():.3f}", f"{delta / len(gain):+.3f}",

@@ -120,21 +120,70 @@ def run(main, exit_process=False):
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):   # a closed pipe (`| head`): nothing more can be shown
+        except (OSError, ValueError, AttributeError):   # a broken pipe (`| head`), a closed stream (None)
             pass
     os._exit(code)
 
 
+class GuardedStream:
+    """sys.stdout or sys.stderr while a command runs: a write or flush to a stream that is closed (`>&-`: Python
+    then has None) or broken (`| head` that has exited) is dropped from then on instead of raising, so what
+    the terminal no longer shows never stops or fails the work, nor turns into a traceback."""
+
+    def __init__(self, stream):
+        self.stream, self.broken = stream, stream is None
+
+    def write(self, text):
+        if not self.broken:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError):   # EPIPE, EBADF, a closed file object
+                self.broken = True
+        return len(text)
+
+    def flush(self):
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def isatty(self):
+        return not self.broken and self.stream.isatty()
+
+    def __getattr__(self, name):   # encoding, fileno, ...: the stream's own (None's: an AttributeError)
+        return getattr(self.stream, name)
+
+
+def is_out_of_memory(e):
+    """True for any out-of-memory error: Python's MemoryError, or torch's allocator failing on a GPU
+    (torch.OutOfMemoryError) or on the CPU (a RuntimeError "can't allocate memory")."""
+    text = str(e)
+    return isinstance(e, MemoryError) or isinstance(e, getattr(torch, "OutOfMemoryError", MemoryError)) or (
+        isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower()))
+
+
 def _run(main):
     import signal
-    for stream in (sys.stdout, sys.stderr):   # a file name that is not UTF-8 (in a label, a message) as \xff
+    saved = sys.stdout, sys.stderr
+    for stream in saved:   # a file name that is not UTF-8 (in a label, a message) as \xff
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    sys.stdout, sys.stderr = GuardedStream(saved[0]), GuardedStream(saved[1])
     try:
         signal.signal(signal.SIGTERM, _raise_interrupted)
         signal.signal(signal.SIGINT, _raise_interrupted)   # the scripts stop quietly while importing
     except ValueError:   # not the main thread (a test runner's worker): keep the default
         pass
+    try:
+        _run_main(main)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def _run_main(main):
     try:
         main()
     except common.UserError as e:
@@ -149,7 +198,9 @@ def _run(main):
         sys.stderr.write(f"interrupted ({'SIGTERM' if term else 'SIGINT'}): every file is complete or resumable; "
                          f"rerun the same command to continue\n")
         sys.exit(143 if term else 130)
-    except MemoryError:
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
         sizes = [FLAG_NAMES.get(d, "--" + d) for d in ("batch", "N", "m") if d in FLAG_DEFAULTS]   # this command's
         sys.stderr.write(f"error: out of memory{'; lower ' + ' or '.join(sizes) if sizes else ''}; "
                          f"{written_so_far()}\n")
