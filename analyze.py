@@ -143,6 +143,10 @@ def parse_args(argv=None):
     s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII[1:],
                    help="radii of the certified-accuracy rows (default 0.25 to 2.5; rows where both are 0 drop)")
     s.add_argument("--level", type=float, default=0.95, help="simultaneous coverage of the intervals")
+    s.add_argument("--family", nargs="+", metavar="ROW", help="the rows that make up the claim, declared before "
+                   "the run (e.g. ACR 'P(pA>=0.99)' 'P(pA<0.5)' 'clean accuracy' 'certified accuracy r=1'): the "
+                   "error is spent on them alone, verdicts by Holm's step-down; the other rows are exploratory, "
+                   "each at --level alone (default: every row is the family, Bonferroni)")
     s.add_argument("--over", choices=COMPARE_OVER, default="images", help="the truth the interval is about: "
                    "the expectation over test images (default; paired over the images the logs share, which "
                    "carries the certification's Monte Carlo noise), or on these very images over the votes")
@@ -1611,21 +1615,55 @@ def compare_scope(side_a, side_b):
     sigmas = [s for s in ga if s in gb]
     common.check(sigmas, f"the two sides share no sigma (A: {sorted(map(str, ga))}, B: {sorted(map(str, gb))}); "
                          f"compare logs certified at the same sigma")
+    for side, name in ((side_a, "A"), (side_b, "B")):   # a log given twice would fake a seed spread of zero
+        seen = {}
+        for log in side:
+            key = (log["idx"].tobytes(), log["radius"].tobytes(), log["correct"].tobytes(), log.get("sigma"))
+            common.check(key not in seen, f"side {name} holds the same log twice ({seen.get(key)}, {log['path']})")
+            seen[key] = log["path"]
     logs = side_a + side_b
     with_acr = not any(log.get("grid") for log in logs)
     with_pA = all("nY" in log for log in logs) and with_acr
     return ga, gb, sigmas, with_acr, with_pA
 
 
-def compare_sides(side_a, side_b, radii, level=0.95, votes=None):
-    """Rows (metric, a, b, diff, low, high, verdict) comparing side B with side A (diff = b - a), intervals that
-    hold together with probability >= level, and facts for the report. side_a, side_b: lists of logs (one a
-    model, or one a training seed) as common.read_certification_log returns them; logs with a 'sigma' (as
-    load_logs adds) are compared per sigma. votes: None, intervals over images (the test set a sample of the
-    population), or over the fixed test set: test_set_votes(N, alpha, sigma). See the comment above."""
+def row_pvalue(interval):
+    """The smallest two-sided error a at which interval(a) -> (low, high) excludes 0 (1 if none): the p-value
+    that the interval's own construction gives, by bisection on log a (intervals narrow as a grows); below
+    e^-40 it says e^-40, an upper bound that orders and tests the same at any family size in use."""
+    excludes = lambda a: (lambda lo, hi: lo > 0 or hi < 0)(*interval(a))
+    if not excludes(1 - 1e-9):
+        return 1.0
+    lo, hi = -40.0, math.log(1 - 1e-9)   # log a
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if excludes(math.exp(mid)) else (mid, hi)
+    return math.exp(hi)
+
+
+def holm(pvalues, error):
+    """Holm's step-down: the indices of pvalues rejected at family-wise error `error`."""
+    order, rejected = sorted(range(len(pvalues)), key=lambda i: pvalues[i]), set()
+    for k, i in enumerate(order):
+        if pvalues[i] > error / (len(order) - k):
+            break
+        rejected.add(i)
+    return rejected
+
+
+def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
+    """Rows (metric, a, b, diff, low, high, verdict) comparing side B with side A (diff = b - a), and facts. Each
+    side: logs (a model, or a training seed, each) as read_certification_log gives them, compared per 'sigma'.
+    votes: None (over images) or test_set_votes(N, alpha, sigma) (over the fixed test set). family: None, every
+    row tested, Bonferroni intervals holding together with probability >= level and verdicts from them; else the
+    claim's row names, the error spent on them alone (Bonferroni intervals, Holm's step-down verdicts), the other
+    rows exploratory at level alone (facts["roles"]). A row that cannot change (test-set) is "fixed"."""
     common.check(0 < level < 1, f"--level must lie in (0, 1) (got {level})")
     ga, gb, sigmas, with_acr, with_pA = compare_scope(side_a, side_b)
     logs = side_a + side_b
+    grids = [set(log["sidecar"]["radii"]) for log in logs if log.get("grid") and (log.get("sidecar") or {}).get("radii")]
+    undecided = [r for r in radii if any(r not in g for g in grids)]   # a grid log decides its own radii only
+    radii = [r for r in radii if r not in undecided]
     rows_of, n_shared, left = shared_images(logs)
     paired = n_shared > 0
     common.check(n_shared != 1, "the logs share one image: an interval needs at least 2 (the spread over images)")
@@ -1644,18 +1682,29 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None):
         if votes is not None:
             variances[id(log)] = {k: v[rows] for k, v in votes(log, radii, with_acr, with_pA).items()}
     names = list(values[id(logs[0])])
-    m = len(names) * len(sigmas)
-    a = (1 - level) / m
+    claims = names if family is None else [n for n in names if n in family]
+    common.check(family is None or set(family) <= set(names), f"--family names rows these logs do not have: "
+                 f"{sorted(set(family or ()) - set(names))}; the rows are {', '.join(names)}")
+    m = len(claims) * len(sigmas)
     stack = lambda group, store, name: np.stack([store[id(log)][name] for log in group])
-    out, per_sigma, crits = [], {}, []
+    ceiling = max(common.max_radius(log) for log in logs)   # no ACR difference beyond +-ceiling
+    out, per_sigma, crits, roles, pvalues, clamped = [], {}, [], {}, {}, []
     for s in sigmas:
         prefix = f"σ={'?' if s is None else float(s)} " if len(sigmas) > 1 else ""   # as fmt_sigma
         for name in names:
             fa, fb = stack(ga[s], values, name), stack(gb[s], values, name)
             va, vb = (stack(ga[s], variances, name), stack(gb[s], variances, name)) if votes else (None, None)
-            d, low, high, crit = row_interval(fa, fb, name != "ACR", paired, a, va, vb)
+            bound = ceiling if name == "ACR" else 1.0
+            interval = lambda a: (lambda r: (max(r[1], -bound), min(r[2], bound), r[3], r[1] < -bound or r[2] > bound))(
+                row_interval(fa, fb, name != "ACR", paired, a, va, vb))
+            low, high, crit, cut = interval((1 - level) / (m if name in claims else 1))
+            clamped += [prefix + name] if cut else []
+            d = float(fb.mean() - fa.mean())
             per_sigma[(s, name)] = (d, low, high)
             crits.append(crit)
+            roles[prefix + name] = "claim" if name in claims else "exploratory"
+            if family is not None and name in claims:
+                pvalues[prefix + name] = row_pvalue(lambda a: interval(a)[:2])
             if (" r=" in name or name == "ACR") and fa.mean() == 0 and fb.mean() == 0:
                 continue                 # tested (counted in m), not shown: both sides certify nothing there
             out.append((prefix + name, float(fa.mean()), float(fb.mean()), d, low, high))
@@ -1668,32 +1717,48 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None):
                 continue
             out.append((f"best over σ r={r:g}", ba, bb, bb - ba, min(per_sigma[(s, name)][1] for s in sigmas),
                         max(per_sigma[(s, name)][2] for s in sigmas)))
-    rows = [(name, va, vb, d, lo, hi, "higher" if lo > 0 else "lower" if hi < 0 else "within noise")
-            for name, va, vb, d, lo, hi in out]
+    rejected = {list(pvalues)[i] for i in holm(list(pvalues.values()), 1 - level)}
+    verdict = lambda name, d, lo, hi: "fixed" if lo == hi == d else \
+        ("higher" if d > 0 else "lower") if (name in rejected if name in pvalues else lo > 0 or hi < 0) else \
+        "within noise"
+    rows = [(name, va, vb, d, lo, hi, verdict(name, d, lo, hi)) for name, va, vb, d, lo, hi in out]
     seeds = ({s: len(g) for s, g in ga.items()}, {s: len(g) for s, g in gb.items()})
     facts = {"paired": paired, "n": n_shared if paired else {k: len(rows_of[id(g[0])]) for k, g in
                                                            (("A", side_a), ("B", side_b))},
-             "left": left, "m": m, "z": float(-ndtri(a / 2)), "with_acr": with_acr, "with_pA": with_pA,
+             "left": left, "m": m, "z": float(-ndtri((1 - level) / m / 2)), "with_acr": with_acr, "with_pA": with_pA,
              "sigmas": sigmas, "seeds": seeds, "over": "images" if votes is None else "test-set",
-             "critical": max(crits)}
+             "critical": max(crits), "roles": roles, "pvalues": pvalues, "family": family is not None,
+             "undecided": undecided, "one_side": sorted(str(s) for s in {**ga, **gb} if s not in sigmas),
+             "clamped": clamped}
     return rows, facts
 
 
-def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alpha=None):
-    """compare.tsv (metric a b diff low high verdict, shares as fractions) and compare.md (the same in %)."""
+def family_names(family):
+    """--family's row names as compare_sides names them (>= accepted for ≥)."""
+    return None if family is None else [name.replace(">=", "≥") for name in family]
+
+
+def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alpha=None, family=None):
+    """compare.tsv (metric a b diff low high verdict, shares as fractions; with a family, a column role) and
+    compare.md (the same in %)."""
     common.check(over in COMPARE_OVER, f"--over must be one of {', '.join(COMPARE_OVER)} (got {over!r})")
-    rows, facts = compare_sides(side_a, side_b, radii, level, None if over == "images" else test_set_votes(N, alpha))
+    rows, facts = compare_sides(side_a, side_b, radii, level, None if over == "images" else test_set_votes(N, alpha),
+                                family_names(family))
+    role = (lambda m: [facts["roles"].get(m, "exploratory")]) if facts["family"] else (lambda m: [])
     if facts["left"]:
         print(f"warning: {sum(facts['left'].values())} rows of {len(facts['left'])} logs are not on images every "
               f"log certified and are left out (" + ", ".join(f"{p}: {k}" for p, k in facts["left"].items()) + ")",
               file=sys.stderr)
     number = lambda v: f"{v:.6g}"
-    write_text(out, "compare.tsv", tsv(["metric", "a", "b", "diff", "low", "high", "verdict"],
-                                       [[m, number(a), number(b), number(d), number(lo), number(hi), v]
-                                        for m, a, b, d, lo, hi, v in rows]))
+    write_text(out, "compare.tsv", tsv(["metric", "a", "b", "diff", "low", "high", "verdict"] +
+                                       ["role"] * facts["family"], [[m, number(a), number(b), number(d), number(lo),
+                                                                     number(hi), v] + role(m)
+                                                                    for m, a, b, d, lo, hi, v in rows]))
     show = lambda name, v: f"{v:.3f}" if name.endswith("ACR") else f"{100 * v:.1f}"
-    table = markdown(["metric", labels[0], labels[1], "diff", f"{100 * level:g} % interval", "verdict"],
-                     [[m, show(m, a), show(m, b), show(m, d), f"[{show(m, lo)}, {show(m, hi)}]", v]
+    shown_interval = lambda m, lo, hi, v: "fixed" if v == "fixed" else f"[{show(m, lo)}, {show(m, hi)}]"
+    table = markdown(["metric", labels[0], labels[1], "diff", f"{100 * level:g} % interval", "verdict"] +
+                     ["role"] * facts["family"],
+                     [[m, show(m, a), show(m, b), show(m, d), shown_interval(m, lo, hi, v), v] + role(m)
                       for m, a, b, d, lo, hi, v in rows])
     md = f"# {labels[1]} against {labels[0]}\n\n" + compare_words(rows, facts, labels, level) + \
          "\n\nShares and their differences in points (%), ACR in radius units; diff = " + \
@@ -1704,8 +1769,24 @@ def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alph
 
 def compare_words(rows, facts, labels, level):
     """compare.md's sentences: what differs beyond noise, the design, and what the interval accounts for."""
-    found = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v != "within noise"]
-    lines = [f"- Beyond noise: {'; '.join(found)}." if found else "- Every row is within noise."]
+    roles = facts["roles"] if facts["family"] else {}
+    found = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v not in ("within noise", "fixed")
+             and roles.get(m) != "exploratory"]
+    lines = [f"- Beyond noise{' (the claim)' if roles else ''}: {'; '.join(found)}." if found else
+             f"- Every {'row of the claim' if roles else 'row'} is within noise."]
+    hints = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v in ("higher", "lower") and roles.get(m) == "exploratory"]
+    if hints:
+        lines.append(f"- Exploratory rows beyond noise at their own level (not part of the claim): {'; '.join(hints)}.")
+    fixed = [m for m, a, b, d, lo, hi, v in rows if v == "fixed"]
+    if fixed:
+        lines.append(f"- Fixed: {', '.join(fixed)}: no vote of these images can change them (--over test-set), so "
+                     f"their difference is exact, not an estimate.")
+    if facts["undecided"]:
+        lines.append(f"- Left out: certified accuracy at r = {', '.join(f'{r:g}' for r in facts['undecided'])}, "
+                     f"which a grid log (--radii) did not decide.")
+    if facts["one_side"]:
+        lines.append(f"- σ on one side only, not compared: {', '.join(facts['one_side'])}; best-over-σ rows are "
+                     f"over the σ both sides have.")
     seeds = facts["seeds"]
     one = [labels[i] for i in (0, 1) if max(seeds[i].values()) == 1]
     k = "; ".join(f"{labels[i]}: {', '.join(f'{n} at σ={fmt_sigma(s)}' for s, n in seeds[i].items())}"
@@ -1733,11 +1814,26 @@ def compare_words(rows, facts, labels, level):
                      "(--over test-set): each image's variance is bounded over a 99.9 % Clopper-Pearson interval of "
                      "its probability (1/4 where its count is unknown); the class cA and the images stay fixed." +
                      shared)
-    lines.append(f"- Multiplicity: Bonferroni over the {facts['m']} rows tested (rows where both sides certify "
-                 f"nothing are not shown), each at {100 * (1 - (1 - level) / facts['m']):.2f} % "
-                 f"(z = {facts['z']:.2f}), so all hold together with probability at least {100 * level:g} %; "
-                 f"0/1 rows by score intervals (Tango's paired, Newcombe's unpaired), ACR by t." +
-                 ("" if facts["with_acr"] else " No ACR row: grid logs certify grid radii only."))
+    if facts["family"]:
+        claim = [m for m, role in facts["roles"].items() if role == "claim"]
+        lines.append(f"- The claim, declared before the run: {', '.join(claim)} ({facts['m']} rows). Its intervals "
+                     f"hold together with probability at least {100 * level:g} % (Bonferroni, each at "
+                     f"{100 * (1 - (1 - level) / facts['m']):.2f} %); its verdicts come from Holm's step-down at "
+                     f"family-wise error {1 - level:g} on each row's own p-value (the interval's), so a verdict may "
+                     f"clear the noise where the simultaneous interval still touches 0. Every other row is "
+                     f"exploratory: its interval is at {100 * level:g} % alone, and its verdict says only where to "
+                     f"look next.")
+    else:
+        lines.append(f"- Multiplicity: Bonferroni over the {facts['m']} rows tested (rows where both sides certify "
+                     f"nothing are not shown), each at {100 * (1 - (1 - level) / facts['m']):.2f} % "
+                     f"(z = {facts['z']:.2f}), so all hold together with probability at least {100 * level:g} %; "
+                     f"0/1 rows by score intervals (Tango's paired, Newcombe's unpaired), ACR by t." +
+                     ("" if facts["with_acr"] else " No ACR row: grid logs certify grid radii only."))
+    if facts["family"] or facts["clamped"]:
+        lines.append(("- 0/1 rows by score intervals (Tango's paired, Newcombe's unpaired), ACR by t. " if
+                      facts["family"] else "- ") + "No interval reaches past what its row can take (a share "
+                     "difference within [-1, 1], an ACR difference within the largest radius the logs allow)" +
+                     (f"; cut there: {', '.join(facts['clamped'])}." if facts["clamped"] else "."))
     return "\n".join(lines)
 
 
@@ -1790,7 +1886,7 @@ def analyze(args):
         if labels[0] == labels[1]:
             labels = [f"A ({labels[0]})", f"B ({labels[1]})"]
         text = compare_report(logs[:len(side_a)], logs[len(side_a):], labels, args.radii, args.level, args.over,
-                              args.out, args.N, args.alpha)
+                              args.out, args.N, args.alpha, args.family)
     elif c == "budget":
         logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log, command="budget")
         text = budget_report(logs, args.N, args.alpha, args.radii, args.log_N, args.log_alpha, args.out)

@@ -59,6 +59,18 @@ def check_cell(text, what):
     return text
 
 
+def max_radius(log):
+    """The largest radius a CERTIFY log's rows can hold, sigma Phi^-1(alpha^(1 / N)) at its largest N, from its
+    settings file (log["sidecar"]: sigma, alpha) and N column; infinity where either is unknown, and for a log
+    with a sigma per input (DDRS, semi-elastic), whose radii another bound governs."""
+    side = log.get("sidecar") or {}
+    sigma, alpha, N = side.get("sigma", log.get("sigma")), side.get("alpha"), log.get("N")
+    if "sigma_x" in log or not (_is_number(sigma) and _is_number(alpha) and 0 < alpha < 1 and N is not None
+                                and len(N)):
+        return math.inf
+    return float(sigma * ndtri(alpha ** (1 / float(np.max(N)))))
+
+
 def check_smoothing(sigma, alpha=0.5, **counts):
     """UserError (a ValueError) naming the argument unless 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
     for name, value, ok in [("sigma", sigma, 0 < sigma < math.inf), ("alpha", alpha, 0 < alpha < 1)] + \

@@ -130,8 +130,9 @@ def truth(spec, z, rng, images=None):
     return out
 
 
-def one_run(spec, z, rng, s, images):
-    """analyze.compare_sides on one simulated pair of sides; {row: (low, high, verdict)}."""
+def one_run(spec, z, rng, s, images, family=None):
+    """analyze.compare_sides on one simulated pair of sides; {row: (low, high, verdict)} of the family's rows (all
+    rows without one: the rows outside a family are exploratory, not part of what is calibrated)."""
     p0_name, paired, counts, N, k, n, over, tau, omega, shift = spec
     p0a = images if images is not None else scenario_p0(p0_name, rng, n)
     p0b = p0a if paired else scenario_p0(p0_name, rng, n)
@@ -139,12 +140,16 @@ def one_run(spec, z, rng, s, images):
     idx_b = idx_a if paired else idx_a + n
     side_a = [certify_log(pA_of(p0a, 0.0, tau, omega, rng), N, counts, rng, z, idx_a, f"a{j}") for j in range(k)]
     side_b = [certify_log(pA_of(p0b, s, tau, omega, rng), N, counts, rng, z, idx_b, f"b{j}") for j in range(k)]
-    rows, _ = analyze.compare_sides(side_a, side_b, RADII, LEVEL, None if over == "images" else analyze.test_set_votes())
-    return {m: (lo, hi, v) for m, _, _, _, lo, hi, v in rows}
+    names = [m for m, *_ in analyze.compare_sides(side_a[:1], side_a[:1], RADII, LEVEL)[0]] if family else None
+    claim = None if family is None else [m for m in family if m in names or m == "ACR"]   # rows these logs have
+    rows, facts = analyze.compare_sides(side_a, side_b, RADII, LEVEL,
+                                        None if over == "images" else analyze.test_set_votes(), claim)
+    return {m: (lo, hi, v) for m, _, _, _, lo, hi, v in rows if facts["roles"].get(m) != "exploratory" or not family}
 
 
-def run_scenario(name, spec, runs, seed):
-    """Counts of false alarms, misses of the truth (any row and per row) and rejections, under both hypotheses."""
+def run_scenario(name, spec, runs, seed, family=None):
+    """Counts of false alarms, misses of the truth (any row and per row), rejections and true effects found
+    (a verdict of the true sign on a row whose true difference is not 0), under both hypotheses."""
     rng = np.random.default_rng(seed)
     N, over = spec[3], spec[6]
     z = analyze.z_table(N, ALPHA)
@@ -152,14 +157,19 @@ def run_scenario(name, spec, runs, seed):
     true = truth(spec, z, rng, images)
     result = {}
     for which, s in (("null", 0.0), ("alternative", spec[9])):
-        tally = {"runs": 0, "any_miss": 0, "any_flag": 0, "miss": {}, "flag": {}, "seen": {}}
+        tally = {"runs": 0, "any_miss": 0, "any_flag": 0, "miss": {}, "flag": {}, "seen": {}, "effects": 0,
+                 "found": 0}
         for _ in range(runs):
-            found = one_run(spec, z, rng, s, images)
+            found = one_run(spec, z, rng, s, images, family)
             misses = [m for m, (lo, hi, v) in found.items() if m in true[which] and not lo <= true[which][m] <= hi]
             tally["runs"] += 1
             tally["any_miss"] += bool(misses)
             tally["any_flag"] += any(v != "within noise" for _, _, v in found.values())
             for m, (lo, hi, v) in found.items():
+                effect = true[which].get(m, 0.0)
+                if abs(effect) > 1e-12:
+                    tally["effects"] += 1
+                    tally["found"] += v == ("higher" if effect > 0 else "lower")
                 tally["seen"][m] = tally["seen"].get(m, 0) + 1
                 tally["miss"][m] = tally["miss"].get(m, 0) + (m in misses)
                 tally["flag"][m] = tally["flag"].get(m, 0) + (v != "within noise")
@@ -175,8 +185,8 @@ def wilson95(k, n):
     return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def calibration_report(results, command, seconds, jobs):
-    """report.md: the targets, then per-row coverage and power."""
+def calibration_report(results, command, seconds, jobs, family=None):
+    """report.md: the targets with the power beside them, then per-row coverage and power."""
     lines = ["# Calibration of `analyze.py compare`", "",
              f"Command: `{command}` ({seconds / 60:.1f} min with {jobs} process{'es' if jobs > 1 else ''} on "
              f"{os.cpu_count()} CPU cores). Level 0.95; radii {', '.join(map(str, RADII))}; α = {ALPHA}; "
@@ -184,9 +194,14 @@ def calibration_report(results, command, seconds, jobs):
              "the null ≤ 0.05, simultaneous coverage of the true difference under the alternative ≥ 0.94: `hold` "
              "where both estimates meet them, `hold within Monte Carlo error` where an estimate misses but its 95 % "
              "interval contains the target, `MISSED` where the interval excludes it. The Bonferroni construction "
-             "promises at least 0.95 coverage, so estimates scatter around 0.95-0.99 by design.", "",
+             "promises at least 0.95 coverage, so estimates scatter around 0.95-0.99 by design. " +
+             (f"The family: {', '.join(family)} (the rows a scenario's logs have), declared as `compare --family` "
+              "does: Bonferroni intervals, Holm's step-down verdicts; the other rows are exploratory and not counted "
+              "here. " if family else "The family: every row (Bonferroni intervals and verdicts). ") +
+             "Power: the share of the family's rows with a true difference (under the alternative) that get the "
+             "verdict of its sign.", "",
              "| scenario | p0 | paired | nA N nY | N | seeds | images | over | runs | family-wise error (null) | "
-             "simultaneous coverage (alternative) | targets |", "|---" * 12 + "|"]
+             "simultaneous coverage (alternative) | power | targets |", "|---" * 13 + "|"]
     holds_all = True
     for name, r in results.items():
         p0_name, paired, counts, N, k, n, over, *_ = SCENARIOS[name]
@@ -199,7 +214,8 @@ def calibration_report(results, command, seconds, jobs):
         holds_all &= word != "MISSED"
         lines.append(f"| {name} | {p0_name} | {'yes' if paired else 'no'} | {'yes' if counts else 'no'} | {N:,} | "
                      f"{k} | {n:,} | {over} | {null['runs']} | {wilson95(null['any_flag'], null['runs'])} | "
-                     f"{wilson95(alt['runs'] - alt['any_miss'], alt['runs'])} | {word} |")
+                     f"{wilson95(alt['runs'] - alt['any_miss'], alt['runs'])} | "
+                     f"{wilson95(alt['found'], alt['effects']) if alt['effects'] else 'n/a'} | {word} |")
     lines += ["", f"No target missed beyond Monte Carlo error: {'yes' if holds_all else 'no'}.", "",
               "## Per-row coverage of the true difference under the alternative (each row alone; the family's "
               "Bonferroni share is 0.95 / rows, so each should be near 1)", ""]
@@ -235,7 +251,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="base seed (scenario i uses seed + i)")
     p.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     p.add_argument("--out", help="folder for report.md")
+    p.add_argument("--family", nargs="+", metavar="ROW", help="calibrate compare --family with these rows (e.g. ACR "
+                   "'P(pA>=0.99)' 'P(pA<0.5)' 'clean accuracy'): Holm's verdicts, the other rows exploratory")
     args = p.parse_args(argv)
+    family = analyze.family_names(args.family)
     common.check(args.runs >= 1 and args.heavy_runs >= 1, f"--runs and --heavy-runs must be >= 1 (got {args.runs}, "
                                                           f"{args.heavy_runs})")
     common.check(1 <= args.jobs <= 64, f"--jobs must lie in [1, 64] (got {args.jobs})")
@@ -243,13 +262,13 @@ def main(argv=None):
     names = args.scenarios or list(SCENARIOS)
     heavy = lambda spec: spec[5] > 1000 or spec[6] == "test-set"      # 10,000 images or votes bounded per image
     jobs = [(name, SCENARIOS[name], args.heavy_runs if heavy(SCENARIOS[name]) else args.runs,
-             args.seed + list(SCENARIOS).index(name)) for name in names]
+             args.seed + list(SCENARIOS).index(name), family) for name in names]
     order = sorted(range(len(jobs)), key=lambda i: jobs[i][2] * jobs[i][1][5], reverse=True)   # longest first
     with multiprocessing.Pool(args.jobs) as pool:   # scenarios are independent: one process each
         done = pool.starmap(run_scenario, [jobs[i] for i in order], chunksize=1)
     results = {names[i]: r for i, r in sorted(zip(order, done))}
     command = "python scripts/compare_calibration.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    text, holds = calibration_report(results, command, time.time() - start, args.jobs)
+    text, holds = calibration_report(results, command, time.time() - start, args.jobs, family)
     if args.out:
         machinery.write_text_output(os.path.join(args.out, "report.md"), "compare calibration", text)
     print(text)

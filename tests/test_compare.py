@@ -204,8 +204,9 @@ def test_a_log_against_itself_gets_intervals_of_positive_width_in_every_row():
 def test_logs_that_share_one_image_are_refused_in_one_line(tmp_path, capsys):
     rng = np.random.default_rng(14)
     a, b = certify_log(rng, latent(rng, 1), "a.tsv"), certify_log(rng, latent(rng, 1), "b.tsv")
+    a2, b2 = dict(a, radius=a["radius"] + 1e-3, path="a2.tsv"), dict(b, radius=b["radius"] + 1e-3, path="b2.tsv")
     with pytest.raises(common.UserError, match="at least 2"):
-        analyze.compare_sides([a, a], [b, b], RADII)
+        analyze.compare_sides([a, a2], [b, b2], RADII)
     b["idx"] = b["idx"] + 5
     with pytest.raises(common.UserError, match="at least 2"):
         analyze.compare_sides([a], [b], RADII)
@@ -463,3 +464,93 @@ def test_the_committed_grid_against_certify_comparison_is_compare_output(tmp_pat
     for name in ("compare.md", "compare.tsv"):
         with open(os.path.join(folder, "compare_grid", name)) as f:
             assert (tmp_path / name).read_text() == f.read(), name
+
+
+# ---- the claim family: Holm's step-down on the rows the user declares, the rest exploratory --------------------
+
+FAMILY = ["ACR", "P(pA≥0.99)", "P(pA<0.5)", "clean accuracy"]
+
+
+def test_holm_rejects_in_order_and_stops_at_the_first_that_fails():
+    assert analyze.holm([0.01, 0.04, 0.03, 0.005], 0.05) == {3, 0}          # 0.005 <= .0125, .01 <= .0167, .03 > .025
+    assert analyze.holm([0.001, 0.012, 0.02, 0.04], 0.05) == {0, 1, 2, 3}   # each under 0.05 / (4 - k)
+    assert analyze.holm([0.2, 0.001], 0.05) == {1}
+    assert analyze.holm([], 0.05) == set()
+
+
+def test_a_row_pvalue_is_where_its_own_interval_first_excludes_zero():
+    rng = np.random.default_rng(21)
+    pY = latent(rng, 400)
+    a, b = certify_log(rng, pY, "a.tsv"), certify_log(rng, np.clip(pY + 0.002, 0, 1), "b.tsv")
+    fa, fb = (np.stack([analyze.image_values(x, RADII, True, True)["ACR"]]) for x in (a, b))
+    interval = lambda err: analyze.row_interval(fa, fb, False, True, err)[1:3]
+    p = analyze.row_pvalue(interval)
+    assert 1e-12 < p < 0.05
+    lo, hi = interval(p * 1.01)
+    assert lo > 0 or hi < 0
+    lo, hi = interval(p * 0.99)
+    assert lo <= 0 <= hi
+
+
+def test_a_declared_family_spends_the_error_on_its_rows_alone_and_marks_the_rest_exploratory():
+    rng = np.random.default_rng(22)
+    pY = latent(rng, 500)
+    a, b = certify_log(rng, pY, "a.tsv"), certify_log(rng, np.clip(pY + 0.05, 0, 1), "b.tsv")
+    everything, facts_all = analyze.compare_sides([a], [b], RADII, 0.95)
+    claimed, facts = analyze.compare_sides([a], [b], RADII, 0.95, family=FAMILY)
+    assert facts["m"] == 4 and facts_all["m"] == len(facts_all["roles"]) > 4
+    assert {m for m, r in facts["roles"].items() if r == "claim"} == set(FAMILY)
+    width = lambda rows: {m: hi - lo for m, _, _, _, lo, hi, _ in rows}
+    w_all, w_claim = width(everything), width(claimed)
+    for m in w_claim:   # claim rows: Bonferroni over 4, narrower than over every row; exploratory: one row's level
+        assert w_claim[m] < w_all[m], m
+    assert set(facts["pvalues"]) == set(FAMILY)
+    for m, *_, v in claimed:   # a claim verdict is Holm's on the rows' p-values
+        if m in FAMILY:
+            rejected = {FAMILY[i] for i in analyze.holm([facts["pvalues"][f] for f in FAMILY], 0.05)}
+            assert (v != "within noise") == (m in rejected), m
+
+
+def test_an_unknown_family_row_and_the_same_log_twice_are_refused():
+    rng = np.random.default_rng(23)
+    a, b = certify_log(rng, latent(rng, 50), "a.tsv"), certify_log(rng, latent(rng, 50), "b.tsv")
+    with pytest.raises(common.UserError, match="--family names rows"):
+        analyze.compare_sides([a], [b], RADII, family=["ACR", "accuracy"])
+    with pytest.raises(common.UserError, match="same log twice"):
+        analyze.compare_sides([a, dict(a, path="copy.tsv")], [b, certify_log(rng, latent(rng, 50))], RADII)
+
+
+def test_intervals_never_reach_past_what_a_row_can_take():
+    """Two seeds a side: t at 1-2 degrees of freedom at level 0.05 / rows made intervals many times [-1, 1]."""
+    rng = np.random.default_rng(24)
+    pY = latent(rng, 300)
+    side = lambda shift, k: [certify_log(rng, np.clip(pY + shift + rng.normal(0, 0.1), 0, 1), f"s{shift}{j}.tsv")
+                             for j in range(k)]
+    rows, facts = analyze.compare_sides(side(0.0, 2), side(0.05, 2), RADII, 0.95)
+    ceiling = SIGMA * float(analyze.ndtri(ALPHA ** (1 / N)))
+    for m, _, _, d, lo, hi, _ in rows:
+        bound = ceiling if m == "ACR" else 1.0
+        assert -bound - 1e-12 <= lo <= d <= hi <= bound + 1e-12, m
+    assert facts["clamped"]   # the case that needed it
+
+
+def test_test_set_rows_that_cannot_change_are_fixed_and_grid_radii_never_decided_are_left_out(tmp_path):
+    rng = np.random.default_rng(25)
+    pY = np.where(rng.uniform(size=200) < 0.5, 0.0, 1.0)   # every vote certain: no row can change
+    a, b = certify_log(rng, pY, "a.tsv"), certify_log(rng, pY[::-1].copy(), "b.tsv")
+    rows, facts = analyze.compare_sides([a], [b], RADII, 0.95, analyze.test_set_votes())
+    verdict = {m: v for m, *_, v in rows}
+    assert verdict["clean accuracy"] == "fixed"
+    grid = dict(b, grid=True, sidecar={"alpha": ALPHA, "radii": [0.0, 0.25, 0.5]})
+    rows, facts = analyze.compare_sides([dict(a, grid=True, sidecar={"alpha": ALPHA, "radii": [0.0, 0.25, 0.5]})],
+                                        [grid], RADII, 0.95)
+    assert facts["undecided"] == [0.75, 1.0] and not [m for m, *_ in rows if "r=0.75" in m or "r=1" in m]
+
+
+def test_a_sigma_on_one_side_only_is_said(tmp_path):
+    rng = np.random.default_rng(26)
+    a = certify_log(rng, latent(rng, 100), "a.tsv")
+    b = certify_log(rng, latent(rng, 100), "b.tsv")
+    extra = dict(certify_log(rng, latent(rng, 100), "b1.tsv"), sigma=1.0)
+    _, facts = analyze.compare_sides([a], [b, extra], RADII, 0.95)
+    assert facts["one_side"] == ["1.0"]
