@@ -2,11 +2,9 @@
 imports) stays within a budget, never reaches the run machinery, and pasted into an empty folder, with this
 project off sys.path, gives exactly what the import gives.
 
-The closure is computed here by reading the code, as ../shared/tools/copy_size.py does (which users'
-checkouts lack): every top-level function, class or constant a definition names, bare or as `module.name` of
-a project module, and so on; lines are counted as pasted (docstrings and comments included) plus the
-import lines the pasted code uses."""
-import ast
+The closure and its size are tools/copy_size.py's (what docs/python.md quotes): every top-level function,
+class or constant a definition names, bare or as `module.name` of a project module, and so on; lines are
+counted as pasted (docstrings and comments included) plus the import lines the pasted code uses."""
 import os
 import re
 import subprocess
@@ -17,7 +15,8 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = sorted(f[:-3] for f in os.listdir(ROOT) if f.endswith(".py"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import copy_size  # noqa: E402
 
 # lines a student pastes, at most (docs/python.md shows each block's size); compare_sides holds the claim family
 # with Holm's step-down, the p-values its intervals give and the bounds of each row besides the intervals
@@ -31,82 +30,12 @@ MORE_BLOCKS = ["common:sphere_pgd", "ddrs:semi_elastic_radius", "analyze:acr", "
                "analyze:ecdf", "certify:grid_plan", "common:read_certification_log", "analyze:test_set_votes"]
 
 
-def parse_module(name):
-    """{top-level name: (node, source lines)} and the import nodes of ROOT/name.py."""
-    source = open(os.path.join(ROOT, name + ".py"), encoding="utf-8").read()
-    lines, defs, imports = source.splitlines(), {}, []
-    for node in ast.parse(source).body:
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        segment = "\n".join(lines[first - 1:node.end_lineno])
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            defs[node.name] = (node, segment)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                for n in ast.walk(target):
-                    if isinstance(n, ast.Name):
-                        defs[n.id] = (node, segment)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            imports.append(node)
-    return defs, imports
-
-
-CODE = {m: parse_module(m) for m in MODULES}
-
-
-def closure(roots):
-    """The definitions the roots reach, as (module, name), each after the ones it needs; one per segment."""
-    seen, order = set(), []
-
-    def visit(key):
-        module, name = key
-        if key in seen or name not in CODE[module][0]:
-            return
-        seen.add(key)
-        node = CODE[module][0][name][0]
-        for n in ast.walk(node):
-            if isinstance(n, ast.Name):
-                visit((module, n.id))
-            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in CODE:
-                visit((n.value.id, n.attr))
-        order.append(key)
-
-    for root in roots:
-        visit(tuple(root.split(":")))
-    segments = {}
-    for module, name in order:
-        segments.setdefault((module, CODE[module][0][name][1]), (module, name))
-    return list(segments.values())
-
-
-def import_lines(keys):
-    """The project's import lines that the pasted definitions use (project modules themselves dropped)."""
-    used = {n.id for module, name in keys for n in ast.walk(CODE[module][0][name][0]) if isinstance(n, ast.Name)}
-    lines = []
-    for module in dict.fromkeys(m for m, _ in keys):
-        for node in CODE[module][1]:
-            for alias in node.names:
-                bound = (alias.asname or alias.name).split(".")[0]
-                if bound in used and bound not in CODE:
-                    line = (f"from {node.module} import {alias.name}" if isinstance(node, ast.ImportFrom)
-                            else f"import {alias.name}") + (f" as {alias.asname}" if alias.asname else "")
-                    if line not in lines:
-                        lines.append(line)
-    return lines
-
-
 def pasted(roots):
-    """(the pasted file's text, lines counted, definitions): one file, `module.name` prefixes dropped."""
-    keys = closure(roots)
-    parts = []
-    for module, name in keys:
-        segment = CODE[module][0][name][1]
-        for other in CODE:
-            segment = re.sub(rf"\b{other}\.([A-Za-z_]\w*)", lambda m, o=other: m.group(1) if m.group(1) in CODE[o][0]
-                             else m.group(0), segment)
-        parts.append(segment)
-    imports = import_lines(keys)
-    count = len(imports) + sum(len(CODE[m][0][n][1].splitlines()) for m, n in keys)
-    return "\n".join(imports) + "\n\n\n" + "\n\n\n".join(parts) + "\n", count, keys
+    """(the pasted file's text, lines counted, definitions): tools/copy_size.py's, the project's own measure."""
+    return copy_size.pasted(roots, CODE)
+
+
+CODE = copy_size.project_modules(ROOT)
 
 
 @pytest.mark.parametrize("block", sorted(BUDGETS))
@@ -125,15 +54,31 @@ def test_no_building_block_reaches_the_run_machinery(block):
     assert not found, (block, found)
 
 
-def test_the_budget_counts_as_the_shared_tool_does():
-    """Where ../shared/tools/copy_size.py is at hand (the development checkout), it counts the same lines."""
-    tool = os.path.join(ROOT, "..", "shared", "tools", "copy_size.py")
-    if not os.path.exists(tool):
-        pytest.skip("no ../shared/tools/copy_size.py in this checkout")
-    out = subprocess.run([sys.executable, tool, *sorted(BUDGETS)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120).stdout
-    theirs = {line.split("\t")[0]: int(line.split("\t")[1].split()[1]) for line in out.splitlines() if "\t" in line}
-    assert theirs == {block: pasted([block])[1] for block in BUDGETS}
+def copy_size_lines(tool, blocks):
+    out = subprocess.run([sys.executable, tool, *blocks], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return {line.split("\t")[0]: line.split("\t")[1:4] for line in out.stdout.splitlines() if "\t" in line}
+
+
+def test_the_project_tool_counts_as_the_budgets_and_the_workspace_tool_do():
+    """tools/copy_size.py from the command line: lines equal the budgets' count; where the workspace's own
+    measure is at hand beside the checkout (../shared/tools/copy_size.py), every column equals it."""
+    blocks = sorted(BUDGETS) + MORE_BLOCKS
+    ours = copy_size_lines(os.path.join(ROOT, "tools", "copy_size.py"), blocks)
+    assert {b: int(v[0].split()[1]) for b, v in ours.items()} == {b: pasted([b])[1] for b in blocks}
+    workspace = os.path.join(ROOT, "..", "shared", "tools", "copy_size.py")
+    if os.path.exists(workspace):
+        assert copy_size_lines(workspace, blocks) == ours
+
+
+def test_the_copy_size_tool_refuses_an_unknown_block_and_writes_the_pasted_file(tmp_path):
+    tool = os.path.join(ROOT, "tools", "copy_size.py")
+    bad = subprocess.run([sys.executable, tool, "certify:nothing"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "no top-level 'nothing' in certify.py" in bad.stderr
+    out = tmp_path / "both.py"
+    done = subprocess.run([sys.executable, tool, "certify:grid_certify", "certify:grid_plan", "--emit", str(out)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and out.read_text() == pasted(["certify:grid_certify", "certify:grid_plan"])[0]
 
 
 # ----------------------------------------------------------------------------------------------------------
