@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (the paper's story on the bundled digits data) and `make test`.
-# The paper's experiments, one target each (README, Experiments): make table3 SIGMA=0.5 DATA_DIR=..., ...
+# The paper's experiments, one target each (README, "From the paper to a command"): make table3 SIGMA=0.5 DATA_DIR=..., ...
 PYTHON ?= python3
 SIGMA ?= 0.5
 # make test runs the suite in parallel (pytest-xdist), one worker a core and at most 4 (each worker's torch
@@ -35,7 +35,7 @@ ecdf:
 budget:
 	PYTHON=$(PYTHON) bash scripts/budget.sh
 
-# On a machine with a CUDA GPU: the CUDA tests, then certification and training speed in one summary (README, Speed).
+# On a machine with a CUDA GPU: the CUDA tests, then certification and training speed in one summary (docs/speed.md; without CUDA it stops in one line, exit 2).
 gpu-check: install
 	$(PYTHON) scripts/gpu_check.py
 

@@ -1687,7 +1687,7 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
                  f"{sorted(set(family or ()) - set(names))}; the rows are {', '.join(names)}")
     m = len(claims) * len(sigmas)
     stack = lambda group, store, name: np.stack([store[id(log)][name] for log in group])
-    ceiling = max(common.max_radius(log) for log in logs)   # no ACR difference beyond +-ceiling
+    ceiling = max(common.radius_ceiling(log) for log in logs)   # no ACR difference beyond +-ceiling
     out, per_sigma, crits, roles, pvalues, clamped = [], {}, [], {}, {}, []
     for s in sigmas:
         prefix = f"σ={'?' if s is None else float(s)} " if len(sigmas) > 1 else ""   # as fmt_sigma

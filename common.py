@@ -59,7 +59,7 @@ def check_cell(text, what):
     return text
 
 
-def max_radius(log):
+def radius_ceiling(log):
     """The largest radius a CERTIFY log's rows can hold, sigma Phi^-1(alpha^(1 / N)) at its largest N, from its
     settings file (log["sidecar"]: sigma, alpha) and N column; infinity where either is unknown, and for a log
     with a sigma per input (DDRS, semi-elastic), whose radii another bound governs."""

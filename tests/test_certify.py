@@ -17,7 +17,7 @@ from scipy.stats import beta, norm
 import certify
 import common
 import machinery
-from helpers import digits_checkpoint, run_main
+from helpers import as_if_copied, digits_checkpoint, run_main
 from torchrun_util import failure_report, run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -272,6 +272,7 @@ def test_torn_last_line_is_dropped_and_redone(reference, digits_ckpt, tmp_path):
     shutil.copy(reference + ".json", str(out) + ".json")
     for torn in (lines[6][:7], lines[6][:-1], lines[6].rsplit("\t", 1)[0] + "\n"):  # no newline / too few fields
         out.write_text("".join(lines[:6]) + torn)
+        as_if_copied(out, str(out) + ".json")   # a stopped run's log from elsewhere (each time a fresh copy)
         assert run_cli(["--checkpoint", digits_ckpt, "--outfile", out, "--skip", 3, "--max", 24, *CLI]) == 0
         assert rows(out) == rows(reference)
     # a finished file is left as it is

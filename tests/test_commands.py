@@ -466,3 +466,13 @@ def test_without_a_shadowing_module_every_script_imports(tmp_path):
     code = f"import sys; sys.path[:0] = [{ROOT!r}]; import train_ours, certify, ddrs, analyze, train_gaussian"
     ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_makefile_points_at_readme_sections_and_files_that_exist():
+    text = open(os.path.join(ROOT, "Makefile")).read()
+    headings = re.findall(r"^## (.+)$", open(os.path.join(ROOT, "README.md")).read(), flags=re.M)
+    for section in re.findall(r'README, "([^"]+)"', text):
+        assert section in headings, section
+    assert not re.search(r"README, [A-Z]\w+\)", text)   # a bare name: a section that no longer exists
+    for path in re.findall(r"\b((?:docs|scripts|results)/[\w./]+\.(?:md|sh|py))", text):
+        assert os.path.exists(os.path.join(ROOT, path)), path

@@ -287,6 +287,8 @@ def test_a_sidecar_without_the_new_settings_resumes_as_fp32_without_early_absten
     for key in ("precision", "early_abstain", "channels_last", "fold_bn", "compile"):
         del settings[key]
     sidecar.write_text(json.dumps(settings))
+    from helpers import as_if_copied
+    as_if_copied(tmp_path / "o.tsv", sidecar)   # an older version's log and sidecar, not an edit of ours
     assert run_cli([*base, "--max", 4, "--no-channels-last"]) == 0
     assert [r["idx"] for r in tsv_rows(tmp_path / "o.tsv")] == ["0", "1", "2", "3"]
 
