@@ -1222,7 +1222,7 @@ def gaussian_loss(model, x, y, sigma, m):
 
     x: (b, C, H, W), y: (b,). Returns the loss_fn dict of train_epoch.
     """
-    noisy = (x.unsqueeze(0) + sigma * torch.randn(m, *x.shape, device=x.device)).flatten(0, 1)  # (m*b, ...)
+    noisy = (x.unsqueeze(0) + sigma * torch.randn(m, *x.shape, device=x.device, dtype=x.dtype)).flatten(0, 1)
     logits = model(noisy)
     targets = y.repeat(m)
     loss = F.cross_entropy(logits, targets)

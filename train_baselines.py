@@ -108,13 +108,13 @@ CHUNKED = {"smoothadv": True, "macer": False, "consistency": True, "smoothmix": 
 # bf16/fp16, but softmax averages, KL terms and MACER's Phi^-1 near 1 need full precision.
 
 def draw_noise(x, sigma, m, noise=None):
-    """m Gaussian draws for the chunk x, shape (m, b, C, H, W), drawn exactly as common.gaussian_loss draws them.
-
-    A given `noise` (same shape, already scaled by sigma) is returned as is: tests inject or seed the noise.
-    """
+    """m Gaussian draws (m, b, C, H, W) in x's dtype, as common.gaussian_loss draws them; a given `noise` (scaled
+    by sigma) is returned as is. Every baseline's loss draws here: a bad sigma or m is a ValueError here."""
+    if not (0 < sigma < math.inf and int(m) == m >= 1):
+        raise ValueError(f"need sigma > 0 and m >= 1 (got sigma {sigma}, m {m})")
     if noise is not None:
         return noise
-    return sigma * torch.randn(m, *x.shape, device=x.device)
+    return sigma * torch.randn(m, *x.shape, device=x.device, dtype=x.dtype)
 
 
 def add_noise(x, noise):

@@ -14,7 +14,8 @@ import torch
 from test_paste import SETUP, pasted
 
 ROOTS = ["certify:certify", "certify:predict", "certify:grid_certify", "certify:grid_plan",
-         "certify:grid_certify_many", "train_ours:ours_loss", "train_ours:radius_weights", "common:sphere_pgd"]
+         "certify:grid_certify_many", "train_ours:ours_loss", "train_ours:radius_weights", "common:sphere_pgd",
+         "train_baselines:macer_loss", "train_baselines:consistency_loss"]
 G = "torch.Generator().manual_seed(0)"
 PLAN = "grid_plan([0.25, 0.5, 0.75, 1.0], sigma=0.5, N_max=500, alpha=0.001)"
 
@@ -50,6 +51,10 @@ REFUSED = [
     ("ours_loss m 0", "ours_loss(net, images[:2], labels[:2], 0.5, 0, 1, 0.25, 'l2')", "m >= 1"),
     *[(f"radius_weights formula {f}", f"radius_weights([3, 16], 16, 0.1, 0.75, {f})", "formula")
       for f in ("'Paper'", "'official'", "None")],
+    ("macer_loss sigma -0.5", "macer_loss(net, images[:2], labels[:2], None, sigma=-0.5, m=2, beta=16.0, gamma=8.0, "
+                              "lbd=12.0)", "sigma"),
+    ("consistency_loss m 0", "consistency_loss(net, images[:2], labels[:2], None, sigma=0.5, m=0, lbd=10.0, eta=0.5)",
+     "m >= 1"),
     ("sphere_pgd norm L2", "sphere_pgd(net, images[:2], labels[:2], torch.randn(2, 2, 1, 8, 8), 1, 0.25, 'L2')",
      "norm_type"),
 ]
@@ -107,11 +112,13 @@ def from_paste(tmp_path_factory):
 def from_import():
     import certify
     import common
+    import train_baselines
     import train_ours
     namespace = {"torch": torch}
     for root in ROOTS:
         module, name = root.split(":")
-        namespace[name] = getattr({"certify": certify, "common": common, "train_ours": train_ours}[module], name)
+        namespace[name] = getattr({"certify": certify, "common": common, "train_ours": train_ours,
+                                   "train_baselines": train_baselines}[module], name)
     exec(SETUP, namespace)   # a fresh model and data for each case, as in the pasted run's copy of its namespace
     return namespace
 
