@@ -521,14 +521,24 @@ def latex_group(rows, values, baseline):
     return cells
 
 
+TEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def tex_text(text):
+    """A label as LaTeX text: its special characters escaped, so `ours_v2 & b` stays one cell."""
+    return "".join(TEX_SPECIAL.get(c, c) for c in str(text))
+
+
 def latex(header, groups, lead):
-    """A booktabs table: groups = [(rows, values, baseline_index)], `lead` leading text columns per row."""
+    """A booktabs table: groups = [(rows, values, baseline_index)], `lead` leading text columns per row (escaped:
+    tex_text)."""
     lines = [r"% needs \usepackage{booktabs,xcolor}",
              r"\begin{tabular}{" + "l" * lead + "r" * (len(header) - lead) + "}", r"\toprule",
              " & ".join(header) + r" \\", r"\midrule"]
     for g, (rows, values, baseline) in enumerate(groups):
         for row in latex_group(rows, values, baseline):
-            lines.append(" & ".join(row) + r" \\")
+            lines.append(" & ".join([tex_text(c) for c in row[:lead]] + row[lead:]) + r" \\")
         lines.append(r"\midrule" if g < len(groups) - 1 else r"\bottomrule")
     return "\n".join(lines + [r"\end{tabular}"])
 
@@ -711,7 +721,7 @@ def seed_table_report(logs, radii, fmt, out, name="table_seeds"):
                 [plus_minus(m, d, 2) for m, d in zip(acc_m, acc_s)]
             lead = [fmt_sigma(sigma) if i == 0 else "", label, str(len(runs)), "/".join(map(str, sizes))]
             md_rows.append(lead + pm)
-            tex_rows.append(lead[:2] + [c.replace("±", r"$\pm$") for c in pm])
+            tex_rows.append([tex_text(c) for c in lead[:2]] + [c.replace("±", r"$\pm$") for c in pm])
             tsv_rows.append([fmt_sigma(sigma), label, len(runs), "/".join(map(str, sizes)), fmt_acr(acr_m[0], 6),
                              f"{acr_s[0]:.6f}" if not np.isnan(acr_m[0]) else "n/a"] +
                             [f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])

@@ -178,3 +178,14 @@ def test_every_script_and_subcommand_prints_its_help_and_exits_0(tmp_path):
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert "FAILS []" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     assert len(scripts_and_subcommands()) > 30
+
+
+@pytest.mark.parametrize("label", ["ours_v2", "a&b", "50%", "x#1", "$y$", "{z}", "a~b^c", "back\\slash"])
+def test_a_label_with_latex_specials_stays_one_cell_of_the_tex_table(label, tmp_path):
+    """LaTeX output is a format too: its special characters in a label are escaped, never interpreted."""
+    out = tmp_path / "out"
+    assert run_main(analyze.main, ["table", LOG, "--labels", label, "--out", out]) == 0
+    row = [line for line in (out / "table.tex").read_text().splitlines() if line.startswith("0.5 &")][0]
+    cells = re.split(r"(?<!\\)&", row)
+    assert len(cells) == 14 and cells[1].strip() == analyze.tex_text(label), row   # sigma, label, ACR, 11 radii
+    assert "%" not in row.replace(r"\%", "")
