@@ -109,8 +109,9 @@ CHUNKED = {"smoothadv": True, "macer": False, "consistency": True, "smoothmix": 
 
 def draw_noise(x, sigma, m, noise=None):
     """m Gaussian draws (m, b, C, H, W) in x's dtype, as common.gaussian_loss draws them; a given `noise` (scaled
-    by sigma) is returned as is. Every baseline's loss draws here: a bad sigma or m is a ValueError here."""
-    if not (0 < sigma < math.inf and int(m) == m >= 1):
+    by sigma) is returned as is. Every baseline's loss draws here: a bad sigma or m is a ValueError here (a
+    tensor of per-input sigmas, DDRS's, is its optimiser's to check: reading it here would wait for the GPU)."""
+    if not ((torch.is_tensor(sigma) or 0 < sigma < math.inf) and int(m) == m >= 1):
         raise ValueError(f"need sigma > 0 and m >= 1 (got sigma {sigma}, m {m})")
     if noise is not None:
         return noise
