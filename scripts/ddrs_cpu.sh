@@ -8,6 +8,7 @@
 #   - with the semi-elastic sigma and its sound radius (ddrs.py certify --semi-elastic, r = 0.01, k = 20, m = 5);
 # then the table of all logs and the step-size report (ddrs.py report). About 2 CPU-hours on one core.
 #   DATA_DIR=../shared/data/cifar10 bash scripts/ddrs_cpu.sh
+source "$(dirname "$0")/help.sh"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}

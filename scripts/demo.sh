@@ -14,6 +14,7 @@
 # default: all), DEMO_N (10000), DEMO_MAX (default: all test digits), DEMO_OUT (runs/demo); PYTHON
 # (python3); DEMO_CERTIFY_FLAGS (extra certify.py flags, e.g. "--precision bf16" on a slow CPU; the
 # certificate then holds for the bf16 classifier); DEMO_NATIVE_ISA=1 (the math libraries unpinned, below).
+source "$(dirname "$0")/help.sh"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -7,6 +7,7 @@
 # training runs at every m a baseline uses (1, 2, 4, 8, 16), so each baseline has its reference. CAT-RS's
 # soft target is made with one vote per image (its cost does not depend on the labels; the command is the
 # real one).
+source "$(dirname "$0")/help.sh"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}

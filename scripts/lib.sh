@@ -13,6 +13,7 @@
 # A run folder holding a DONE file is trained already and skipped: put a released checkpoint.pth.tar and an
 # empty DONE file there to certify it instead. One with a checkpoint but no DONE is resumed (--resume).
 # Certification resumes by itself (certify.py continues an existing log written with the same settings).
+source "$(dirname "${BASH_SOURCE[0]}")/help.sh"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

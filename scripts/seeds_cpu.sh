@@ -5,6 +5,7 @@
 # each of table5_cpu.sh about 2.5.
 #   DATA_DIR=../shared/data/cifar10 bash scripts/seeds_cpu.sh            (SEEDS="1 2", PARTS="cifar table5")
 # Writes results/cifar10_cpu/seed<S>/ and results/table5_cpu/seed<S>/ (runs under runs/*/seed<S>/).
+source "$(dirname "$0")/help.sh"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for part in ${PARTS:-cifar table5}; do

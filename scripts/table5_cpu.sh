@@ -7,6 +7,7 @@
 # 10 epochs with lr x0.1 after 6, m = 2, discard at Et = 7 with pA from N = 32 (paper 100), reweighting every
 # 4 epochs (paper 10), a 2-step attack. Without discarding, the attack and the reweighting start at epoch 0
 # (train_ours.py), so those rows cost most (about 3x Gaussian training).
+source "$(dirname "$0")/help.sh"
 export RUNS=${RUNS:-runs/table5_cpu}
 SCHEDULE="--arch lenet --lr_step 6 --epochs 10 --workers 0 --amp --channels-last"    # one line each: lib.sh
 export OURS_FLAGS=${OURS_FLAGS:-"$SCHEDULE --m 2 --Et 7 --pt 0.5 --N 32 --reweight_every 4 --T 2 --eps 0.25"}

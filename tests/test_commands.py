@@ -476,3 +476,20 @@ def test_the_makefile_points_at_readme_sections_and_files_that_exist():
     assert not re.search(r"README, [A-Z]\w+\)", text)   # a bare name: a section that no longer exists
     for path in re.findall(r"\b((?:docs|scripts|results)/[\w./]+\.(?:md|sh|py))", text):
         assert os.path.exists(os.path.join(ROOT, path)), path
+
+
+SHELL_SCRIPTS = [n for n in sorted(os.listdir(os.path.join(ROOT, "scripts")))
+                 if n.endswith(".sh") and n not in ("lib.sh", "help.sh", "cpu_settings.sh")]
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_every_shell_script_prints_its_header_on_help_and_runs_nothing(flag, tmp_path):
+    """Most scripts take no flags: without this, `bash scripts/cifar_cpu.sh --help` would start the experiment."""
+    for name in SHELL_SCRIPTS:
+        path = os.path.join(ROOT, "scripts", name)
+        first = [line for line in open(path).read().splitlines()[1:] if line.startswith("#")][0][2:]
+        done = subprocess.run(["bash", path, flag], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, RUNS=str(tmp_path / "runs"), DEMO_OUT=str(tmp_path / "demo")))
+        assert done.returncode == 0 and done.stdout.startswith(first), (name, done.stdout[:200], done.stderr[-300:])
+        assert "\n+ " not in done.stdout and not done.stdout.startswith("+ ") and done.stderr == "", name
+    assert os.listdir(tmp_path) == []
