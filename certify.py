@@ -88,7 +88,7 @@ SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last"
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
 # removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, docs/certification.md):
 # at 0.2, 21 % fewer evaluations than at beta = alpha for 0.04-0.06 points of certified accuracy (4-6 of 10,000
-# runs; the earlier rule's curve: exact rule-outs cost at most 0.25 points more, results/grid_cpu/rerun).
+# runs; on looks every 25 %: rule-outs at their exact error cost at most 0.25 points more, results/grid_cpu/rerun).
 DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
@@ -263,7 +263,7 @@ def sampler_of(sound=None, early_abstain=None, candidate=None):
 LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 16, 1.02, 200
 NEAR_PRIOR = 1e-3   # ruled_out_rows: exact beta where the prior's mass below tau_j is in [1e-3, 1 - 1e-3]
 # The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones
-# (older logs say "one-sided KT" or "one-sided, prior from the selection votes": earlier rules).
+# (logs of the other rules that scripts/beta_curve.py compares record theirs, e.g. "one-sided KT").
 GRID_TEST = ("one-sided, prior from the selection votes, looks every 2 %, exact beta near the prior and per-level "
              "final look")
 
