@@ -37,7 +37,7 @@ budget:
 
 # On a machine with a CUDA GPU: the CUDA tests, then certification and training speed in one summary (docs/speed.md; without CUDA it stops in one line, exit 2).
 gpu-check: install
-	$(PYTHON) scripts/gpu_check.py
+	$(PYTHON) tools/gpu_check.py
 
 # The long campaigns: tests/test_fuzz.py (FUZZ_EXAMPLES per target, default 1000; failing examples are kept
 # in .hypothesis/ and replayed first next time; prints the outcomes tried per target), and tests/test_faults.py

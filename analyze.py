@@ -1358,7 +1358,7 @@ def paper_report(root, out):
 # any dependence between rows. A best-over-sigma row takes the hull of its per-sigma intervals: max_s b_s -
 # max_s a_s lies between min_s (b_s - a_s) and max_s (b_s - a_s), so it needs no share of the error.
 # A row is `higher` or `lower` when its interval excludes 0, else `within noise`. Coverage, false alarms and
-# power against known truths: scripts/compare_calibration.py (results/compare_calibration/).
+# power against known truths: tools/compare_calibration.py (results/compare_calibration/).
 
 COMPARE_OVER = ("images", "test-set")
 VOTE_LEVEL = 0.999   # the Clopper-Pearson interval of an image's probability over which test-set bounds its variance

@@ -21,7 +21,7 @@ when the run starts (recorded as seed_value in the sidecar): a certificate with 
 for a model that does not depend on that noise; the default fixed seed is for reproducible experiments.
 The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line; a log
 written before nY existed resumes in its own columns.
-Speed (docs/speed.md; measured by bench.py): channels-last and folded BatchNorm by default, --precision bf16,
+Speed (docs/speed.md; measured by tools/bench.py): channels-last and folded BatchNorm by default, --precision bf16,
 --compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
 
 Floating point: by default (as the paper and Cohen et al.) f sees fl(x + fl(sigma * randn)), which keeps
@@ -60,7 +60,7 @@ for module in (common, machinery):   # a student's module of one of these names 
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
-PROJECT = "acr-weakness"   # ddrs.py and bench.py check it: a student's own certify.py is not this one
+PROJECT = "acr-weakness"   # ddrs.py and tools/bench.py check it: a student's own certify.py is not this one
 
 CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "nY")
 PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N", "nY")
@@ -86,7 +86,7 @@ SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last"
                     "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
                     "final_look": None, "grid_test": None, "ddrs": None}
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
-# removes certificates); chosen by measurement (scripts/beta_curve.py on results/grid_cpu, docs/certification.md):
+# removes certificates); chosen by measurement (tools/beta_curve.py on results/grid_cpu, docs/certification.md):
 # at 0.2, 21 % fewer evaluations than at beta = alpha for 0.04-0.06 points of certified accuracy (4-6 of 10,000
 # runs; on looks every 25 %: rule-outs at their exact error cost at most 0.25 points more, results/grid_cpu/rerun).
 DEFAULT_BETA = 0.2
@@ -150,7 +150,7 @@ def build_parser(description=__doc__):
                    "radii (ADAPTIVE.md): per example the largest one certified, stopping as soon as it is decided; "
                    "--N is then the budget N_max. 0 (the smoothed prediction) is always a level, unless --no-zero-level")
     p.add_argument("--beta", type=float, help="--radii: the chance of ruling out a radius the example reaches, "
-                   "exact at its threshold (default 0.2, chosen by measurement: scripts/beta_curve.py; ruling out "
+                   "exact at its threshold (default 0.2, chosen by measurement: tools/beta_curve.py; ruling out "
                    "stops early and only ever removes certificates)")
     p.add_argument("--group", type=int, help="--radii: examples whose draws are packed into shared "
                    "forward passes (default 64); an example's noise does not depend on it (nor its line, unless batched "
@@ -263,7 +263,7 @@ def sampler_of(sound=None, early_abstain=None, candidate=None):
 LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 16, 1.02, 200
 NEAR_PRIOR = 1e-3   # ruled_out_rows: exact beta where the prior's mass below tau_j is in [1e-3, 1 - 1e-3]
 # The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones
-# (logs of the other rules that scripts/beta_curve.py compares record theirs, e.g. "one-sided KT").
+# (logs of the other rules that tools/beta_curve.py compares record theirs, e.g. "one-sided KT").
 GRID_TEST = ("one-sided, prior from the selection votes, looks every 2 %, exact beta near the prior and per-level "
              "final look")
 
@@ -317,7 +317,7 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=
     stopping (early stops only end sampling): when pA <= tau_j, P(certified radius >= r_j | selection) <=
     spent_j + alpha_fin_j = alpha. Without final_look there is
     no final look (the sequence's Ville bound alone). seq_level 1 was chosen by simulation on results/grid_cpu's
-    pA (scripts/beta_curve.py --seq-levels): lower levels leave more to the final look but stop later.
+    pA (tools/beta_curve.py --seq-levels): lower levels leave more to the final look but stop later.
     beta defaults to DEFAULT_BETA, final_look to True (certify.py's defaults).
     """
     beta = DEFAULT_BETA if beta is None else beta
@@ -849,7 +849,7 @@ file_sha256 = machinery.file_sha256
 
 
 def is_convolutional(model):
-    """True for models with a 2D convolution: channels-last pays off for them (measured: see bench.py)."""
+    """True for models with a 2D convolution: channels-last pays off for them (measured: see tools/bench.py)."""
     return any(isinstance(mod, torch.nn.Conv2d) for mod in model.modules())
 
 
@@ -857,7 +857,7 @@ def fold_batchnorm(model):
     """A copy of the eval-mode model with every BatchNorm folded into the convolution before it (torch.fx).
 
     The same function up to float rounding, one pass over the activations less per layer (measured: see
-    bench.py). A model torch.fx cannot trace comes back unchanged, with a note.
+    tools/bench.py). A model torch.fx cannot trace comes back unchanged, with a note.
     """
     from torch.fx.experimental.optimization import fuse
     try:
@@ -911,7 +911,7 @@ def keep_freed_memory():
 
     glibc serves large blocks with mmap and unmaps them when freed, so every forward pass of a big batch
     faults in (and zeroes) fresh pages for its activations; with mmap and trimming off, the next pass reuses
-    the same memory (measured 1.4-2x faster CPU certification, bench.py). The price: the process keeps its
+    the same memory (measured 1.4-2x faster CPU certification, tools/bench.py). The price: the process keeps its
     peak memory. Returns True where applied; elsewhere (macOS, Windows, musl) a no-op returning False.
     """
     import ctypes

@@ -4,7 +4,7 @@
 # 1. Trains four small CNNs: Gaussian training at sigma 0.25 and 0.5 (§3), the paper's method (§5, Alg. 2)
 #    and Consistency (a baseline of §6) at sigma 0.25.
 # 2. Certifies every test digit (360) with CERTIFY, N = 10,000, alpha = 0.001 (App. C.2 uses N = 100,000).
-# 3. scripts/demo_report.py writes, with analyze.py's functions, the ACR / certified-accuracy table (Table 3's
+# 3. tools/demo_report.py writes, with analyze.py's functions, the ACR / certified-accuracy table (Table 3's
 #    shape), the best-over-sigma envelope (§7), the ECDF of pA with its dominance report (App. B) and
 #    report.md, which says in numbers whether the paper's claim shows: the method raises ACR while lowering
 #    clean accuracy or the ECDF at low pA, relative to Gaussian training.
@@ -42,13 +42,13 @@ fi
 
 # The demo folder is the demo's own: start afresh, but never delete a folder the demo did not make (its
 # marker), nor anything in it that the project did not write (each folder's record of outputs lists those,
-# with their content's hash): scripts/remove_outputs.py checks the whole tree before it removes a file.
+# with their content's hash): tools/remove_outputs.py checks the whole tree before it removes a file.
 if [ -L "$OUT" ] || { [ -e "$OUT" ] && [ ! -f "$OUT/.demo" ]; }; then   # a link is not the demo's folder either
     echo "demo: $OUT exists and was not made by the demo; set DEMO_OUT to another folder" >&2
     exit 2
 fi
 if [ -e "$OUT" ]; then   # a previous demo's outputs, each checked against the records before it goes
-    "$PYTHON" scripts/remove_outputs.py "$OUT" --also .demo || exit 2
+    "$PYTHON" tools/remove_outputs.py "$OUT" --also .demo || exit 2
 fi
 mkdir -p "$OUT/train" "$OUT/certify"
 touch "$OUT/.demo"
@@ -92,5 +92,5 @@ fi
 # The logs' names give the label (gaussian, ours, consistency) and sigma of each row. demo_report.py writes
 # what `analyze.py table`, `envelope` and `ecdf` write with `--out "$OUT"`, then report.md.
 echo "demo: analysing the certification logs"
-"$PYTHON" scripts/demo_report.py "$OUT"/certify/{gaussian,ours,consistency}_sigma0.25.tsv \
+"$PYTHON" tools/demo_report.py "$OUT"/certify/{gaussian,ours,consistency}_sigma0.25.tsv \
     "$OUT/certify/gaussian_sigma0.5.tsv" --out "$OUT" --seconds $((SECONDS - start))

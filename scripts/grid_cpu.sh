@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The grid benchmark of bench.py (g) on CIFAR-10 at CPU scale, committed under results/grid_cpu
+# The grid benchmark of tools/bench.py (g) on CIFAR-10 at CPU scale, committed under results/grid_cpu
 # (docs/certification.md, "--radii"): the Gaussian LeNets of scripts/ddrs_cpu.sh (sigma 0.25) and scripts/cifar_cpu.sh
 # (sigma 0.5), every 20th test image (500), each certified seven ways on the same examples, each way with its own
 # noise (--seed 0 to 6: the arms are independent, so their agreement is measured, not built in):
@@ -8,7 +8,7 @@
 # single radius 0.5 (with r = 0, the prediction, as a level too) and r = 0.5 alone (--no-zero-level), and r = 0.5
 # alone again on half the budget (N_max = 50,000: its cost is mostly the few images next to the threshold,
 # which run to the budget; what halving it costs in certificates is measured against CERTIFY at 100,000).
-# Then bench.py's table from the logs. About 2 CPU-hours per sigma in fp32 on one AVX2 core; a second call resumes.
+# Then tools/bench.py's table from the logs. About 2 CPU-hours per sigma in fp32 on one AVX2 core; a second call resumes.
 # SIGMAS picks the noise levels, so that two cores can run one each:
 #   DATA_DIR=../shared/data/cifar10 bash scripts/grid_cpu.sh
 #   SIGMAS=0.5 DATA_DIR=../shared/data/cifar10 bash scripts/grid_cpu.sh
@@ -42,8 +42,8 @@ for sigma in "${SIGMA_LIST[@]}"; do
     logs=("$dir/certify_N100000.tsv" "$dir/certify_N10000.tsv" "$dir/grid.tsv" "$dir/grid_no_final_look.tsv"
           "$dir/single_r0.5.tsv" "$dir/r0.5_alone.tsv" "$dir/r0.5_alone_N50000.tsv")
     if [ "$DRY_RUN" = 1 ]; then
-        run "$PYTHON" bench.py --sections g --grid-logs "${logs[@]}"
+        run "$PYTHON" tools/bench.py --sections g --grid-logs "${logs[@]}"
     else
-        run "$PYTHON" bench.py --sections g --grid-logs "${logs[@]}" --report "$dir/bench.txt"
+        run "$PYTHON" tools/bench.py --sections g --grid-logs "${logs[@]}" --report "$dir/bench.txt"
     fi
 done

@@ -3,7 +3,7 @@
 # (docs/speed.md): the six-epoch sigma = 0.5 digits_cnn (trained here unless its folder holds DONE), 100 test
 # digits (every 3rd), certified four ways, each with its own noise (--seed 0, 2, 4, 5: independent arms):
 # CERTIFY with N = 100,000 (the reference), certify.py --radii 0.25 ... 1.25 with the budget N_max = 100,000,
-# the single radius 0.5 (r = 0 a level too) and r = 0.5 alone (--no-zero-level). Then bench.py's table from the
+# the single radius 0.5 (r = 0 a level too) and r = 0.5 alone (--no-zero-level). Then tools/bench.py's table from the
 # logs, with each arm's certified accuracy minus the reference's and its interval. About 8 CPU-minutes; a second
 # call resumes.
 #   bash scripts/grid_digits.sh
@@ -21,7 +21,7 @@ certify "$checkpoint" 0.5 "$OUT/single_r0.5.tsv" "${DIGITS[@]}" --N 100000 --see
 certify "$checkpoint" 0.5 "$OUT/r0.5_alone.tsv" "${DIGITS[@]}" --N 100000 --seed 5 --radii 0.5 --no-zero-level
 logs=("$OUT/certify_N100000.tsv" "$OUT/grid.tsv" "$OUT/single_r0.5.tsv" "$OUT/r0.5_alone.tsv")
 if [ "$DRY_RUN" = 1 ]; then
-    run "$PYTHON" bench.py --sections g --grid-logs "${logs[@]}"
+    run "$PYTHON" tools/bench.py --sections g --grid-logs "${logs[@]}"
 else
-    run "$PYTHON" bench.py --sections g --grid-logs "${logs[@]}" --report "$OUT/bench.txt"
+    run "$PYTHON" tools/bench.py --sections g --grid-logs "${logs[@]}" --report "$OUT/bench.txt"
 fi

@@ -1,4 +1,4 @@
-"""Shared pytest set-up: the repository root on sys.path, one torch thread (tests run beside other work, and
+"""Shared pytest set-up: the repository root (and tools/) on sys.path, one torch thread (tests run beside other work, and
 the suite runs one worker a core), in this process and in every process a test starts (OMP_NUM_THREADS)."""
 import os
 import sys
@@ -8,6 +8,7 @@ import torch                                     # of the cores spends their tim
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(1, os.path.join(ROOT, "tools"))   # bench and the research tools
 torch.set_num_threads(1)
 
 

@@ -366,7 +366,7 @@ def test_the_committed_paper_logs_folder_is_what_the_paper_command_writes(tmp_pa
     assert code == 0, err
     folder = os.path.join(ROOT, "results", "paper_logs")
     texts = sorted(f for f in os.listdir(folder) if f.endswith((".md", ".tsv", ".tex"))
-                   and f not in ("README.md", "certify_seconds.md"))   # the latter: scripts/log_seconds.py
+                   and f not in ("README.md", "certify_seconds.md"))   # the latter: tools/log_seconds.py
     assert len(texts) > 40 and set(texts) - {"report.md"} <= set(os.listdir(tmp_path))
     for name in set(texts) - {"report.md"}:
         with open(tmp_path / name) as fresh, open(os.path.join(folder, name)) as committed:
@@ -379,12 +379,12 @@ def test_the_committed_paper_logs_folder_is_what_the_paper_command_writes(tmp_pa
 
 @needs_reference
 def test_the_committed_certification_seconds_are_the_published_logs_time_column(tmp_path):
-    """results/paper_logs/certify_seconds.md (scripts/log_seconds.py), behind docs/paper_scale.md's times."""
+    """results/paper_logs/certify_seconds.md (tools/log_seconds.py), behind docs/paper_scale.md's times."""
     import glob
     import subprocess
     logs = sorted(glob.glob("../shared/reference/acr-weakness/certify/*/*/noise_*", root_dir=ROOT))
     out = tmp_path / "seconds.md"
-    done = subprocess.run([sys.executable, "scripts/log_seconds.py", *logs, "--out", str(out)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "tools/log_seconds.py", *logs, "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     with open(os.path.join(ROOT, "results", "paper_logs", "certify_seconds.md")) as committed:

@@ -270,7 +270,7 @@ def test_every_makefile_target_is_in_the_readme():
 
 def test_gpu_check_runs_shrunk_on_the_cpu():
     # make gpu-check's script with --smoke: every part but the CUDA tests runs, and the summary is printed
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--smoke", "--no-tests", "--device", "cpu"],
+    proc = subprocess.run([sys.executable, "tools/gpu_check.py", "--smoke", "--no-tests", "--device", "cpu"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -284,7 +284,7 @@ def test_gpu_check_without_a_cuda_device_is_one_line_and_exit_2(argv):
     """At paper scale on a CPU the check would run for hours: without CUDA it stops before any work."""
     if torch.cuda.is_available() and "--device" not in argv:
         pytest.skip("a CUDA device is present")
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", *argv], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "tools/gpu_check.py", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:]
     assert proc.stderr.strip().count("\n") == 0 and "needs a CUDA device" in proc.stderr, proc.stderr
@@ -292,7 +292,7 @@ def test_gpu_check_without_a_cuda_device_is_one_line_and_exit_2(argv):
 
 def test_the_digits_grid_benchmark_certifies_four_independent_arms_on_one_model(monkeypatch, tmp_path):
     """scripts/grid_digits.sh (results/grid_digits/certify_py): the reference CERTIFY at 100,000 first, then the
-    grid, the single radius and r = 0.5 alone, each with its own seed, the same 100 digits; bench.py last."""
+    grid, the single radius and r = 0.5 alone, each with its own seed, the same 100 digits; tools/bench.py last."""
     parsed = check_all(dry_run(["bash", "scripts/grid_digits.sh"], {"RUNS": str(tmp_path)}), monkeypatch)
     assert [name for name, _ in parsed] == ["train_gaussian.py"] + ["certify.py"] * 4 + ["bench.py"]
     certified = [a for name, a in parsed if name == "certify.py"]
@@ -375,7 +375,7 @@ def test_a_function_name_means_one_thing_across_the_repository():
     """Module-level functions of the scripts: a name defined in two files is one of the entry points every
     script has (each training script's settings, train and gradnorm_mode play the same role)."""
     seen = {}
-    for folder in (ROOT, os.path.join(ROOT, "scripts")):
+    for folder in (ROOT, os.path.join(ROOT, "tools")):
         for name in sorted(os.listdir(folder)):
             if name.endswith(".py"):
                 with open(os.path.join(folder, name)) as f:

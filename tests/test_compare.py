@@ -145,7 +145,7 @@ def test_the_seed_interval_keeps_its_error_where_a_pooled_satterthwaite_t_does_n
         assert pooled / reps > bound, pooled        # the harness can fail
 
 
-# ---- calibration: false alarms, coverage, power (scripts/compare_calibration.py runs the long version) ----
+# ---- calibration: false alarms, coverage, power (tools/compare_calibration.py runs the long version) ----
 
 @pytest.mark.parametrize("scenario", ["independent models", "one model certified twice"])
 def test_over_images_two_sides_from_one_distribution_are_within_noise_at_the_nominal_rate(scenario):
@@ -164,9 +164,9 @@ def test_over_test_set_one_model_certified_twice_is_within_noise_at_the_nominal_
 
 
 def test_the_fast_calibration_holds_its_targets_and_a_too_narrow_interval_is_caught(monkeypatch):
-    """scripts/compare_calibration.py in short: a rare-row scenario and a seed scenario keep the family-wise
+    """tools/compare_calibration.py in short: a rare-row scenario and a seed scenario keep the family-wise
     error and the simultaneous coverage; the same harness flags intervals shrunk to 40 % (it can fail)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
     import compare_calibration as cal
     runs = 60
     for name in ("mostly-one paired (rare rows)", "cifar paired, 3 seeds"):

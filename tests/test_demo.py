@@ -15,7 +15,7 @@ import common
 import machinery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 import demo_report  # noqa: E402
 
 MODELS = ["gaussian_sigma0.25", "ours_sigma0.25", "consistency_sigma0.25", "gaussian_sigma0.5"]

@@ -259,11 +259,11 @@ def test_an_option_of_another_mode_is_refused_not_ignored(script, argv, message,
     ("beta_curve", ["log.tsv", "--radii", "0.5", "--savings", "--budgets", "5"], "are 2 modes; give one"),
     ("like_for_like", ["log.tsv", "--reps", "0"], "--reps >= 1")])
 def test_the_helper_scripts_refuse_a_bad_number_in_one_line(script, argv, message, tmp_path, monkeypatch, capsys):
-    """scripts/*.py: a count below 1, a value out of range or an option of another mode is one line and exit 2
+    """tools/*.py: a count below 1, a value out of range or an option of another mode is one line and exit 2
     before any work (not a traceback from a pool, a division or an empty list, nor a run that ignores it)."""
     import importlib.util
     from helpers import run_main
-    spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "scripts", f"{script}.py"))
+    spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "tools", f"{script}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.chdir(tmp_path)

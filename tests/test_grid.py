@@ -367,7 +367,7 @@ def test_budget_bound_line_counts_the_examples_run_to_the_budget_and_their_dista
 
 
 def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model, tmp_path, capsys, monkeypatch):
-    """bench.py --sections g --grid-logs: the benchmark rebuilt from resumable certify.py logs."""
+    """tools/bench.py --sections g --grid-logs: the benchmark rebuilt from resumable certify.py logs."""
     import bench
     base = ["--checkpoint", digits_model, "--batch", 1000, "--skip", 5, "--max", 8]
     full, small, grid = tmp_path / "certify_N20000.tsv", tmp_path / "certify_N2000.tsv", tmp_path / "grid.tsv"
@@ -619,10 +619,10 @@ def test_label_mode_and_random_seed_on_the_command_line(digits_model, tmp_path, 
 
 
 def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws():
-    """scripts/beta_curve.py's simulation against certify.grid_certify on a halfspace with known pA: the mean
+    """tools/beta_curve.py's simulation against certify.grid_certify on a halfspace with known pA: the mean
     draws and the certified level agree within noise; with common paths, a larger beta never draws more."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "tools", "beta_curve.py"))
     beta_curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(beta_curve)
     torch.manual_seed(0)
@@ -732,7 +732,7 @@ def test_the_oracle_sprt_matches_walds_identity_and_the_rule_never_beats_it():
     """bench.oracle_draws: with every draw voting cA the certify SPRT stops at the fixed-n count
     ceil(ln(1/alpha) / ln(1/tau)); one SPRT's mean lies between Wald's identity's bound / KL(p || tau) and that
     plus one step (the overshoot); at a threshold it never decides (cut at N_max every run); and the real
-    grid rule (scripts/beta_curve.py's simulation of it) spends at least the oracle's draws on average, and
+    grid rule (tools/beta_curve.py's simulation of it) spends at least the oracle's draws on average, and
     with the prior of its selection votes at most 1.25 times them (1.05-1.20 here)."""
     import bench
     import importlib.util
@@ -748,7 +748,7 @@ def test_the_oracle_sprt_matches_walds_identity_and_the_rule_never_beats_it():
     assert low * 0.97 <= mean[0] <= high * 1.03 + 4 * math.sqrt(low) / runs ** 0.5, (low, mean, high)
     mean, cut = bench.oracle_draws([tau], [0.5, tau], 0.001, 0.2, 5000, runs=20)
     assert mean[0] == 5000 and cut[0] == 1.0                     # at a threshold: never decided
-    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "tools", "beta_curve.py"))
     beta_curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(beta_curve)
     sigma, radii = 0.5, [0.25, 0.5, 0.75]
@@ -763,7 +763,7 @@ def test_the_oracle_sprt_matches_walds_identity_and_the_rule_never_beats_it():
 
 
 def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp_path):
-    """bench.py --grid-logs reads untrusted logs: a time cell is H:MM:SS(.f), 'D day(s), H:MM:SS' or seconds;
+    """tools/bench.py --grid-logs reads untrusted logs: a time cell is H:MM:SS(.f), 'D day(s), H:MM:SS' or seconds;
     anything else is one UserError naming the file and line (was a ValueError traceback)."""
     import bench
     assert common.log_seconds("0:00:03.617651") == pytest.approx(3.617651)
@@ -783,12 +783,12 @@ def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp
 
 
 def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tmp_path, monkeypatch):
-    """scripts/grid_validity.py (the long benchmark, here with 3,000 runs a level and no pipeline part): the
+    """tools/grid_validity.py (the long benchmark, here with 3,000 runs a level and no pipeline part): the
     exact error of every level is within alpha and the simulated rates agree with it, at alpha = 0.001 the
     exact spend is alpha and no more, and the negative control, a Clopper-Pearson test repeated at every look,
     is caught."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("grid_validity", os.path.join(ROOT, "scripts", "grid_validity.py"))
+    spec = importlib.util.spec_from_file_location("grid_validity", os.path.join(ROOT, "tools", "grid_validity.py"))
     grid_validity = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grid_validity)
     out = tmp_path / "report.md"
@@ -804,7 +804,7 @@ def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tm
     # the pipeline part (--workers) counts the same in worker processes as in this one
     import multiprocessing
     monkeypatch.setattr(certify, "grid_plan", real)   # the workers' certify is the real one
-    monkeypatch.syspath_prepend(os.path.join(ROOT, "scripts"))   # workers import it by name, as the script's do
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))   # workers import it by name, as the script's do
     monkeypatch.setitem(sys.modules, "grid_validity", grid_validity)
     setting = ([0.25], 0.5, 2000, 0.3, 0.2, 24, 5)
     with multiprocessing.get_context("spawn").Pool(2) as pool:   # not fork: torch's threads in this process
@@ -858,14 +858,14 @@ def test_no_zero_level_decides_only_the_listed_radii_and_stays_valid(digits_mode
 
 def load_script(name):
     import importlib.util
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_like_for_like_rules_match_brute_force_and_simulation():
-    """scripts/like_for_like.py: the betting sequence's integer thresholds are those of a search over every
+    """tools/like_for_like.py: the betting sequence's integer thresholds are those of a search over every
     vote count, and the staged Clopper-Pearson rule's exact mean draws are what its simulation spends."""
     lfl = load_script("like_for_like")
     tau, alpha = 0.8, 0.01
@@ -892,7 +892,7 @@ def test_like_for_like_rules_match_brute_force_and_simulation():
 
 
 def test_bench_gives_each_arm_its_difference_with_an_interval_at_the_radii_it_decides(capsys):
-    """bench.py (g): an arm that certifies as the reference is within noise; one that loses 30 of 100
+    """tools/bench.py (g): an arm that certifies as the reference is within noise; one that loses 30 of 100
     certificates at r = 0.5 is lower there, and an arm is judged only at its own radii."""
     import bench
     n = 100
@@ -909,10 +909,10 @@ def test_bench_gives_each_arm_its_difference_with_an_interval_at_the_radii_it_de
 
 
 def test_savings_table_reports_each_arm_against_certify_and_the_oracle_consistently(tmp_path):
-    """scripts/beta_curve.py --savings on a small log: each saving is CERTIFY's N0 + N over the evaluations, the
+    """tools/beta_curve.py --savings on a small log: each saving is CERTIFY's N0 + N over the evaluations, the
     oracle's too, and "x the oracle" is the rule's estimation draws over the oracle's."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "tools", "beta_curve.py"))
     beta_curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(beta_curve)
     N = 2000
@@ -941,11 +941,11 @@ def test_savings_table_reports_each_arm_against_certify_and_the_oracle_consisten
 
 
 def test_savings_measures_the_oracle_ratio_as_the_benchmark_does_from_estimates_of_pA(tmp_path):
-    """--estimates K: the oracle ratio without the cut examples with the oracle at K estimates of pA (as bench.py
+    """--estimates K: the oracle ratio without the cut examples with the oracle at K estimates of pA (as tools/bench.py
     measures it from a reference log), mean [smallest, largest]; from a reference so long that its estimates
     are the truth, it is the known-truth ratio of the column before; from a short one it moves."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "tools", "beta_curve.py"))
     beta_curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(beta_curve)
     truth = [0.999, 0.95, 0.87, 0.7, 0.6, 0.3]
@@ -971,11 +971,11 @@ def test_savings_measures_the_oracle_ratio_as_the_benchmark_does_from_estimates_
 
 
 def test_budgets_table_runs_the_grid_on_each_budget_against_certify_and_the_run_on_N(tmp_path, capsys):
-    """scripts/beta_curve.py --budgets: one row per budget (--N first), evaluations within N0 + N_max, the saving
+    """tools/beta_curve.py --budgets: one row per budget (--N first), evaluations within N0 + N_max, the saving
     against CERTIFY at --N, certified accuracy against the run on --N (its own row: no change), r = 0 left out
     with --no-zero-level; its options refused outside their mode."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "tools", "beta_curve.py"))
     beta_curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(beta_curve)
     N, nA = 4000, [3990, 3800, 3400, 3370, 2800, 1200]

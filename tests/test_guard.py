@@ -16,10 +16,14 @@ import machinery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = [f for f in sorted(os.listdir(ROOT)) if f.endswith(".py") and f not in ("common.py", "machinery.py")] + \
-          [os.path.join("scripts", f) for f in sorted(os.listdir(os.path.join(ROOT, "scripts"))) if f.endswith(".py")]
+          [os.path.join("tools", f) for f in sorted(os.listdir(os.path.join(ROOT, "tools"))) if f.endswith(".py")]
 BYPASSES = [r"(?<![\w.])open\(", r"torch\.save\(", r"torch\.load\(", r"json\.dump\(", r"json\.load\(",
             r"np\.(save|load|savetxt|loadtxt)", r"os\.(replace|remove|unlink|rename)\(", r"shutil\.",
             r"\.write_text\(", r"\.write_bytes\(", r"read_csv\(", r"to_csv\(", r"ImageFolder\("]
+
+
+# tools/copy_size.py reads the project's own source code (its input is code, not data or a log)
+SOURCE_READS = {("tools/copy_size.py", 'with open(path, encoding="utf-8") as f:')}
 
 
 def test_no_script_writes_or_parses_a_file_outside_common():
@@ -29,7 +33,8 @@ def test_no_script_writes_or_parses_a_file_outside_common():
             lines = f.read().splitlines()
         for number, line in enumerate(lines, 1):
             code = line.split("#", 1)[0]
-            found += [f"{name}:{number}: {line.strip()}" for pattern in BYPASSES if re.search(pattern, code)]
+            found += [f"{name}:{number}: {line.strip()}" for pattern in BYPASSES if re.search(pattern, code)
+                      and (name, line.strip()) not in SOURCE_READS]
             # a figure is saved only inside machinery.write_output (the statement that starts on this line or above)
             if "savefig(" in code and "write_output(" not in code + "".join(lines[max(0, number - 3):number - 1]):
                 found.append(f"{name}:{number}: {line.strip()}")

@@ -1,7 +1,7 @@
 """Every analysis takes each kind of certification log (common.LOG_KINDS) or refuses it in one line, as it
 declares: one log of each kind, made from one committed certify.py log by the columns and settings that mark
-the kind, through every analysis of analyze.py, bench.py --grid-logs, ddrs.py's report and memory, and the
-scripts that take a log's pA as the truth (scripts/beta_curve.py, scripts/like_for_like.py)."""
+the kind, through every analysis of analyze.py, tools/bench.py --grid-logs, ddrs.py's report and memory, and the
+scripts that take a log's pA as the truth (tools/beta_curve.py, tools/like_for_like.py)."""
 import json
 import os
 import shutil
@@ -86,7 +86,7 @@ def analyses(folder, log, gradnorm, ddrs_log):
         ("gradnorm --acr", run("gradnorm", gradnorm, "--acr", log, "--replicates", "100")),
         ("compare", run("compare", ref, log)), ("compare --over test-set", run("compare", ref, log, "--over",
                                                                               "test-set")),
-        ("bench.py --grid-logs", lambda: bench.grid_from_logs([ref, log])),
+        ("tools/bench.py --grid-logs", lambda: bench.grid_from_logs([ref, log])),
         ("ddrs.py report", lambda: ddrs.main(["report", log, "--fixed", ref, "--out", out])),
         ("ddrs.py report --fixed", lambda: ddrs.main(["report", ddrs_log, "--fixed", log, "--out", out])),
         ("ddrs.py memory", lambda: ddrs.read_ddrs_log(log)),
@@ -97,7 +97,7 @@ def analyses(folder, log, gradnorm, ddrs_log):
 
 
 DECLARED = {**{f"analyze.py {k}": v for k, v in analyze.REFUSED.items()},
-            "bench.py --grid-logs": bench.GRID_LOGS_REFUSED, "ddrs.py report": ddrs.REPORT_REFUSED,
+            "tools/bench.py --grid-logs": bench.GRID_LOGS_REFUSED, "ddrs.py report": ddrs.REPORT_REFUSED,
             "ddrs.py report --fixed": ddrs.FIXED_REFUSED, "ddrs.py memory": ddrs.MEMORY_REFUSED,
             "beta_curve.py": beta_curve.TRUTH_REFUSED, "like_for_like.py": like_for_like.TRUTH_REFUSED}
 NEEDS_DDRS = ("ddrs.py report", "ddrs.py memory")   # they take ddrs.py's logs only (a sigma column)
@@ -123,7 +123,7 @@ def test_every_analysis_takes_or_refuses_each_kind_as_it_declares(kinds, kind, c
             assert refused[kind] in error or (kind == "PREDICT" and "PREDICT" in error), (key, error)
         elif key in NEEDS_DDRS and kind not in ("DDRS", "semi-elastic"):
             assert error is not None and ddrs.NO_SIGMA_COLUMN in error, (key, error)
-        elif key == "analyze.py trainpa" or key == "bench.py --grid-logs":
+        elif key == "analyze.py trainpa" or key == "tools/bench.py --grid-logs":
             assert error is None or "does not take" not in error, (key, error)   # then its own checks
         else:
             assert error is None, (key, error)

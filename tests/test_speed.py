@@ -1,6 +1,6 @@
 """The fast paths give the plain paths' answers: counter, channels-last, precision, compile, early abstention, --amp.
 
-Correctness only: speed is measured by bench.py, never here.
+Correctness only: speed is measured by tools/bench.py, never here.
 """
 import copy
 import json

@@ -147,8 +147,9 @@ def main(argv=None):
               " ".join(f"{m}.{n}" for m, n in keys))
     if emit:
         text, count, _ = pasted(argv, code)
-        with open(emit, "w", encoding="utf-8") as f:
-            f.write(text)
+        sys.path.insert(0, ROOT)
+        import machinery   # the project's one guard of outputs: never over an input or someone's edit
+        machinery.write_text_output(emit, "pasted block", text)
         print(f"wrote {emit} ({count} lines)")
     return 0
 

@@ -4,7 +4,7 @@ noisy draw at M = 1: the earlier rule, and still that of DS2 training steps); af
 reference: the top class of REF_DRAWS hard votes at sigma_0 (its own seed), with how many of those are not
 decided (two-sided binomial test of the top two at 0.01).
 
-  python scripts/ddrs_class_check.py --checkpoint CKPT [--data-dir DIR] [--skip 100] --out FILE.md
+  python tools/ddrs_class_check.py --checkpoint CKPT [--data-dir DIR] [--skip 100] --out FILE.md
 """
 import os
 import sys

@@ -1,9 +1,9 @@
 """Does the demo's headline stand with other training seeds? Trains the demo's pair (Gaussian training and the
 paper's method at sigma 0.25, digits, the demo's settings) with each seed, certifies both as the demo does, and
-checks the demo's verdict (scripts/demo_report.py: ACR beyond noise higher, P(pA >= 0.99) beyond noise higher,
+checks the demo's verdict (tools/demo_report.py: ACR beyond noise higher, P(pA >= 0.99) beyond noise higher,
 hard inputs not helped beyond noise) on each seed's pair. Two lanes of one thread, as the demo.
 
-    python scripts/demo_seeds.py --seeds 1 2 3 4 --out results/demo/seeds.md      (about 10 minutes)
+    python tools/demo_seeds.py --seeds 1 2 3 4 --out results/demo/seeds.md      (about 10 minutes)
 """
 import argparse
 import os
@@ -60,10 +60,10 @@ def main(argv=None):
         rows.append([str(seed), cell("ACR", False), cell("P(pA≥0.99)"), cell("clean accuracy"), cell("P(pA<0.5)"),
                      "stands" if holds else "does not stand"])
         print(f"seed {seed}: {rows[-1][-1]} ({time.time() - start:.0f} s)", flush=True)
-    text = (f"# The demo's headline with other training seeds\n\nCommand: `python scripts/demo_seeds.py --seeds "
+    text = (f"# The demo's headline with other training seeds\n\nCommand: `python tools/demo_seeds.py --seeds "
             f"{' '.join(map(str, args.seeds))} --out {args.out}` ({(time.time() - start) / 60:.0f} min). Each "
             f"seed trains the demo's pair at σ = 0.25 ({args.epochs} epochs, digits) and certifies its 360 test "
-            f"digits at N = {args.N:,}; the verdict is the demo's (scripts/demo_report.py): ACR higher, P(pA ≥ "
+            f"digits at N = {args.N:,}; the verdict is the demo's (tools/demo_report.py): ACR higher, P(pA ≥ "
             f"0.99) higher and hard inputs not helped, each beyond noise (95 % simultaneous intervals of "
             f"analyze.py compare, paired over the digits, ours − Gaussian).\n\nMade with: "
             f"{machinery.environment_line()}.\n\n" +

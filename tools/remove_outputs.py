@@ -1,5 +1,5 @@
 """Remove a folder tree that holds only what this project wrote (machinery.remove_outputs); anything else in
-it stops the removal before a file goes. Usage: python scripts/remove_outputs.py FOLDER [--also NAME ...]."""
+it stops the removal before a file goes. Usage: python tools/remove_outputs.py FOLDER [--also NAME ...]."""
 import signal
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ At level j's worst case, pA = tau_j = Phi(r_j / sigma) exactly, any certificate 
 rule promises that this happens with probability at most alpha. Four checks, written to one Markdown report:
 
 1. The vote process: TRIALS runs per level of Bernoulli(tau_j) votes through the plan's integer tables and
-   stopping rule (scripts/beta_curve.simulate, which tests/test_grid.py checks against certify.py), for every
+   stopping rule (tools/beta_curve.simulate, which tests/test_grid.py checks against certify.py), for every
    level of the grid, in both modes: predict mode, each run after its N0 = 100 selection votes
    k0 ~ Binomial(N0, tau_j), which choose its prior; label mode (the true label the candidate), KT's prior.
    Beside each rate: the exact probability that the path crosses level j's thresholds, final look included,
@@ -23,7 +23,7 @@ rule promises that this happens with probability at most alpha. Four checks, wri
 4. A negative control: a Clopper-Pearson bound at alpha recomputed at every look (a fixed-n test used
    sequentially, not anytime-valid) through the same harness; its rate exceeds alpha, so the harness can fail.
 
-  python scripts/grid_validity.py --out results/grid_validity/report.md [--trials 40000] [--pipeline-trials 40000]
+  python tools/grid_validity.py --out results/grid_validity/report.md [--trials 40000] [--pipeline-trials 40000]
 """
 import contextlib
 import importlib.util
@@ -43,7 +43,7 @@ import certify  # noqa: E402
 import common  # noqa: E402
 import machinery  # noqa: E402
 
-SPEC = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "scripts", "beta_curve.py"))
+SPEC = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "tools", "beta_curve.py"))
 beta_curve = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(beta_curve)
 
@@ -62,26 +62,35 @@ def path_crossing(tables, checks, j, tau):
     return common.crossing_probability(merged, checks, float(tau))
 
 
-def exact_totals(plan, N0=0, two_classes=False):
-    """Per level j, the exact probability of a false certificate of r_j or more at pA = tau_j. Without N0 (or
-    without the plan's selection_prior): path_crossing with the KT tables. With N0 selection draws: the average
-    over the candidate's selection votes k0 ~ Binomial(N0, tau_j) of path_crossing with k0's tables; values of
-    k0 with probability below 1e-15 count as certain errors, and so do, with two_classes (the halfspace of
-    `pipeline`, where the other class is the candidate when k0 <= N0 / 2), the k0 that select the other class:
-    an upper bound."""
+def exact_totals(plan, N0=0):
+    """Per level j, the exact probability of a false certificate of r_j or more at pA = tau_j (an upper bound:
+    stopping only removes crossings). Label mode (N0 = 0): path_crossing with the KT tables. Predict mode (N0
+    selection draws, two classes: the other has 1 - tau_j, as in beta_curve.simulate and the halfspace of
+    `pipeline`): the average over the candidate's selection votes k0 ~ Binomial(N0, tau_j) of path_crossing
+    with k0's tables where it wins (k0 > N0 / 2), and where the other class wins (k0 < N0 / 2) the chance that
+    it is certified at all, at r = 0 or more (its own crossing of level 0 at 1 - tau_j with the tables of its
+    N0 - k0 votes); a tie counts as the larger of the two. Values of k0 with probability below 1e-15 count as
+    certain errors."""
     from scipy.stats import binom
     totals, plan = [], dict(plan, exact_beta=False, cache={})   # the same lower and final rows, cheaper upper ones
+    informed = plan["selection_prior"]
+    tables_of = (lambda k: certify.final_look_tables(plan, certify.job_tables(plan, k, N0))) if informed else \
+        (lambda k: plan)
     for j, tau in enumerate(plan["taus"]):
-        if not (N0 and plan["selection_prior"]):
+        if not N0:
             totals.append(path_crossing(plan, plan["checks"], j, tau))
             continue
         pmf, total = binom.pmf(np.arange(N0 + 1), N0, tau), 0.0
         for k in range(N0 + 1):
-            if pmf[k] < 1e-15 or (two_classes and 2 * k <= N0):
+            if pmf[k] < 1e-15:
                 total += pmf[k]
                 continue
-            tables = certify.final_look_tables(plan, certify.job_tables(plan, k, N0))
-            total += pmf[k] * path_crossing(tables, plan["checks"], j, tau)
+            wins = path_crossing(tables_of(k), plan["checks"], j, tau) if 2 * k >= N0 else 0.0
+            other = tables_of(N0 - k)
+            # reaching any level's threshold reaches level 0's: the rows grow with the level at every look
+            assert np.all(np.diff(np.asarray(other["lower"], float), axis=0) >= 0)
+            loses = path_crossing(other, plan["checks"], 0, 1 - tau) if 2 * k <= N0 else 0.0
+            total += pmf[k] * max(wins, loses)
         totals.append(min(total, 1.0))
     return totals
 
@@ -117,9 +126,9 @@ def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=
         false = 0
         for start in range(0, trials, 10_000):   # memory: trials x looks
             n = min(10_000, trials - start)
-            _, accuracy = beta_curve.simulate(plan, np.array([tau]), np.array([True]), n, seed + 1000 * j + start,
-                                              N0)
-            false += round(accuracy[j] * n)
+            _, wrong = beta_curve.simulate(plan, np.array([tau]), np.array([True]), n, seed + 1000 * j + start,
+                                           N0, false_certificates=True)
+            false += round(wrong[j] * n)
         rows.append((r, tau, exact[j], false, trials, false / trials, interval95(false, trials)))
     return rows, plan
 
@@ -143,14 +152,14 @@ def pipeline_cell(radii, sigma, N, alpha, beta, trials, seed, label_mode, j):
 
 
 def pipeline(radii, sigma, N, alpha, beta, trials, seed, pool=None):
-    """Part 2's rows, {label_mode: rows} for predict mode (False) and label mode (True): every level but r = 0
-    through pipeline_cell (in `pool`'s processes if given: the same counts, the cells being independent and
+    """Part 2's rows, {label_mode: rows} for predict mode (False) and label mode (True): every level, r = 0
+    included, through pipeline_cell (in `pool`'s processes if given: the same counts, the cells being independent and
     seeded alike), with the exact totals beside them."""
     plan = certify.grid_plan(radii, sigma, N, alpha, beta, True)
     cells = [(radii, sigma, N, alpha, beta, trials, seed, label_mode, j)
-             for label_mode in (False, True) for j in range(1, len(plan["radii"]))]
+             for label_mode in (False, True) for j in range(len(plan["radii"]))]
     counts = pool.starmap(pipeline_cell, cells) if pool else [pipeline_cell(*cell) for cell in cells]
-    exact = {mode: exact_totals(plan, 0 if mode else 100, two_classes=True) for mode in (False, True)}
+    exact = {mode: exact_totals(plan, 0 if mode else 100) for mode in (False, True)}
     rows = {False: [], True: []}
     for (*_, label_mode, j), false in zip(cells, counts):
         r = plan["radii"][j]
@@ -193,9 +202,9 @@ def main(argv=None):
                                                           f"N0 = 100 (got {args.priors})")
     sigma, radii, N, beta = 0.5, [0.25, 0.5, 0.75, 1.0], 20_000, certify.DEFAULT_BETA
     start, parts, ok = time.time(), [], True
-    parts.append(f"# certify.py --radii: validity with known truth\n\nMade by `python scripts/grid_validity.py "
+    parts.append(f"# certify.py --radii: validity with known truth\n\nMade by `python tools/grid_validity.py "
                  f"--out {args.out} --trials {args.trials} --pipeline-trials {args.pipeline_trials}`. σ = {sigma}, "
-                 f"grid {', '.join(map(str, radii))} (and 0), N_max = {N:,}, β = {beta}, the rule of certify.py "
+                 f"grid {', '.join(map(str, radii))} (and 0), N_max = {N:,}, β = {beta}, the rule of certify.py --radii "
                  f"({certify.GRID_TEST} tests, exact accounting). At pA = τ_j every certificate of r_j or more is "
                  f"false; the rule promises a rate of at most α.\n")
     for label_mode in (False, True):   # predict mode: N0 = 100 selection votes set the prior; label mode: KT's
@@ -211,7 +220,7 @@ def main(argv=None):
             modes = pipeline(radii, sigma, N // 2, alpha, beta, args.pipeline_trials, args.seed + 1, pool)
         for label_mode, rows in modes.items():
             ok &= holds(rows, alpha)
-            parts.append(f"## 2. Pipeline (certify.grid_certify_many, 64 examples a group, N_max = {N // 2:,}), "
+            parts.append(f"## 2. Pipeline (grid_certify_many, 64 examples a group, N_max = {N // 2:,}), "
                          f"{'label' if label_mode else 'predict'} mode, α = {alpha:g}\n\n{table(rows)}\n")
     # exact_beta off: the rule-out rows do not enter a certificate; the lower and final rows are the rule's
     plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], 0.5, 100_000, 0.001, beta, True,

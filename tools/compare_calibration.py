@@ -9,7 +9,7 @@ one when pA > 1/2 (else a wrong one, certified from its own votes), and the radi
 row is its expectation over images, seeds and votes (--over images: 2,000,000 simulated images with the exact
 vote probabilities), or over the votes on the fixed images of the scenario (--over test-set: exact).
 
-    python scripts/compare_calibration.py --out results/compare_calibration
+    python tools/compare_calibration.py --out results/compare_calibration
 """
 import argparse
 import multiprocessing
@@ -267,7 +267,7 @@ def main(argv=None):
     with multiprocessing.Pool(args.jobs) as pool:   # scenarios are independent: one process each
         done = pool.starmap(run_scenario, [jobs[i] for i in order], chunksize=1)
     results = {names[i]: r for i, r in sorted(zip(order, done))}
-    command = "python scripts/compare_calibration.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "python tools/compare_calibration.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     text, holds = calibration_report(results, command, time.time() - start, args.jobs, family)
     if args.out:
         machinery.write_text_output(os.path.join(args.out, "report.md"), "compare calibration", text)

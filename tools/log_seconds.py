@@ -1,7 +1,7 @@
 """Seconds per image of certification logs, from their time column: what docs/paper_scale.md scales its time
 estimates from (the paper's published logs; results/paper_logs/certify_seconds.md).
 
-  python scripts/log_seconds.py LOG [LOG ...] --out FILE.md
+  python tools/log_seconds.py LOG [LOG ...] --out FILE.md
 """
 import os
 import sys

@@ -14,7 +14,7 @@ times fewer than CERTIFY's 100,000:
   the stage's CP lower bound at alpha / 3 reaches Phi(r / sigma), given up at the first two stages when the
   CP upper bound at beta / 2 stays below it; exact (binomial sums).
 
-  python scripts/like_for_like.py results/grid_cpu/rerun/sigma0.25/certify_N100000.tsv \\
+  python tools/like_for_like.py results/grid_cpu/rerun/sigma0.25/certify_N100000.tsv \\
       results/grid_cpu/rerun/sigma0.5/certify_N100000.tsv --out results/grid_cpu/like_for_like.md
 """
 import math
@@ -134,7 +134,7 @@ def main(argv=None):
     md = (f"Mean draws per image to decide r = {args.radius:g}, label mode, alpha = {args.alpha:g}, beta = alpha / 2, "
           f"on the true pA (nY / N at N = {' or '.join(f'{n:,}' for n in budgets)}) of each image of {', '.join(args.logs)}; simulated rules with "
           f"{args.reps} runs an image (seed {args.seed}); in brackets, how many times fewer than CERTIFY's "
-          f"{CERTIFY_N:,} (`python scripts/like_for_like.py {' '.join(args.logs)}`; scripts/like_for_like.py "
+          f"{CERTIFY_N:,} (`python tools/like_for_like.py {' '.join(args.logs)}`; tools/like_for_like.py "
           f"says how each rule is run).\n\n| rule | " +
           " | ".join(f"σ = {s:g} ({n} images)" for s, n, _, _ in rows) + " |\n|---|" + "---|" * len(rows) + "\n" +
           "".join(f"| {name} | " + " | ".join(f"{r[name]:,.0f} ({CERTIFY_N / r[name]:.1f}x)" for _, _, _, r in rows)

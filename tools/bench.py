@@ -1,7 +1,7 @@
 """Speed benchmark of certification (App. C.2) and training (§3, Alg. 2) against their ceilings and textbook loops.
 
-Usage: python bench.py --quick     # smoke run, about 4 minutes on a 2-core CPU
-       python bench.py             # the full benchmark, 10-15 minutes on a 2-core CPU
+Usage: python tools/bench.py --quick     # smoke run, about 4 minutes on a 2-core CPU
+       python tools/bench.py             # the full benchmark, 10-15 minutes on a 2-core CPU
 
 Every figure is a ratio of two throughputs measured side by side: each repetition runs all variants of a
 section one after the other (A B C, A B C, ...), the ratio is taken within a repetition, and the median over
@@ -57,16 +57,17 @@ import time
 import numpy as np
 import torch
 
-import certify
-import common
-import machinery
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)   # the project's modules, one folder up
+import certify  # noqa: E402
+import common  # noqa: E402
+import machinery  # noqa: E402
 for module in (certify, common, machinery):   # a student's module of one of these names is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 import train_baselines
 import train_ours
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 ARCH, DATASET = "cifar_resnet20", "cifar10"
 BATCH = 1000     # noisy inputs per forward pass (certify.py's default)
 
@@ -735,7 +736,7 @@ GRID_LOGS_REFUSED = {"PREDICT": "it draws no estimation votes to compare",
 def check_bench_log(log):
     """The logs (g) can count (GRID_LOGS_REFUSED says which not, and why), with their selection draws N0."""
     path, side = log["path"], log["sidecar"]
-    common.check_log_kinds(log, side, GRID_LOGS_REFUSED, "bench.py --grid-logs")
+    common.check_log_kinds(log, side, GRID_LOGS_REFUSED, "tools/bench.py --grid-logs")
     N0 = side.get("N0", 100)
     common.check(isinstance(N0, int) and not isinstance(N0, bool) and N0 >= 1,
                  f"{path}: its settings file gives N0 {N0!r}; --grid-logs needs the selection draws (an integer)")

@@ -10,7 +10,7 @@ exactly as certify.grid_certify does (certified level, ruled out, curtailed, bud
 For each beta: mean model evaluations per example (N0 + draws) and certified accuracy at each grid radius,
 against beta = 0 (never rule out: every certificate the budget allows).
 
-  python scripts/beta_curve.py results/grid_cpu/sigma0.25/certify_N100000.tsv --radii 0.25 0.5 0.75 \
+  python tools/beta_curve.py results/grid_cpu/sigma0.25/certify_N100000.tsv --radii 0.25 0.5 0.75 \
       --out results/grid_cpu/sigma0.25
 Writes beta_curve.tsv, beta_curve.md and beta_curve.png in --out (when given) and prints the table.
 """
@@ -46,9 +46,13 @@ def read_truth(path):
     return sidecar["sigma"], log["nA"] / log["N"], log["y"] == log["predict"], log["N"]
 
 
-def simulate(plan, p, correct, reps, seed, N0=0, per_example=False):
+def simulate(plan, p, correct, reps, seed, N0=0, per_example=False, false_certificates=False):
     """Mean draws and certified accuracy per grid radius of the grid rule on examples with true pA = p
     (per_example: the mean draws of each example's runs, an array, instead of the overall mean).
+
+    false_certificates: instead of the accuracy, per level j the share of runs that certify a wrong radius
+    when every pA = p is a level's worst case: the candidate certified at r_j or more, or any other class
+    certified at all (its probability is at most 1/2, so even r = 0 is false for it).
 
     With N0 selection draws each run first selects its candidate as certify.py does, the argmax of the N0
     votes. The logs record only the votes of their class cA, so a second class gets q = min(pA, 1 - pA) of
@@ -65,13 +69,18 @@ def simulate(plan, p, correct, reps, seed, N0=0, per_example=False):
         kB = rng.binomial(N0 - k0, np.divide(q, 1 - pp, out=np.zeros_like(pp), where=pp < 1))
         other = kB >= k0                                                   # the second class is the argmax
         k0, pp, ok = np.where(other, kB, k0), np.where(other, q, pp), ok & ~other
+    else:
+        other = np.zeros(len(pp), bool)
     k0 = k0 if informed else np.zeros(len(pp), np.int64)
     T, jL = np.zeros(len(pp)), np.zeros(len(pp), np.int64)
     for k in np.unique(k0):
         group = k0 == k
         tables = certify.job_tables(plan, int(k), N0) if informed else plan
         T[group], jL[group] = decide(plan, tables, pp[group], rng)
-    accuracy = [float(np.mean(ok & (jL >= j))) for j in range(len(plan["radii"]))]
+    if false_certificates:
+        accuracy = [float(np.mean((~other & (jL >= j)) | (other & (jL >= 0)))) for j in range(len(plan["radii"]))]
+    else:
+        accuracy = [float(np.mean(ok & (jL >= j))) for j in range(len(plan["radii"]))]
     return (T.reshape(-1, reps).mean(1) if per_example else float(np.mean(T))), accuracy
 
 
@@ -153,7 +162,7 @@ def draws_at(pAs, radii, sigma, N, N0, batch, alpha, reps, seed):
 
 
 def savings(args):
-    """Mean model evaluations per example of the grid, one radius and r = 0.5 alone (the arms of bench.py g),
+    """Mean model evaluations per example of the grid, one radius and r = 0.5 alone (the arms of tools/bench.py g),
     earlier and current rule, simulated on the log's pA, with the saving against CERTIFY and the oracle's ratio."""
     import bench
     sigma, pA, correct, n_log = read_truth(args.log)
@@ -175,7 +184,7 @@ def savings(args):
         oracle, kept = oracle_each.mean(), capped == 0   # kept: no oracle run of the example reached N_max
         change = accuracy[1] - accuracy[0]
         measured = ""
-        if args.estimates:   # bench.py's way: the oracle, and which examples it cuts, at an estimate of pA
+        if args.estimates:   # tools/bench.py's way: the oracle, and which examples it cuts, at an estimate of pA
             rng, ratios = np.random.default_rng(args.seed + 1), []
             for k in range(args.estimates):
                 estimate = rng.binomial(n_log.astype(np.int64), pA) / n_log   # another CERTIFY run's nA / N
@@ -201,7 +210,7 @@ def savings(args):
             f"same error and power at that pA needs fewer draws on average: Wald and Wolfowitz); its runs undecided at "
             f"N_max are counted as N_max, which only raises its saving; the ratio without the examples of which some oracle "
             f"run reached N_max (those next to a threshold) is given beside."
-            + (f" The last column is that ratio as bench.py measures it, the oracle and its cut taken at an estimate "
+            + (f" The last column is that ratio as tools/bench.py measures it, the oracle and its cut taken at an estimate "
                f"of pA (nA / N of an independent CERTIFY run with the log's N, drawn {args.estimates} times: mean "
                f"[smallest, largest]) while the rule runs at the true pA: it differs from the known-truth ratio "
                f"by the estimate's error alone." if args.estimates else "") + "\n\n"
@@ -291,10 +300,10 @@ def main(argv=None):
     p.add_argument("--at-pA", type=float, nargs="+", metavar="P", help="instead: mean draws at these true pA, the "
                    "earlier rules against the current one and the oracle (the log is then "
                    "unused but for its sigma; --out: draws_at_pA.md)")
-    p.add_argument("--savings", action="store_true", help="instead: the arms of bench.py g (the grid, one radius "
+    p.add_argument("--savings", action="store_true", help="instead: the arms of tools/bench.py g (the grid, one radius "
                    "0.5, r = 0.5 alone), earlier and current rule, simulated on the log's pA (--out: savings.md)")
     p.add_argument("--estimates", type=int, metavar="K", help="with --savings: also the oracle ratio "
-                   "without the cut examples as bench.py measures it, the oracle at K independent estimates of pA")
+                   "without the cut examples as tools/bench.py measures it, the oracle at K independent estimates of pA")
     p.add_argument("--budgets", type=int, nargs="+", metavar="N_MAX", help="instead: the grid on each of these "
                    "budgets N_max and on --N, its saving against CERTIFY at --N and its certified accuracy against "
                    "the run on --N, simulated on the log's pA (--out: budgets.md)")

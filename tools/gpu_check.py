@@ -1,13 +1,13 @@
 """The GPU check: proves the CUDA paths right and measures paper-scale speed, in one summary (docs/speed.md).
 
-Usage: make gpu-check                          (= python scripts/gpu_check.py; under 9 minutes on one H100)
-       python scripts/gpu_check.py --smoke     (tiny sizes on any device, the CPU included: does it run?)
+Usage: make gpu-check                          (= python tools/gpu_check.py; under 9 minutes on one H100)
+       python tools/gpu_check.py --smoke     (tiny sizes on any device, the CPU included: does it run?)
 
 1. The CUDA tests (`pytest -m cuda`): certify in fp32/bf16/fp16, channels-last, folded BatchNorm, compile and
    --sound against the plain path, resume; every training script under --amp bf16/fp16, resumed exactly; no
    host synchronisation in the counter and the attacks; torchrun with nccl.
 2. Certification of cifar_resnet110 (random weights: speed does not depend on them) at N = 100,000 on a few
-   CIFAR-shaped inputs: the textbook CERTIFY loop of bench.py (fp32) against certify.certify in fp32 with
+   CIFAR-shaped inputs: the textbook CERTIFY loop of tools/bench.py (fp32) against certify.certify in fp32 with
    TF32 off and on, bf16, and bf16 compiled; noise samples per second, seconds per image and the projected
    hours for the 10,000-image test set. The paper's logs took 3.6 s per image (Cohen et al.'s 16.9 s).
    ImageNet's resnet50 the same at N = 10,000 (hours projected for the 500 images of the paper's logs).

@@ -8,7 +8,7 @@ on real CIFAR-10 test images with MACER's sigma = 0.5 setting (m 16, beta 16, ga
 the median beta * gap, the share of images with finite d, the share in the hinge, and the share of images
 whose soft top-1 is the batch's most common class (images: a seeded random subset of the test set).
 
-Usage: python scripts/macer_init.py --data-dir ../shared/data/cifar10 [--batches 4 --seeds 0 1 2]
+Usage: python tools/macer_init.py --data-dir ../shared/data/cifar10 [--batches 4 --seeds 0 1 2]
 """
 import argparse
 import os

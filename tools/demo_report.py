@@ -8,7 +8,7 @@ the ACR gain and one of the two losses are beyond noise. Into --out this writes 
 `envelope` and `ecdf` write with `--out` (one process instead of three: the demo is short), then report.md.
 Every number comes from analyze.py's functions on the same logs, so it equals what analyze.py prints.
 
-Usage: python scripts/demo_report.py runs/demo/certify/*.tsv --out runs/demo
+Usage: python tools/demo_report.py runs/demo/certify/*.tsv --out runs/demo
 """
 import argparse
 import os
