@@ -52,11 +52,12 @@ import time
 
 import numpy as np
 import torch
-from scipy.special import ndtr, ndtri   # scipy.stats' norm.cdf and norm.ppf, bit for bit, without its import time
+from scipy.special import ndtri   # scipy.stats' norm.ppf, bit for bit, without its import time
 
 import common
+import grid
 import machinery
-for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
+for module in (common, grid, machinery):   # a student's module of one of these names earlier on sys.path is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
@@ -85,20 +86,9 @@ NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
 SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
                     "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
                     "final_look": None, "grid_test": None, "ddrs": None}
-# --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
-# removes certificates); chosen by measurement (tools/beta_curve.py on results/grid_cpu, docs/certification.md):
-# at 0.2, 21 % fewer evaluations than at beta = alpha for 0.04-0.06 points of certified accuracy (4-6 of 10,000
-# runs; on looks every 25 %: rule-outs at their exact error cost at most 0.25 points more, results/grid_cpu/rerun).
-DEFAULT_BETA = 0.2
 # --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
 # the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
 EARLY_ABSTAIN_ALPHA = 0.001
-# --radii: the largest budget N_max (5,232 looks; a prior's tables, with their exact rule-out levels, then take
-# 10-30 s on a CPU core, about 1 s at the paper's 100,000)
-MAX_GRID_DRAWS = 10 ** 6
-# --radii: examples whose draws share forward passes (--group's default): enough to keep a batch of 1,000 full
-# once most of them have stopped, few enough that a group's tables and looks stay cheap
-GROUP = 64
 
 
 def build_parser(description=__doc__):
@@ -252,288 +242,6 @@ def sampler_of(sound=None, early_abstain=None, candidate=None):
     return sample if early_abstain is None else EarlyAbstention(sample, early_abstain, candidate)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Anytime-valid certification at a grid of radii (GRID-CS, ADAPTIVE.md §2; Voráček 2024, Horváth et al. 2022)
-# ----------------------------------------------------------------------------------------------------------
-
-# --radii looks at 16 draws, then every 2 % more, at most 200 draws apart (732 looks up to 10^5): finer
-# looks stop closer to where the evidence suffices (every 25 % more cost 1.2-1.3x the draws of looking after each
-# one, results/grid_cpu/sigma0.5/draws_at_pA.md) and cost no evaluations, since an example's chunks are packed
-# with other examples' into full passes (--group); the looks cost nothing in alpha beyond what grid_plan accounts.
-LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 16, 1.02, 200
-NEAR_PRIOR = 1e-3   # ruled_out_rows: exact beta where the prior's mass below tau_j is in [1e-3, 1 - 1e-3]
-# The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones
-# (logs of the other rules that tools/beta_curve.py compares record theirs, e.g. "one-sided KT").
-GRID_TEST = ("one-sided, prior from the selection votes, looks every 2 %, exact beta near the prior and per-level "
-             "final look")
-
-
-def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_GAP):
-    """The draw counts at which --radii looks at an example: `first`, then growing geometrically (at most
-    `max_gap` apart), and N_max.
-
-    Counted in draws, not in passes: an easy example stops after tens of draws whatever --batch is, since
-    the model still evaluates full batches of draws packed from several examples (grid_certify_many)."""
-    looks, t = [], first
-    while t < N_max:
-        looks.append(int(t))
-        t = min(max(t + 1, math.ceil(t * growth)), t + max_gap)
-    return looks + [int(N_max)]
-
-
-def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=1.0, one_sided=True,
-              selection_prior=True, zero_level=True, exact_beta=True, looks=None):
-    """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ... (no r_0 = 0
-    with zero_level False: --no-zero-level), their thresholds tau_j = Phi(r_j / sigma), the check times
-    (look_schedule) and, through prior_tables, the integer tables of the tests (common.threshold_row) with
-    their exact alpha accounting.
-
-    The tests. Level j is certified when the one-sided mixture against pA <= tau_j reaches 1 / alpha_seq and
-    ruled out when the one against pA >= tau_j reaches 1 / beta (common.one_sided_log_wealth; one_sided=False:
-    the two-sided wealth for both, the earlier two-sided rule, which needs 3-9 % more draws at pA 0.6 to 0.99
-    in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md). Ruling out never makes a certificate wrong, it
-    only loses one; with exact_beta (the default) each level's rule-out is set at a wealth level whose exact
-    error is at most beta and near it (ruled_out_rows: P(level j ever ruled out | pA = tau_j) <= beta, exact),
-    not at Ville's 1 / beta, whose error the looks leave at 0.5-0.8 beta. looks: the check times (default
-    look_schedule(N_max)).
-
-    The mixture's prior. With selection_prior (the default), an example whose candidate cA got k0 of the N0
-    selection votes is tested with the prior Beta(k0 + 1/2, N0 - k0 + 1/2) (job_tables), the KT
-    posterior of those votes: it centres the mixture near pA, so the wealth grows about as fast as if pA were
-    known to within sqrt(pA (1 - pA) / N0) (1.2-1.65x fewer draws than the KT prior at pA 0.6 to
-    0.99 in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md). Valid because the estimation draws are independent of the
-    selection draws: given the selection (cA and k0), the prior is fixed before the test's first draw, and
-    every statement below holds conditionally on it, hence also on average. Without selection draws (label
-    mode) or without selection_prior: the KT prior Beta(1/2, 1/2). The plan's own lower, upper, final, reach,
-    alpha_fin and spent are the KT prior's; prior_tables gives any other's (computed once, then cached).
-
-    Exact alpha accounting. The thresholds are set at alpha_seq = seq_level * alpha (at 1, Ville's bound makes
-    the sequence valid alone), but on this schedule of checks it spends less: common.crossing_probability gives
-    the exact probability that it ever certifies level j when pA = tau_j (the worst case of a wrong certificate
-    at r_j: crossing rises with pA, and a higher level is only crossed after this one, the tables being
-    monotone in j). The final Clopper-Pearson look at N_max gets the rest, level by level: alpha_fin_j =
-    alpha - spent_j, separately for each prior (its thresholds made monotone in j, so that a final certificate
-    of r_j or more needs the bound at alpha_fin_j to reach tau_j). Guarantee, per example and whatever the
-    stopping (early stops only end sampling): when pA <= tau_j, P(certified radius >= r_j | selection) <=
-    spent_j + alpha_fin_j = alpha. Without final_look there is
-    no final look (the sequence's Ville bound alone). seq_level 1 was chosen by simulation on results/grid_cpu's
-    pA (tools/beta_curve.py --seq-levels): lower levels leave more to the final look but stop later.
-    beta defaults to DEFAULT_BETA, final_look to True (certify.py's defaults).
-    """
-    beta = DEFAULT_BETA if beta is None else beta
-    common.check_smoothing(sigma, alpha, N_max=N_max)
-    common.check(0 <= beta < 1, f"beta must lie in [0, 1) (got {beta})")
-    common.check(all(0 <= float(r) < math.inf for r in radii), f"radii must be finite, >= 0 (got {list(radii)})")
-    radii = sorted({0.0, *map(float, radii)} if zero_level else set(map(float, radii)))
-    common.check(len(radii) > 0, "--radii needs at least one radius")
-    checks = look_schedule(N_max) if looks is None else [int(t) for t in looks]
-    common.check(checks[-1] == N_max and all(np.diff(checks) > 0), "looks must rise and end at N_max")
-    plan = dict(radii=radii, sigma=float(sigma), taus=ndtr(np.array(radii) / sigma), checks=checks,
-                position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=seq_level * alpha,
-                beta=beta, N_max=N_max, final_look=final_look, one_sided=one_sided,
-                selection_prior=selection_prior, exact_beta=exact_beta, cache={})
-    # the final look's thresholds at the whole alpha, the same for every prior (prior_tables' final_bound)
-    plan["final_bound"] = common.final_thresholds(plan["taus"], N_max, alpha if final_look else 0.0)
-    return dict(plan, **final_look_tables(plan, prior_tables(plan, common.KT_PRIOR)))
-
-
-def prior_tables(plan, prior):
-    """grid_plan's tables for the mixture Beta(prior), cached: lower (common.threshold_row), upper (ruled_out_rows),
-    reach (votes beyond all-cA draws still needed: curtailing) and final_bound (the final look's at the whole alpha)."""
-    key = (float(prior[0]), float(prior[1]))
-    if key not in plan["cache"]:
-        checks, level = plan["checks"], math.log(1 / plan["alpha_seq"])
-        lower = np.maximum.accumulate([common.threshold_row(tau, checks, level, +1, key, plan["one_sided"])
-                                       for tau in plan["taus"]], axis=0)
-        slack = lower - np.array(checks)
-        reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]   # suffix minima: can level j still come?
-        plan["cache"][key] = dict(lower=lower, upper=ruled_out_rows(plan, key), reach=reach,
-                                  final_bound=plan["final_bound"], prior=key)
-    return plan["cache"][key]
-
-
-def ruled_out_rows(plan, prior):
-    """prior_tables' upper: level j is ruled out once A <= upper[j, i]; row by row (each >= the one below) at a log
-    wealth whose exact error P(ever ruled out | pA = tau_j) is <= beta and near it (up to three secant steps from
-    Ville's log(1 / beta)) where the prior's mass below tau_j is in [NEAR_PRIOR, 1 - NEAR_PRIOR]; else Ville's."""
-    from scipy.special import betainc
-    checks, beta, floor, rows = np.array(plan["checks"]), plan["beta"], -1, []
-    for tau in plan["taus"]:
-        exact = plan["exact_beta"] and NEAR_PRIOR <= betainc(*prior, tau) <= 1 - NEAR_PRIOR
-
-        def tried(level):
-            row = np.maximum(floor, common.threshold_row(tau, checks, level, -1, prior, plan["one_sided"]))
-            error = common.crossing_probability(checks - row, checks, 1 - tau, 1e-12) if exact else 0.0
-            return level, row, error   # A <= row: t - A >= t - row
-        good, bad, slope = tried(math.log(1 / beta) if beta > 0 else math.inf), None, -1.0
-        for _ in range(3 if 0 < good[2] < beta else 0):
-            if good[2] > 0.9 * beta:
-                break
-            level = good[0] + math.log(0.98 * beta / good[2]) / slope
-            new = tried(level if bad is None or bad[0] < level else (bad[0] + good[0]) / 2)
-            slope = min(math.log(max(new[2], 1e-300) / good[2]) / (new[0] - good[0]), -0.05)
-            good, bad = (new, bad) if new[2] <= beta else (good, new)
-        floor = good[1]
-        rows.append(floor)
-    return np.array(rows)
-
-
-def final_look_tables(plan, tables):
-    """Adds grid_plan's exact alpha accounting to prior_tables' tables, once: spent_levels (the sequence's error at
-    pA = tau_j), alpha_fin_levels = alpha - spent_j (0 without final_look), final (monotone), spent, alpha_fin."""
-    if "final" not in tables:
-        alpha, checks = plan["alpha"], plan["checks"]
-        spent = np.array([common.crossing_probability(tables["lower"][j], checks, tau)
-                          for j, tau in enumerate(plan["taus"])])
-        common.check(spent.max() <= alpha, f"the sequence at {plan['alpha_seq'] / alpha:g} alpha spends "
-                                           f"{spent.max():.3g} > alpha")
-        alpha_fin = np.maximum(alpha - spent, 0.0) if plan["final_look"] else np.zeros(len(spent))
-        final = np.maximum.accumulate(common.final_thresholds(plan["taus"], plan["N_max"], alpha_fin))
-        tables.update(spent_levels=spent, alpha_fin_levels=alpha_fin, final=final, spent=float(spent.max()),
-                      alpha_fin=float(alpha_fin.min()))
-    return tables
-
-
-def job_tables(plan, k0, N0):
-    """The tables for a candidate with k0 of N0 selection votes: the posterior Beta(k0 + 1/2, N0 - k0 + 1/2)'s
-    (prior_tables), or the plan's own (KT's prior) without selection draws or selection_prior (grid_plan)."""
-    if not plan["selection_prior"] or not N0:
-        return plan
-    return prior_tables(plan, (k0 + 0.5, N0 - k0 + 0.5))
-
-
-def decided_levels(tables, A, i, final=False):
-    """(highest certified level, highest not ruled out) after check i with A votes (-1: none); columns rise in j."""
-    certified = int(np.searchsorted(tables["lower"][:, i], A, side="right"))
-    if final:
-        certified = max(certified, int(np.searchsorted(tables["final"], A, side="right")))
-    return certified - 1, int(np.searchsorted(tables["upper"][:, i], A, side="left")) - 1
-
-
-def grid_certify(model, x, sigma, N0, batch, num_classes, generator=None, plan=None, copies=common.gaussian_copies,
-                 candidate=None):
-    """GRID-CS on one input (grid_certify_many, see there). plan: grid_plan(...), required."""
-    common.check(plan is not None, "grid_certify needs plan= (a grid_plan(radii, sigma, N_max, alpha))")
-    return grid_certify_many(model, [(x, generator, candidate)], sigma, N0, batch, num_classes, plan, copies)[0]
-
-
-class GridJob:
-    """One example of grid_certify_many, its draws cut into chunks (selection, each gap between looks) of <= batch."""
-
-    def __init__(self, x, generator, candidate, N0, batch, num_classes, plan):
-        self.x, self.generator, self.cA, self.plan = x, generator, candidate, plan
-        select = [] if candidate is not None else [("select", k) for k in common.pass_sizes(N0, batch)]
-        ends = np.diff(np.concatenate([[0], plan["checks"]])).astype(int)
-        self.chunks = select + [(i, k) for i, gap in enumerate(ends) for k in common.pass_sizes(int(gap), batch)]
-        self.next, self.drawn = 0, 0
-        self.tables = plan                                   # replaced after selection (job_tables)
-        self.counts = np.zeros(num_classes + 1, np.int64)    # + a column of failed sound draws
-        self.jL, self.jU, self.stop, self.done = -1, len(plan["radii"]) - 1, "budget", False
-
-    def ahead(self, room):
-        """The chunks to draw in this pass, within room: the next, then more while none could end it at a look."""
-        plan, tables, nxt, A = self.plan, self.tables, self.jL + 1, int(self.counts[self.cA or 0])
-        sizes, end = [], self.next
-        while end < len(self.chunks) and sum(sizes) + self.chunks[end][1] <= room:
-            (i, k), end = self.chunks[end], end + 1
-            sizes.append(k)
-            if end == len(self.chunks) or self.chunks[end][0] == i:   # no look after this chunk
-                continue
-            t = plan["checks"][i] if i != "select" else 0
-            if i == "select" or i == len(plan["checks"]) - 1 or A + t - self.drawn >= tables["lower"][nxt, i] or \
-                    A <= tables["upper"][nxt, i] or (A - t < tables["reach"][nxt, i] and
-                                                     A + plan["N_max"] - t < tables["final_bound"][nxt]):
-                break
-        return sizes
-
-    def add(self, votes):
-        """Count one chunk's votes (class indices; num_classes for a failed draw), then look if it ends a gap."""
-        phase, k = self.chunks[self.next]
-        self.counts += np.bincount(votes, minlength=len(self.counts))
-        self.next += 1
-        if phase == "select":
-            if self.next == len(self.chunks) or self.chunks[self.next][0] != "select":
-                self.cA = int(self.counts[:-1].argmax())          # first class on ties, as CERTIFY
-                k0, N0 = int(self.counts[self.cA]), int(self.counts.sum())
-                self.tables = job_tables(self.plan, k0, N0)
-                self.counts[:] = 0
-            return
-        self.drawn += k
-        if self.drawn == self.plan["checks"][phase]:
-            self.look(phase)
-
-    def look(self, i):
-        """The rule of GRID-CS after look i with A votes for cA (grid_certify_many)."""
-        plan, tables, A, t = self.plan, self.tables, int(self.counts[self.cA]), self.drawn
-        last = i == len(plan["checks"]) - 1
-        if last:
-            final_look_tables(plan, tables)
-        jL, jU = decided_levels(tables, A, i, final=last)
-        self.jL, self.jU = max(self.jL, jL), min(self.jU, jU)
-        nxt = self.jL + 1
-        if last:
-            self.done = True
-        elif self.jL >= self.jU or nxt == len(plan["radii"]):
-            self.stop, self.done = "decided", True
-        elif A - t < tables["reach"][nxt, i] and A + plan["N_max"] - t < tables["final_bound"][nxt]:
-            self.stop, self.done = "curtailed", True
-
-    def result(self):
-        jL, plan = self.jL, self.plan
-        return {"predict": self.cA if jL >= 0 else -1, "radius": plan["radii"][jL] if jL >= 0 else 0.0,
-                "nA": int(self.counts[self.cA]), "N": self.drawn, "stop": self.stop, "prior": self.tables["prior"],
-                "counts": self.counts[:-1].tolist(), "pA_certified": float(plan["taus"][jL]) if jL >= 0 else 0.0}
-
-
-def grid_interval(out, plan):
-    """(pA_lower, pA_upper) of a grid_certify_many result, the log's estimate of pA: the betting interval of its
-    count with its test's prior (alpha_seq below, beta above), the lower end raised to the final look's
-    Clopper-Pearson bound where it ran to N_max. Its pA_certified, not this, is what the radius rests on."""
-    L, U = common.kt_interval(out["nA"], out["N"], plan["alpha_seq"], plan["beta"], out["prior"])
-    tables = final_look_tables(plan, prior_tables(plan, out["prior"])) if out["N"] == plan["N_max"] else {}
-    if tables.get("alpha_fin", 0) > 0:
-        L = max(L, float(common.clopper_pearson_lower(out["nA"], out["N"], tables["alpha_fin"])))
-    return L, U
-
-
-def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=common.gaussian_copies):
-    """GRID-CS: cA from N0 draws (or the candidate), then draws until each example's level is decided, all packed into
-    passes of `batch`. items: (x (C, H, W), generator, candidate or None). An example stops when decided, when the
-    next level is out of reach (curtailed) or at N_max (budget, with the final look); whatever the stopping, its
-    radius is wrong with probability <= alpha (grid_plan). Returns per item predict (-1: none), radius, nA, N, stop,
-    prior, counts, pA_certified. sigma must be the plan's own; copies: gaussian_copies or sound_copies."""
-    common.check(plan.get("sigma") == float(sigma), f"sigma {sigma} is not its plan's {plan.get('sigma')} (grid_plan)")
-    common.check(int(batch) == batch >= 1 and int(N0) == N0 >= 0, f"batch >= 1, N0 >= 0 integers (got {batch}, {N0})")
-    jobs = [GridJob(x, g, c, N0, batch, num_classes, plan) for x, g, c in items]
-    active = list(jobs)
-    with torch.inference_mode(), common.eval_mode(model):
-        while active:
-            room, taken, inputs, failures = batch, [], [], []
-            for job in active:   # each chunk drawn on its own: an example's noise does not depend on the packing
-                for k in job.ahead(room):
-                    noisy, failed = copies(job.x.unsqueeze(0), k, sigma, job.generator)
-                    taken.append((job, k))
-                    inputs.append(noisy)
-                    failures.append(failed)
-                    room -= k
-                if room == 0:
-                    break
-            logits = model(torch.cat(inputs))
-            common.check(logits.shape[-1] == num_classes, f"num_classes {num_classes} != {logits.shape[-1]} outputs")
-            pred = torch.where(torch.isfinite(logits).all(1), logits.argmax(1), -1)
-            if failures[0] is not None:   # the sound sampler's failed draws vote for no class
-                pred = torch.where(torch.cat(failures), num_classes, pred)
-            pred = pred.cpu().numpy()   # one transfer per pass
-            common.check(bool((pred >= 0).all()), f"the model gave non-finite outputs on noisy inputs (sigma {sigma}); "
-                                                   f"no certificate from them: lower --sigma, or use fp32 (--precision)")
-            start = 0
-            for job, k in taken:   # chunk by chunk, in order: every look as if each chunk had its own pass
-                job.add(pred[start:start + k])
-                start += k
-            active = [job for job in active if not job.done]
-    return [job.result() for job in jobs]
-
-
 def abstain_checks(N, batch):
     """Early abstention tests pA after 1, 2, 4, 8, ... of the full count's passes (never after the last one).
 
@@ -582,8 +290,8 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
         out = predict(model, x, sigma, N, alpha, batch, num_classes, generator, sampler_of(sound))
     elif plan is not None:
         copies = common.sound_copies(sound) if sound else common.gaussian_copies
-        out = grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, copies, candidate)
-        out["pA_lower"], out["pA_upper"] = grid_interval(out, plan)
+        out = grid.grid_certify(model, x, sigma, N0, batch, num_classes, generator, plan, copies, candidate)
+        out["pA_lower"], out["pA_upper"] = grid.grid_interval(out, plan)
     else:
         sample = sampler_of(sound, early_abstain, candidate)
         out = certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator, sample, candidate)
@@ -821,8 +529,8 @@ def check_args(args):
         common.check(not args.early_abstain, "--radii stops early by itself (its upper bound at --beta rules "
                                              "radii out); drop --early-abstain")
         common.check(all(r >= 0 for r in args.radii), f"--radii must be >= 0 (got {args.radii})")
-        common.check(args.N <= MAX_GRID_DRAWS, f"--radii: --N (the budget N_max) must be at most "
-                                               f"{MAX_GRID_DRAWS:,} (got {args.N:,}): beyond, the tables of its looks "
+        common.check(args.N <= grid.MAX_GRID_DRAWS, f"--radii: --N (the budget N_max) must be at most "
+                                               f"{grid.MAX_GRID_DRAWS:,} (got {args.N:,}): beyond, the tables of its looks "
                                                f"take minutes per selection count to plan")
     # the options of --radii alone: refused without it rather than silently ignored
     common.check(args.zero_level or args.radii is not None, "--no-zero-level goes with --radii")
@@ -1009,8 +717,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         columns = columns + ("candidate",)
     if sigma_of is not None:
         columns = columns + ("sigma",)
-    beta = DEFAULT_BETA if args.beta is None else args.beta
-    plan = None if args.radii is None else grid_plan(args.radii, sigma, args.N, args.alpha, beta,
+    beta = grid.DEFAULT_BETA if args.beta is None else args.beta
+    plan = None if args.radii is None else grid.grid_plan(args.radii, sigma, args.N, args.alpha, beta,
                                                      args.final_look, zero_level=args.zero_level)
     if not args.overwrite:
         columns = resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
@@ -1031,7 +739,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
                 "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
                 "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
-                "final_look": args.final_look if plan else None, "grid_test": GRID_TEST if plan else None,
+                "final_look": args.final_look if plan else None, "grid_test": grid.GRID_TEST if plan else None,
                 "columns": list(columns), "ddrs": None, "environment": machinery.environment(),
                 **(extra_settings or {})}
     if prepare is not None:
@@ -1075,7 +783,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         final_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
     selected, done, seed = todo[0]   # rank 0's selection, what is done and the seed, on every rank
     if plan is not None:   # --radii: groups of examples share forward passes; a group is the unit of a rank's work
-        size = args.group or GROUP
+        size = args.group or grid.GROUP
         groups = [selected[g:g + size] for g in range(0, len(selected), size)]
         mine = [grp for k, grp in enumerate(groups) if k % world == rank and not set(grp) <= done]
     else:
@@ -1095,14 +803,14 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
             examples = [dataset[i] for i in grp]
             items = [(x.to(device), common.example_generator(seed, i, device), int(y) if args.label_mode else None)
                      for i, (x, y) in zip(grp, examples)]
-            outs = grid_certify_many(common.in_precision(model, args.precision), items, sigma, args.N0,
+            outs = grid.grid_certify_many(common.in_precision(model, args.precision), items, sigma, args.N0,
                                      args.batch, num_classes, plan,
                                      common.sound_copies(levels) if levels else common.gaussian_copies)
             seconds = (time.time() - start) / len(grp)
             for i, (_, y), res in zip(grp, examples, outs):
                 if i in done:
                     continue
-                res["pA_lower"], res["pA_upper"] = grid_interval(res, plan)
+                res["pA_lower"], res["pA_upper"] = grid.grid_interval(res, plan)
                 if counts_out is not None:
                     print("\t".join(map(str, [i] + res["counts"])), file=counts_out, flush=True)
                 print(format_line(res, i, int(y), seconds, columns), file=out, flush=True)

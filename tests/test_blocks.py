@@ -13,8 +13,8 @@ import torch
 
 from test_paste import SETUP, pasted
 
-ROOTS = ["certify:certify", "certify:predict", "certify:grid_certify", "certify:grid_plan",
-         "certify:grid_certify_many", "train_ours:ours_loss", "train_ours:radius_weights", "common:sphere_pgd",
+ROOTS = ["certify:certify", "certify:predict", "grid:grid_certify", "grid:grid_plan",
+         "grid:grid_certify_many", "train_ours:ours_loss", "train_ours:radius_weights", "common:sphere_pgd",
          "train_baselines:macer_loss", "train_baselines:consistency_loss"]
 G = "torch.Generator().manual_seed(0)"
 PLAN = "grid_plan([0.25, 0.5, 0.75, 1.0], sigma=0.5, N_max=500, alpha=0.001)"
@@ -112,12 +112,13 @@ def from_paste(tmp_path_factory):
 def from_import():
     import certify
     import common
+    import grid
     import train_baselines
     import train_ours
     namespace = {"torch": torch}
     for root in ROOTS:
         module, name = root.split(":")
-        namespace[name] = getattr({"certify": certify, "common": common, "train_ours": train_ours,
+        namespace[name] = getattr({"certify": certify, "common": common, "grid": grid, "train_ours": train_ours,
                                    "train_baselines": train_baselines}[module], name)
     exec(SETUP, namespace)   # a fresh model and data for each case, as in the pasted run's copy of its namespace
     return namespace

@@ -16,6 +16,7 @@ from scipy.stats import beta, norm
 
 import certify
 import common
+import grid
 import machinery
 from helpers import as_if_copied, digits_checkpoint, run_main
 from torchrun_util import failure_report, run_torchrun
@@ -573,8 +574,8 @@ def test_certify_predict_and_grid_evaluate_in_eval_mode_and_hand_the_model_back_
     assert out["counts"] == reference["counts"] and out["nA"] == reference["nA"]
     assert model.training and model[1].training and torch.equal(model[1].running_mean, stats)
     assert certify.predict(model, x, 0.5, 200, 0.001, 100, 3)["N"] == 200       # default generator
-    plan = certify.grid_plan([0.25], 0.5, 2000, 0.001)
-    certify.grid_certify(model, x, 0.5, 20, 100, 3, plan=plan)
+    plan = grid.grid_plan([0.25], 0.5, 2000, 0.001)
+    grid.grid_certify(model, x, 0.5, 20, 100, 3, plan=plan)
     assert model.training and torch.equal(model[1].running_mean, stats)
     model[1].eval()                                  # a mixed model comes back mixed
     certify.certify(model, x, 0.5, 20, 200, 0.001, 100, 3)

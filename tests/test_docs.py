@@ -125,4 +125,4 @@ def test_the_python_page_runs_as_one_script_and_quotes_the_copy_sizes(clone):
             assert pasted([f"{module}:{block}"])[1] == int(count), (heading, name)
             quoted += 1
     assert quoted >= 10
-    assert f"the two take {pasted(['certify:grid_certify', 'certify:grid_plan'])[1]} lines" in text
+    assert f"the two take {pasted(['grid:grid_certify', 'grid:grid_plan'])[1]} lines" in text

@@ -255,7 +255,7 @@ def test_an_option_of_another_mode_is_refused_not_ignored(script, argv, message,
     ("gpu_check", ["--images", "0"], "--images must be >= 1"),
     ("gpu_check", ["--batch", "0"], "--batch must be >= 1"),
     ("beta_curve", ["log.tsv", "--radii", "0.5", "--estimates", "2"], "--estimates goes with --savings"),
-    ("beta_curve", ["log.tsv", "--radii", "0.5", "--batch", "5"], "--batch goes with --at-pA"),
+    ("beta_curve", ["log.tsv", "--radii", "0.5", "--seeds", "1", "2"], "--seeds goes with --at-pA"),
     ("beta_curve", ["log.tsv", "--radii", "0.5", "--savings", "--budgets", "5"], "are 2 modes; give one"),
     ("like_for_like", ["log.tsv", "--reps", "0"], "--reps >= 1")])
 def test_the_helper_scripts_refuse_a_bad_number_in_one_line(script, argv, message, tmp_path, monkeypatch, capsys):

@@ -3,6 +3,7 @@ coverage against an invalid repeated test, the false-certificate rate on a class
 integer tables against brute force, threshold logic, the limiting case equal to CERTIFY, monotonicity,
 curtailment, accounting and resume. Seeded; rates are checked against alpha + 3 standard errors."""
 import json
+import importlib.util
 import math
 import os
 import re
@@ -21,6 +22,7 @@ from scipy.stats import norm
 
 import certify
 import common
+import grid
 import machinery
 from helpers import digits_checkpoint, run_main
 
@@ -41,18 +43,18 @@ def test_kt_closed_form_equals_the_step_by_step_product():
         A += int(hit)
     for p in (0.3, 0.8, 0.95):
         by_steps = log_q - A * math.log(p) - (500 - A) * math.log(1 - p)
-        assert common.kt_log_wealth(A, 500, p) == pytest.approx(by_steps, abs=1e-9)
+        assert grid.kt_log_wealth(A, 500, p) == pytest.approx(by_steps, abs=1e-9)
 
 
 @pytest.mark.parametrize("one_sided", [True, False])
 def test_tables_match_brute_force_for_small_t(one_sided):
     taus, checks = [0.5, 0.7, 0.9], list(range(10, 501, 49))
-    tables = common.grid_tables(taus, checks, 0.01, 0.02, 0.05, 500, one_sided)
+    tables = grid.grid_tables(taus, checks, 0.01, 0.02, 0.05, 500, one_sided)
     for j, tau in enumerate(taus):
         for i, t in enumerate(checks):
             A = np.arange(t + 1)
-            up = common.one_sided_log_wealth(A, t, tau, +1) if one_sided else common.kt_log_wealth(A, t, tau)
-            down = common.one_sided_log_wealth(A, t, tau, -1) if one_sided else common.kt_log_wealth(A, t, tau)
+            up = grid.one_sided_log_wealth(A, t, tau, +1) if one_sided else grid.kt_log_wealth(A, t, tau)
+            down = grid.one_sided_log_wealth(A, t, tau, -1) if one_sided else grid.kt_log_wealth(A, t, tau)
             lower = A[(A / t > tau) & (up >= math.log(100))]
             upper = A[(A / t < tau) & (down >= math.log(50))]
             assert tables["lower"][j, i] == (lower.min() if len(lower) else t + 1)
@@ -64,9 +66,9 @@ def test_tables_match_brute_force_for_small_t(one_sided):
     assert np.all(np.diff(tables["lower"], axis=0) >= 0)              # higher radius, more votes needed
 
 
-@pytest.mark.parametrize("prior", [common.KT_PRIOR, (80.5, 20.5), (3.5, 97.5)])
+@pytest.mark.parametrize("prior", [grid.KT_PRIOR, (80.5, 20.5), (3.5, 97.5)])
 def test_one_sided_wealth_is_the_restricted_mixture_and_never_below_the_two_sided(prior):
-    """common.one_sided_log_wealth against numerical integration of the prior (KT, and selection posteriors
+    """grid.one_sided_log_wealth against numerical integration of the prior (KT, and selection posteriors
     Beta(k0 + 1/2, N0 - k0 + 1/2) as certify.py uses them) restricted to one side of tau, and the reason for
     it: where A / t lies beyond tau it exceeds the two-sided wealth by at most log(1 / prior mass of that side),
     which it approaches as the posterior leaves tau behind."""
@@ -82,12 +84,12 @@ def test_one_sided_wealth_is_the_restricted_mixture_and_never_below_the_two_side
         lo, hi = (tau, 1) if side > 0 else (0, tau)
         cuts = sorted({*mpmath.linspace(lo, hi, 41), *(q for q in (A / t, prior[0] / sum(prior)) if lo < q < hi)})
         num, mass = mpmath.quad(lambda q: lr(q) * density(q), cuts), mpmath.quad(density, cuts)
-        assert common.one_sided_log_wealth(A, t, tau, side, prior) == pytest.approx(
+        assert grid.one_sided_log_wealth(A, t, tau, side, prior) == pytest.approx(
             float(mpmath.log(num / mass)), abs=1e-9), (A, t, tau, side)
     tau = norm.cdf(2.0)
-    gain = common.one_sided_log_wealth(1000, 1000, tau, +1, prior) - common.kt_log_wealth(1000, 1000, tau, prior)
+    gain = grid.one_sided_log_wealth(1000, 1000, tau, +1, prior) - grid.kt_log_wealth(1000, 1000, tau, prior)
     assert 0 < gain <= -math.log(max(betaincc(*prior, tau), 1e-300)) + 1e-12
-    if prior == common.KT_PRIOR:
+    if prior == grid.KT_PRIOR:
         assert gain == pytest.approx(-math.log(1 - betainc(0.5, 0.5, tau)), abs=1e-3)   # 2.3 nats
 
 
@@ -100,7 +102,7 @@ def test_one_sided_wealth_never_overstates_when_the_prior_mass_underflows():
     mpmath.mp.dps = 60
     prior, tau = (1.5, 299.5), 0.99
     for A, t in [(10, 10), (990, 1000), (50_000, 50_000)]:
-        got = common.one_sided_log_wealth(A, t, tau, +1, prior)
+        got = grid.one_sided_log_wealth(A, t, tau, +1, prior)
         f = lambda q: q ** (prior[0] - 1) * (1 - q) ** (prior[1] - 1) / mpmath.beta(*prior)         # noqa: E731
         cuts = mpmath.linspace(tau, 1, 41)
         num = mpmath.quad(lambda q: (q / tau) ** A * ((1 - q) / (1 - tau)) ** (t - A) * f(q), cuts)
@@ -117,24 +119,24 @@ def test_the_selection_votes_set_the_prior_and_label_mode_keeps_kt():
         def forward(self, x):
             return torch.stack([torch.zeros(len(x)), torch.ones(len(x))], dim=1)
     x = torch.zeros(1, 1, 4)
-    plan = certify.grid_plan([0.5, 1.0], 0.5, 5000, 0.001, 0.2, True)
-    out = certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0), plan)
-    assert set(plan["cache"]) == {common.KT_PRIOR, (60.5, 0.5)}
-    informed = certify.prior_tables(plan, (60.5, 0.5))
-    assert out["prior"] == (60.5, 0.5) and certify.grid_interval(out, plan)[0] == pytest.approx(
-        common.kt_interval(out["nA"], out["N"], 0.001, 0.2, (60.5, 0.5))[0])
+    plan = grid.grid_plan([0.5, 1.0], 0.5, 5000, 0.001, 0.2, True)
+    out = grid.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0), plan)
+    assert set(plan["cache"]) == {grid.KT_PRIOR, (60.5, 0.5)}
+    informed = grid.prior_tables(plan, (60.5, 0.5))
+    assert out["prior"] == (60.5, 0.5) and grid.grid_interval(out, plan)[0] == pytest.approx(
+        grid.kt_interval(out["nA"], out["N"], 0.001, 0.2, (60.5, 0.5))[0])
     first = lambda tables: (tables["lower"] <= np.array(plan["checks"])).argmax(axis=1)   # noqa: E731
     assert np.all(first(informed) <= first(plan))      # with every vote for cA, no level comes later than KT's
-    plain = certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0),
-                                 certify.grid_plan([0.5, 1.0], 0.5, 5000, 0.001, 0.2, True,
+    plain = grid.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0),
+                                 grid.grid_plan([0.5, 1.0], 0.5, 5000, 0.001, 0.2, True,
                                                    selection_prior=False))
     assert out["radius"] == plain["radius"] == 1.0 and out["N"] <= plain["N"]    # the same answer, no later
     for k0 in (0, 37, 60):   # curtailing's final thresholds never exceed the exact accounting's
-        tables = certify.final_look_tables(plan, certify.prior_tables(plan, (k0 + 0.5, 60 - k0 + 0.5)))
+        tables = grid.final_look_tables(plan, grid.prior_tables(plan, (k0 + 0.5, 60 - k0 + 0.5)))
         assert np.all(tables["final_bound"] <= tables["final"]) and tables["spent"] + tables["alpha_fin"] <= 0.001
-    label = certify.grid_plan([0.5, 1.0], 0.5, 5000, 0.001, 0.2, True)
-    certify.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0), label, candidate=1)
-    assert set(label["cache"]) == {common.KT_PRIOR}
+    label = grid.grid_plan([0.5, 1.0], 0.5, 5000, 0.001, 0.2, True)
+    grid.grid_certify(One(), x, 0.5, 60, 500, 2, common.example_generator(0, 0), label, candidate=1)
+    assert set(label["cache"]) == {grid.KT_PRIOR}
 
 
 def cs_violations(p, n, alpha, beta, rng, checks):
@@ -143,11 +145,11 @@ def cs_violations(p, n, alpha, beta, rng, checks):
     interval itself on the first streams), so all streams and checks are decided at once."""
     t = np.array(checks)
     A = np.cumsum(rng.random((n, checks[-1])) < p, axis=1)[:, t - 1]
-    wealth = common.kt_log_wealth(A, t, p)
+    wealth = grid.kt_log_wealth(A, t, p)
     out = np.where(p < A / t, wealth >= math.log(1 / alpha), wealth >= math.log(1 / beta))
     for k in range(5):   # the same verdict as the interval's ends
         for i in range(0, len(checks), 7):
-            L, U = common.kt_interval(int(A[k, i]), int(t[i]), alpha, beta)
+            L, U = grid.kt_interval(int(A[k, i]), int(t[i]), alpha, beta)
             assert (not L <= p <= U) == bool(out[k, i]), (p, A[k, i], t[i], L, U)
     return float(np.mean(out.any(axis=1)))
 
@@ -169,14 +171,14 @@ def test_confidence_sequence_covers_at_every_look_and_a_repeated_cp_test_does_no
 def test_table_boundaries_agree_with_the_radius_formula():
     # at the threshold count the bound certifies r (sigma Phi^-1(L) >= r), one vote fewer it does not
     sigma, N = 0.5, 5000
-    two_sided = certify.grid_plan([0.25, 0.5, 1.0], sigma, N, 0.001, 0.001, True, one_sided=False)
+    two_sided = grid.grid_plan([0.25, 0.5, 1.0], sigma, N, 0.001, 0.001, True, one_sided=False)
     for j, r in enumerate(two_sided["radii"]):   # the rule before: the KT interval's lower end crosses tau_j
         for i, t in enumerate(two_sided["checks"]):
             A = int(two_sided["lower"][j, i])
             if A <= t:
-                assert common.kt_interval(A, t, two_sided["alpha_seq"], 0.5)[0] >= norm.cdf(r / sigma) - 1e-12
-                assert common.kt_interval(A - 1, t, two_sided["alpha_seq"], 0.5)[0] < norm.cdf(r / sigma) + 1e-12
-    plan = certify.grid_plan([0.25, 0.5, 1.0], sigma, N, 0.001, 0.001, True)
+                assert grid.kt_interval(A, t, two_sided["alpha_seq"], 0.5)[0] >= norm.cdf(r / sigma) - 1e-12
+                assert grid.kt_interval(A - 1, t, two_sided["alpha_seq"], 0.5)[0] < norm.cdf(r / sigma) + 1e-12
+    plan = grid.grid_plan([0.25, 0.5, 1.0], sigma, N, 0.001, 0.001, True)
     for j, r in enumerate(plan["radii"]):   # the final look: each level at its own alpha_fin_j, monotone in j
         A, level = int(plan["final"][j]), plan["alpha_fin_levels"][j]
         assert level == pytest.approx(0.001 - plan["spent_levels"][j]) and plan["alpha_fin"] <= level
@@ -189,8 +191,8 @@ def test_table_boundaries_agree_with_the_radius_formula():
         for i, t in enumerate(plan["checks"]):
             A = int(plan["lower"][j, i])
             if A <= t:   # reachable: the one-sided wealth at tau_j crosses 1 / alpha exactly there
-                assert common.one_sided_log_wealth(A, t, tau, +1) >= level
-                assert (common.one_sided_log_wealth(A - 1, t, tau, +1) < level or A - 1 <= t * tau or
+                assert grid.one_sided_log_wealth(A, t, tau, +1) >= level
+                assert (grid.one_sided_log_wealth(A - 1, t, tau, +1) < level or A - 1 <= t * tau or
                         (j > 0 and plan["lower"][j - 1, i] == A))     # or raised to the level below's
     assert plan["radii"] == [0.0, 0.25, 0.5, 1.0]                         # 0 is always a level
 
@@ -219,17 +221,17 @@ def test_false_certificate_rate_at_the_worst_case_stays_within_alpha():
     torch.manual_seed(0)
     w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
     model = Halfspace(w, b)
-    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True, exact_beta=False)   # no rule-out errs
+    plan = grid.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True, exact_beta=False)   # no rule-out errs
     for r in (0.25, 0.5):
         for d, runs in ((r, 300), (r - 0.02 * sigma, 128)):               # exactly at, and just below, r
             x = point_at(w, b, d)   # packed 64 a group: each run gets the result it gets alone (the packing test)
-            outs = [o for g in range(0, runs, 64) for o in certify.grid_certify_many(
+            outs = [o for g in range(0, runs, 64) for o in grid.grid_certify_many(
                 model, [(x, common.example_generator(7, k), None) for k in range(g, min(g + 64, runs))], sigma,
                 100, 1000, 2, plan)]
             wrong = sum(o["radius"] >= r for o in outs)
             assert wrong / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), (r, d)
     x = point_at(w, b, 0.5 + 0.4 * sigma)                                 # comfortably beyond 0.5: certified
-    got = [certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(8, k), plan)
+    got = [grid.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(8, k), plan)
            for k in range(20)]
     assert all(o["radius"] == 0.5 and o["N"] < 20_000 for o in got)      # and early
 
@@ -240,9 +242,9 @@ def test_limiting_configuration_equals_fixed_n_certify():
     w, b, sigma, N = torch.randn(4), torch.tensor(0.1), 0.5, 5000
     model = Halfspace(w, b)
     radii = [0.1 * k for k in range(1, 12)]
-    plan = certify.grid_plan(radii, sigma, N, 0.001, 0.0, True, selection_prior=False)   # its own tables
+    plan = grid.grid_plan(radii, sigma, N, 0.001, 0.0, True, selection_prior=False)   # its own tables
     checks = [int(t) for t in np.cumsum(common.pass_sizes(N, 500))]   # CERTIFY's passes: the same noise chunks
-    plan = dict(plan, checks=checks, **common.grid_tables(norm.cdf(np.array(plan["radii"]) / sigma), checks, 0.0,
+    plan = dict(plan, checks=checks, **grid.grid_tables(norm.cdf(np.array(plan["radii"]) / sigma), checks, 0.0,
                                                           0.0, 0.001, N))
     plan["reach"] = np.full_like(plan["lower"], 10 ** 9)                  # no sequential certificate reachable
     plan["final_bound"] = plan["final"]
@@ -250,32 +252,32 @@ def test_limiting_configuration_equals_fixed_n_certify():
     for d in (-0.2, 0.05, 0.2, 0.5, 0.9, 1.5):
         x = point_at(w, b, d)
         full = certify.certify(model, x, sigma, 100, N, 0.001, 500, 2, common.example_generator(3, 0))
-        grid = certify.grid_certify(model, x, sigma, 100, 500, 2, common.example_generator(3, 0), plan)
+        out = grid.grid_certify(model, x, sigma, 100, 500, 2, common.example_generator(3, 0), plan)
         expected = max([r for r in plan["radii"] if r <= full["radius"]], default=0.0)
-        assert grid["predict"] == full["predict"], d
+        assert out["predict"] == full["predict"], d
         if full["predict"] >= 0:
-            assert grid["radius"] == pytest.approx(expected) and grid["nA"] <= full["nA"]
+            assert out["radius"] == pytest.approx(expected) and out["nA"] <= full["nA"]
 
 
 def test_curtailment_never_changes_the_answer_and_draws_never_exceed_the_budget():
     torch.manual_seed(2)
     w, b, sigma = torch.randn(4), torch.tensor(0.0), 0.5
     model = Halfspace(w, b)
-    plan = certify.grid_plan([0.25, 0.5, 1.0, 2.5], sigma, 20_000, 0.001, 0.001, True, selection_prior=False)
+    plan = grid.grid_plan([0.25, 0.5, 1.0, 2.5], sigma, 20_000, 0.001, 0.001, True, selection_prior=False)
     full = dict(plan, reach=np.full_like(plan["reach"], -10 ** 9))       # never curtailed
     for d in (0.3, 0.6, 1.2, 3.0):                                        # 3.0: the top level is out of reach
         x = point_at(w, b, d)
-        a = certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(5, 0), plan)
-        c = certify.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(5, 0), full)
+        a = grid.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(5, 0), plan)
+        c = grid.grid_certify(model, x, sigma, 100, 1000, 2, common.example_generator(5, 0), full)
         assert a["radius"] == c["radius"] and a["N"] <= c["N"] <= 20_000
-        low, high = certify.grid_interval(a, plan)
+        low, high = grid.grid_interval(a, plan)
         assert a["N"] in plan["checks"] and low <= high
 
 
 def test_levels_never_fall_and_more_votes_never_certify_less():
-    plan = certify.grid_plan([0.25, 0.5, 1.0], 0.5, 10_000, 0.001, 0.001, True)
+    plan = grid.grid_plan([0.25, 0.5, 1.0], 0.5, 10_000, 0.001, 0.001, True)
     for i in range(len(plan["checks"])):
-        levels = [certify.decided_levels(plan, A, i)[0] for A in range(0, plan["checks"][i] + 1, 7)]
+        levels = [grid.decided_levels(plan, A, i)[0] for A in range(0, plan["checks"][i] + 1, 7)]
         assert levels == sorted(levels)
 
 
@@ -289,8 +291,8 @@ def test_draw_accounting_counts_every_forward_call():
     torch.manual_seed(3)
     w = torch.randn(4)
     model = Counting(w, torch.tensor(0.0))
-    plan = certify.grid_plan([0.25, 0.5], 0.5, 20_000, 0.001, 0.001, True)
-    out = certify.grid_certify(model, point_at(w, torch.tensor(0.0), 0.4), 0.5, 100, 1000, 2,
+    plan = grid.grid_plan([0.25, 0.5], 0.5, 20_000, 0.001, 0.001, True)
+    out = grid.grid_certify(model, point_at(w, torch.tensor(0.0), 0.4), 0.5, 100, 1000, 2,
                                common.example_generator(0, 0), plan)
     assert sum(calls) == 100 + out["N"] and out["N"] in plan["checks"]
 
@@ -457,17 +459,17 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
 def test_crossing_probability_matches_closed_forms_and_a_simulation():
     from scipy.stats import binom
     # one check: the binomial tail
-    assert abs(common.crossing_probability([7], [10], 0.4) - binom.sf(6, 10, 0.4)) < 1e-11
+    assert abs(grid.crossing_probability([7], [10], 0.4) - binom.sf(6, 10, 0.4)) < 1e-11
     # two checks by enumeration: cross at 10 (A_10 >= 7), or not and then A_30 >= 15
     exact = binom.sf(6, 10, 0.4) + sum(binom.pmf(a, 10, 0.4) * binom.sf(15 - a - 1, 20, 0.4) for a in range(7))
-    assert abs(common.crossing_probability([7, 15], [10, 30], 0.4) - exact) < 1e-11
+    assert abs(grid.crossing_probability([7, 15], [10, 30], 0.4) - exact) < 1e-11
     # a long schedule (FFT path) against 200,000 simulated paths with known p
     checks, p = list(range(100, 3001, 100)), 0.6
     lower = [int(t * p + 2.5 * (t * p * (1 - p)) ** 0.5) + 1 for t in checks]
     rng = np.random.default_rng(0)
     paths = np.cumsum(rng.binomial(100, p, size=(200_000, len(checks))), axis=1)
     rate = np.mean((paths >= np.array(lower)).any(axis=1))
-    dp = common.crossing_probability(lower, checks, p)
+    dp = grid.crossing_probability(lower, checks, p)
     assert abs(rate - dp) < 4 * (dp * (1 - dp) / 200_000) ** 0.5 + 1e-9
 
 
@@ -476,32 +478,32 @@ def test_exact_accounting_gives_the_final_look_the_rest_and_spends_at_most_alpha
     looking after 16 draws and then every 2 % more (at most 200 apart), spend 0.7-0.85 of it per level (the
     two-sided KT sequence less: its boundary is wider); the final look gets the rest of each level's, and no
     level's total exceeds alpha."""
-    plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 0.001, 0.2, True)
+    plan = grid.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 0.001, 0.2, True)
     assert plan["alpha_seq"] == 0.001 and 0.6 * 0.001 < plan["spent"] < 0.9 * 0.001
     assert plan["spent"] + plan["alpha_fin"] <= 0.001 + 1e-15 and plan["alpha_fin"] > 0.1 * 0.001
     assert np.allclose(plan["spent_levels"] + plan["alpha_fin_levels"], 0.001, rtol=0, atol=1e-15)
     assert np.all(np.diff(plan["final"]) >= 0) and plan["alpha_fin"] == plan["alpha_fin_levels"].min()
-    two_sided = certify.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 0.001, 0.2, True, one_sided=False)
+    two_sided = grid.grid_plan([0.25, 0.5, 0.75, 1.0], 0.5, 100_000, 0.001, 0.2, True, one_sided=False)
     assert 0 < two_sided["spent"] < plan["spent"] and two_sided["alpha_fin"] > plan["alpha_fin"]
     for j, tau in enumerate(norm.cdf(np.array(plan["radii"]) / 0.5)):   # every level within its share
-        assert common.crossing_probability(plan["lower"][j], plan["checks"], tau) == plan["spent_levels"][j]
+        assert grid.crossing_probability(plan["lower"][j], plan["checks"], tau) == plan["spent_levels"][j]
 
 
 def test_each_rule_out_errs_at_most_beta_exactly_and_close_to_it():
     """Ruling level j out while pA >= tau_j (a certificate lost, never a wrong one) happens with probability at
     most beta, computed exactly at the worst case pA = tau_j; the rows are set close to beta, where Ville's
     1 / beta leaves their error at a fraction of it; a simulation of the votes agrees with the computation."""
-    plan = certify.grid_plan([0.25, 0.5, 1.0], 0.5, 5000, 0.001, 0.2, True)
-    ville = certify.grid_plan([0.25, 0.5, 1.0], 0.5, 5000, 0.001, 0.2, True, exact_beta=False)
+    plan = grid.grid_plan([0.25, 0.5, 1.0], 0.5, 5000, 0.001, 0.2, True)
+    ville = grid.grid_plan([0.25, 0.5, 1.0], 0.5, 5000, 0.001, 0.2, True, exact_beta=False)
     checks, rng = np.array(plan["checks"]), np.random.default_rng(0)
     steps = np.diff(np.concatenate([[0], checks]))
     for k0 in (55, 80, 100):
-        exact, loose = certify.job_tables(plan, k0, 100), certify.job_tables(ville, k0, 100)
+        exact, loose = grid.job_tables(plan, k0, 100), grid.job_tables(ville, k0, 100)
         errors = []
         for j, tau in enumerate(plan["taus"]):
-            error = common.crossing_probability(checks - exact["upper"][j], checks, 1 - tau)
+            error = grid.crossing_probability(checks - exact["upper"][j], checks, 1 - tau)
             assert error <= 0.2 and np.all(exact["upper"][j] >= loose["upper"][j])
-            assert error >= common.crossing_probability(checks - loose["upper"][j], checks, 1 - tau)
+            assert error >= grid.crossing_probability(checks - loose["upper"][j], checks, 1 - tau)
             errors.append(error)
         assert max(errors) > 0.9 * 0.2, (k0, errors)
         j = int(np.argmax(errors))
@@ -514,7 +516,7 @@ def test_each_rule_out_errs_at_most_beta_exactly_and_close_to_it():
 @given(st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 60), st.integers(-80, 80), st.integers(-90, 90)),
                 min_size=1, max_size=30))
 def test_first_true_finds_the_same_answer_from_any_guess(entries):
-    """common.first_true: per entry the smallest x in [lo, hi] with x >= target (hi + 1 if none), whether it
+    """grid.first_true: per entry the smallest x in [lo, hi] with x >= target (hi + 1 if none), whether it
     bisects alone or starts from a guess, close or far; asked only about entries still open."""
     lo = np.array([e[0] for e in entries])
     hi, target, guess = lo + [e[1] for e in entries], np.array([e[2] for e in entries]), [e[3] for e in entries]
@@ -525,9 +527,9 @@ def test_first_true_finds_the_same_answer_from_any_guess(entries):
         asked.append(len(at))
         assert len(np.unique(at)) == len(at) and np.all((lo[at] <= x) & (x <= hi[at]))
         return x >= target[at]
-    assert np.array_equal(common.first_true(lo, hi, ok), expected)
-    assert np.array_equal(common.first_true(lo, hi, ok, guess), expected)
-    assert np.array_equal(common.first_true(lo, hi, ok, np.clip(target, lo, hi)), expected)
+    assert np.array_equal(grid.first_true(lo, hi, ok), expected)
+    assert np.array_equal(grid.first_true(lo, hi, ok, guess), expected)
+    assert np.array_equal(grid.first_true(lo, hi, ok, np.clip(target, lo, hi)), expected)
 
 
 def test_rule_outs_far_from_the_prior_sit_at_villes_level_and_near_ones_at_beta():
@@ -535,17 +537,17 @@ def test_rule_outs_far_from_the_prior_sit_at_villes_level_and_near_ones_at_beta(
     mass near tau_j: a level the prior rules out by far keeps Ville's row (its error <= beta by Ville), a
     plausible one gets the row of error near beta; the certify rows do not depend on it."""
     from scipy.special import betainc
-    plan = certify.grid_plan([0.25, 0.5, 1.0, 1.5], 0.5, 5000, 0.001, 0.2, True)
-    ville = certify.grid_plan([0.25, 0.5, 1.0, 1.5], 0.5, 5000, 0.001, 0.2, True, exact_beta=False)
+    plan = grid.grid_plan([0.25, 0.5, 1.0, 1.5], 0.5, 5000, 0.001, 0.2, True)
+    ville = grid.grid_plan([0.25, 0.5, 1.0, 1.5], 0.5, 5000, 0.001, 0.2, True, exact_beta=False)
     checks = np.array(plan["checks"])
     for k0 in (60, 100):
         prior = (k0 + 0.5, 100 - k0 + 0.5)
-        exact, loose = certify.job_tables(plan, k0, 100), certify.job_tables(ville, k0, 100)
+        exact, loose = grid.job_tables(plan, k0, 100), grid.job_tables(ville, k0, 100)
         assert np.array_equal(exact["lower"], loose["lower"])
-        near = [certify.NEAR_PRIOR <= betainc(*prior, tau) <= 1 - certify.NEAR_PRIOR for tau in plan["taus"]]
+        near = [grid.NEAR_PRIOR <= betainc(*prior, tau) <= 1 - grid.NEAR_PRIOR for tau in plan["taus"]]
         assert any(near) and not all(near), (k0, near)
         for j, tau in enumerate(plan["taus"]):
-            error = common.crossing_probability(checks - exact["upper"][j], checks, 1 - tau)
+            error = grid.crossing_probability(checks - exact["upper"][j], checks, 1 - tau)
             assert error <= 0.2
             if not near[j] and (j == 0 or not near[j - 1]):   # (a plausible level below lifts this row)
                 assert np.array_equal(exact["upper"][j], loose["upper"][j]), (k0, j)
@@ -564,18 +566,18 @@ def test_label_mode_false_certificate_rate_stays_within_alpha_and_spends_no_sele
             return super().forward(x)
     model = Counting(w, b)
     # rule-outs never make a certificate wrong, and the same argument holds on any schedule: coarser looks, quicker
-    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True, exact_beta=False,
-                             looks=certify.look_schedule(20_000, 32, 1.25, 500))
+    plan = grid.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True, exact_beta=False,
+                          looks=grid.look_schedule(20_000, 32, 1.25, 500))
     runs = 300
     for r in (0.25, 0.5):
         for d in (r, r - 0.02 * sigma):
             x = point_at(w, b, d)
-            grid = [o for g in range(0, runs, 64) for o in certify.grid_certify_many(   # packed, as above
+            packed = [o for g in range(0, runs, 64) for o in grid.grid_certify_many(   # packed, as above
                 model, [(x, common.example_generator(9, k), 1) for k in range(g, min(g + 64, runs))], sigma, 100,
                 1000, 2, plan)]
             cert = [certify.certify(model, x, sigma, 100, 2000, alpha, 1000, 2, common.example_generator(9, k),
                                     candidate=1) for k in range(runs)]
-            for outs in (grid, cert):
+            for outs in (packed, cert):
                 wrong = sum(o["radius"] >= r and o["predict"] == 1 for o in outs)
                 assert wrong / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), (r, d)
     calls.clear()
@@ -619,7 +621,7 @@ def test_label_mode_and_random_seed_on_the_command_line(digits_model, tmp_path, 
 
 
 def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws():
-    """tools/beta_curve.py's simulation against certify.grid_certify on a halfspace with known pA: the mean
+    """tools/beta_curve.py's simulation against grid.grid_certify on a halfspace with known pA: the mean
     draws and the certified level agree within noise; with common paths, a larger beta never draws more."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "tools", "beta_curve.py"))
@@ -629,8 +631,8 @@ def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws()
     w, b, sigma = torch.randn(4), torch.tensor(0.3), 0.5
     model = Halfspace(w, b)
     d = 0.5 + 0.2 * sigma
-    plan = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True)
-    real = [certify.grid_certify(model, point_at(w, b, d), sigma, 100, 1000, 2, common.example_generator(3, k),
+    plan = grid.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True)
+    real = [grid.grid_certify(model, point_at(w, b, d), sigma, 100, 1000, 2, common.example_generator(3, k),
                                  plan, candidate=1) for k in range(200)]
     draws, acc = beta_curve.simulate(plan, np.array([norm.cdf(d / sigma)]), np.array([True]), 4000, 0)
     real_draws = np.array([o["N"] for o in real], dtype=float)
@@ -639,20 +641,20 @@ def test_beta_curve_simulation_follows_the_real_rule_and_beta_only_saves_draws()
     assert abs(real_at_05 - acc[2]) < 4 * math.sqrt(acc[2] * (1 - acc[2]) / 200) + 0.01
     p = np.array([0.3, 0.55, 0.7, 0.85, 0.95, 0.99])
     ok = np.ones(len(p), bool)
-    costs = [beta_curve.simulate(certify.grid_plan([0.25, 0.5], sigma, 20_000, 0.01, beta, True), p, ok,
+    costs = [beta_curve.simulate(grid.grid_plan([0.25, 0.5], sigma, 20_000, 0.01, beta, True), p, ok,
                                  50, 1) for beta in (0.0, 0.01, 0.2, 0.5)]
     assert all(a[0] >= b_[0] for a, b_ in zip(costs, costs[1:]))          # draws never rise with beta
     assert all(a <= b_ + 1e-12 for c in costs[1:] for a, b_ in zip(c[1], costs[0][1]))   # nor certificates
     # predict mode: the selection votes (N0 = 100) set each run's prior, in the simulation as in certify.py
-    real = [certify.grid_certify(model, point_at(w, b, d), sigma, 100, 1000, 2, common.example_generator(4, k),
+    real = [grid.grid_certify(model, point_at(w, b, d), sigma, 100, 1000, 2, common.example_generator(4, k),
                                  plan) for k in range(200)]
     draws, acc = beta_curve.simulate(plan, np.array([norm.cdf(d / sigma)]), np.array([True]), 4000, 0, N0=100)
     real_draws = np.array([o["N"] for o in real], dtype=float)
     assert abs(real_draws.mean() - draws) < 4 * real_draws.std() / math.sqrt(200) + 1
     # and the point of that prior: fewer draws than KT's at every pA where there is something to decide
     # (rule-outs at Ville's level in both: the prior's effect, without the exact levels' cost)
-    plan = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True, exact_beta=False)
-    kt = certify.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True, selection_prior=False,
+    plan = grid.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True, exact_beta=False)
+    kt = grid.grid_plan([0.25, 0.5, 0.75], sigma, 20_000, 0.01, 0.2, True, selection_prior=False,
                            exact_beta=False)
     for pA in (0.6, 0.8, 0.99):
         informed = beta_curve.simulate(plan, np.array([pA]), np.array([True]), 1000, 2, N0=100)[0]
@@ -666,7 +668,7 @@ def test_packing_gives_each_example_the_result_it_gets_alone_and_draws_ahead_whe
     look between them could end it (fewer passes than chunks, alone), and packing needs fewer passes still."""
     model, _ = machinery.load_model(digits_model)
     data = common.get_dataset("digits", "test")
-    plan = certify.grid_plan([0.25, 0.5], 0.25, 5000, 0.001, 0.2, True)
+    plan = grid.grid_plan([0.25, 0.5], 0.25, 5000, 0.001, 0.2, True)
     sizes, chunks = [], []
 
     def copies(x, k, sigma, generator):
@@ -674,10 +676,10 @@ def test_packing_gives_each_example_the_result_it_gets_alone_and_draws_ahead_whe
         return common.gaussian_copies(x, k, sigma, generator)
     hook = model.register_forward_pre_hook(lambda m, inp: sizes.append(len(inp[0])))
     items = lambda: [(data[i][0], common.example_generator(0, i), None) for i in range(12)]   # noqa: E731
-    packed = certify.grid_certify_many(model, items(), 0.25, 100, 200, 10, plan, copies)
+    packed = grid.grid_certify_many(model, items(), 0.25, 100, 200, 10, plan, copies)
     packed_sizes = list(sizes)
     sizes.clear(), chunks.clear()
-    alone = [certify.grid_certify_many(model, [item], 0.25, 100, 200, 10, plan, copies)[0] for item in items()]
+    alone = [grid.grid_certify_many(model, [item], 0.25, 100, 200, 10, plan, copies)[0] for item in items()]
     hook.remove()
     assert packed == alone
     assert sum(packed_sizes) == sum(100 + o["N"] for o in packed) == sum(sizes)   # every draw evaluated once
@@ -690,13 +692,13 @@ def test_false_certificate_rate_with_packing_stays_within_alpha():
     torch.manual_seed(0)
     w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
     model = Halfspace(w, b)
-    plan = certify.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True, exact_beta=False)   # no rule-out errs
+    plan = grid.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True, exact_beta=False)   # no rule-out errs
     runs = 240
     for r in (0.25, 0.5):
         x = point_at(w, b, r)[0]
         outs = []
         for g in range(0, runs, 40):
-            outs += certify.grid_certify_many(model, [(x, common.example_generator(11, k), None)
+            outs += grid.grid_certify_many(model, [(x, common.example_generator(11, k), None)
                                                       for k in range(g, g + 40)], sigma, 100, 1000, 2, plan)
         wrong = sum(o["radius"] >= r for o in outs)
         assert wrong / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), r
@@ -752,7 +754,7 @@ def test_the_oracle_sprt_matches_walds_identity_and_the_rule_never_beats_it():
     beta_curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(beta_curve)
     sigma, radii = 0.5, [0.25, 0.5, 0.75]
-    plan = certify.grid_plan(radii, sigma, 20_000, 0.001, 0.2, True)
+    plan = grid.grid_plan(radii, sigma, 20_000, 0.001, 0.2, True)
     thresholds = norm.cdf(np.array(plan["radii"]) / sigma)
     for pA in (0.3, 0.6, 0.8, 0.99, 1.0):
         oracle = bench.oracle_draws([pA], thresholds, 0.001, 0.2, 20_000, runs=400)[0][0]
@@ -792,8 +794,8 @@ def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tm
     grid_validity = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grid_validity)
     out = tmp_path / "report.md"
-    real = certify.grid_plan   # rule-outs at Ville's level: they enter no certificate, and cost no exact levels
-    monkeypatch.setattr(certify, "grid_plan", lambda *a, **k: real(*a, **{"exact_beta": False, **k}))
+    real = grid.grid_plan   # rule-outs at Ville's level: they enter no certificate, and cost no exact levels
+    monkeypatch.setattr(grid, "grid_plan", lambda *a, **k: real(*a, **{"exact_beta": False, **k}))
     assert grid_validity.main(["--out", str(out), "--trials", "3000", "--pipeline-trials", "0",
                                "--alphas", "0.05", "--priors", "0", "57", "100"]) == 0
     text = out.read_text()
@@ -803,15 +805,32 @@ def test_validity_harness_accepts_the_rule_and_catches_repeated_fixed_n_tests(tm
     assert all(lo > 0.05 for *_, (lo, _) in rows)                      # repeated fixed-n tests: far above alpha
     # the pipeline part (--workers) counts the same in worker processes as in this one
     import multiprocessing
-    monkeypatch.setattr(certify, "grid_plan", real)   # the workers' certify is the real one
+    monkeypatch.setattr(grid, "grid_plan", real)   # the workers' grid is the real one
     monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))   # workers import it by name, as the script's do
     monkeypatch.setitem(sys.modules, "grid_validity", grid_validity)
     setting = ([0.25], 0.5, 2000, 0.3, 0.2, 24, 5)
     with multiprocessing.get_context("spawn").Pool(2) as pool:   # not fork: torch's threads in this process
         pooled = grid_validity.pipeline(*setting, pool)
     alone = grid_validity.pipeline(*setting)
-    assert pooled == alone and set(alone) == {False, True} and [len(rows) for rows in alone.values()] == [1, 1]
+    assert pooled == alone and set(alone) == {False, True} and [len(rows) for rows in alone.values()] == [2, 2]
+    assert all([row[0] for row in rows] == [0.0, 0.25] for rows in alone.values())   # r = 0 included
     assert sum(row[3] for rows in alone.values() for row in rows) > 0   # at alpha 0.3 some false certificates
+
+
+def test_validity_counts_a_certificate_of_the_other_class_as_false_at_r0():
+    """Predict mode with two classes at 1/2 (pA = tau_0): a certificate of either class at r = 0 is false. The
+    vote process counts the other class's too, and the exact column bounds the rate with them."""
+    load = lambda name: importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))  # noqa: E731
+    spec = load("grid_validity")
+    grid_validity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid_validity)
+    plan = grid.grid_plan([0.25], 0.5, 2000, 0.3, 0.2, True)
+    at_half = (plan, np.array([0.5]), np.array([True]), 4000, 1, 100)
+    _, accuracy = grid_validity.beta_curve.simulate(*at_half)
+    _, false = grid_validity.beta_curve.simulate(*at_half, false_certificates=True)
+    assert false[0] > 1.5 * accuracy[0]   # the other class wins about half the selections; its certificates count
+    exact = grid_validity.exact_totals(plan, 100)[0]
+    assert exact <= 0.3 and false[0] <= exact + 3 * math.sqrt(exact * (1 - exact) / 4000)
 
 
 def test_no_zero_level_decides_only_the_listed_radii_and_stays_valid(digits_model, tmp_path, capsys):
@@ -822,19 +841,19 @@ def test_no_zero_level_decides_only_the_listed_radii_and_stays_valid(digits_mode
     torch.manual_seed(0)
     w, b, sigma, alpha = torch.randn(4), torch.tensor(0.3), 0.5, 0.05
     model = Halfspace(w, b)
-    alone = certify.grid_plan([0.5], sigma, 20_000, alpha, 0.2, True, zero_level=False)
-    both = certify.grid_plan([0.5], sigma, 20_000, alpha, 0.2, True)
+    alone = grid.grid_plan([0.5], sigma, 20_000, alpha, 0.2, True, zero_level=False)
+    both = grid.grid_plan([0.5], sigma, 20_000, alpha, 0.2, True)
     assert alone["radii"] == [0.5] and both["radii"] == [0.0, 0.5]
     runs = 300
     x = point_at(w, b, 0.5)   # packed 64 a group: each run gets the result it gets alone (the packing test)
-    outs = [o for g in range(0, runs, 64) for o in certify.grid_certify_many(
+    outs = [o for g in range(0, runs, 64) for o in grid.grid_certify_many(
         model, [(x, common.example_generator(12, k), None) for k in range(g, min(g + 64, runs))], sigma, 100, 1000,
         2, alone)]
     assert sum(o["predict"] >= 0 for o in outs) / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs)
     near_half = point_at(w, b, 0.03)                                     # pA = Phi(0.06) = 0.52
-    n_alone = [certify.grid_certify(model, near_half, sigma, 100, 1000, 2, common.example_generator(13, k), alone)
+    n_alone = [grid.grid_certify(model, near_half, sigma, 100, 1000, 2, common.example_generator(13, k), alone)
                for k in range(20)]
-    n_both = [certify.grid_certify(model, near_half, sigma, 100, 1000, 2, common.example_generator(13, k), both)
+    n_both = [grid.grid_certify(model, near_half, sigma, 100, 1000, 2, common.example_generator(13, k), both)
               for k in range(20)]
     assert all(o["predict"] == -1 and o["radius"] == 0.0 for o in n_alone)
     assert 10 * np.mean([o["N"] for o in n_alone]) < np.mean([o["N"] for o in n_both])
@@ -872,7 +891,7 @@ def test_like_for_like_rules_match_brute_force_and_simulation():
     lo, hi = lfl.betting_thresholds(tau, alpha, 300)
     for t in (1, 7, 40, 123, 300):
         a = np.arange(t + 1)
-        ok = common.kt_log_wealth(a, t, tau) >= math.log(2 / alpha)
+        ok = grid.kt_log_wealth(a, t, tau) >= math.log(2 / alpha)
         want_lo = a[ok & (a > tau * t)].min(initial=t + 1)
         want_hi = a[ok & (a < tau * t)].max(initial=-1)
         assert (lo[t - 1], hi[t - 1]) == (want_lo, want_hi), t
@@ -1000,3 +1019,17 @@ def test_budgets_table_runs_the_grid_on_each_budget_against_certify_and_the_run_
                 ["--budgets", "0"]):
         assert run_main(beta_curve.main, [str(log), "--radii", "0.5", *bad]) == 2
         assert "error:" in capsys.readouterr().err
+
+
+def test_the_exact_beta_oracle_rules_out_at_an_error_of_beta_and_the_ville_one_below():
+    """bench.exact_ruleout_bound: the SPRT of p = 0.7 against tau = 0.8 ruling tau out, simulated at tau: its error
+    is beta within Monte Carlo noise (never above), Ville's bound 1 / beta errs less and waits longer."""
+    import bench
+    p, tau, beta, n_max, runs = 0.7, 0.8, 0.2, 400, 20_000
+    tuned = bench.exact_ruleout_bound(p, tau, beta, n_max)
+    assert tuned < math.log(1 / beta)
+    votes = np.random.default_rng(0).random((runs, n_max)) < tau
+    path = np.cumsum(np.where(votes, math.log(p / tau), math.log((1 - p) / (1 - tau))), axis=1)
+    se = math.sqrt(beta * (1 - beta) / runs)
+    rate = lambda b: float(np.mean((path >= b).any(1)))   # noqa: E731
+    assert abs(rate(tuned) - beta) <= 3 * se and rate(math.log(1 / beta)) < beta - 3 * se

@@ -20,14 +20,14 @@ import copy_size  # noqa: E402
 
 # lines a student pastes, at most (docs/python.md shows each block's size); compare_sides holds the claim family
 # with Holm's step-down, the p-values its intervals give and the bounds of each row besides the intervals
-BUDGETS = {"certify:certify": 80, "certify:predict": 70, "certify:grid_certify": 300, "train_ours:ours_loss": 80,
+BUDGETS = {"certify:certify": 80, "certify:predict": 70, "grid:grid_certify": 300, "train_ours:ours_loss": 80,
            "train_ours:discard_hard": 100, "train_ours:radius_weights": 40, "train_baselines:smoothadv_loss": 100,
            "train_baselines:macer_loss": 60, "train_baselines:consistency_loss": 50,
            "train_baselines:smoothmix_loss": 110, "train_baselines:catrs_loss": 110, "analyze:compare_sides": 260,
            "ddrs:optimize_sigma": 80}
 # the other blocks a student looks for: pure too, no budget
 MORE_BLOCKS = ["common:sphere_pgd", "ddrs:semi_elastic_radius", "analyze:acr", "analyze:certified_accuracy",
-               "analyze:ecdf", "certify:grid_plan", "common:read_certification_log", "analyze:test_set_votes"]
+               "analyze:ecdf", "grid:grid_plan", "common:read_certification_log", "analyze:test_set_votes"]
 
 
 def pasted(roots):
@@ -76,9 +76,9 @@ def test_the_copy_size_tool_refuses_an_unknown_block_and_writes_the_pasted_file(
     bad = subprocess.run([sys.executable, tool, "certify:nothing"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "no top-level 'nothing' in certify.py" in bad.stderr
     out = tmp_path / "both.py"
-    done = subprocess.run([sys.executable, tool, "certify:grid_certify", "certify:grid_plan", "--emit", str(out)],
+    done = subprocess.run([sys.executable, tool, "grid:grid_certify", "grid:grid_plan", "--emit", str(out)],
                           cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0 and out.read_text() == pasted(["certify:grid_certify", "certify:grid_plan"])[0]
+    assert done.returncode == 0 and out.read_text() == pasted(["grid:grid_certify", "grid:grid_plan"])[0]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ result.append(net.training)
     "predict": (["certify:predict"], """
 result = [predict(net, images[i], 0.25, 300, 0.001, 100, 10, torch.Generator().manual_seed(i)) for i in range(3)]
 """),
-    "grid_certify": (["certify:grid_certify", "certify:grid_plan"], """
+    "grid_certify": (["grid:grid_certify", "grid:grid_plan"], """
 plan = grid_plan([0.25, 0.5], 0.5, 2000, 0.001)
 result = [grid_certify(net.eval(), images[i], 0.5, 50, 100, 10, torch.Generator().manual_seed(i), plan)
           for i in range(2)]

@@ -43,6 +43,7 @@ if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery
 import argparse
 import contextlib
 import copy
+import functools
 import io
 import json
 import math
@@ -61,6 +62,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)   # the project's modules, one folder up
 import certify  # noqa: E402
 import common  # noqa: E402
+import grid  # noqa: E402
 import machinery  # noqa: E402
 for module in (certify, common, machinery):   # a student's module of one of these names is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
@@ -546,14 +548,14 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=Non
         model, ckpt, sigma, dataset_name = t["model"], t["ckpt"], t["sigma"], t["dataset_name"]
         dataset, picked, classes = t["dataset"], t["picked"], t["classes"]
         radii = sorted(grid_radii) if grid_radii else [r for r in GRID_RADII if r <= 4 * sigma]
-        beta = certify.DEFAULT_BETA
-        plans = {"grid": certify.grid_plan(radii, sigma, N, alpha, beta, True),
-                 "grid, no final look": certify.grid_plan(radii, sigma, N, alpha, beta, False),
-                 "single radius 0.5": certify.grid_plan([0.5], sigma, N, alpha, beta, True),
-                 "r = 0.5 alone": certify.grid_plan([0.5], sigma, N, alpha, beta, True, zero_level=False)}
+        beta = grid.DEFAULT_BETA
+        plans = {"grid": grid.grid_plan(radii, sigma, N, alpha, beta, True),
+                 "grid, no final look": grid.grid_plan(radii, sigma, N, alpha, beta, False),
+                 "single radius 0.5": grid.grid_plan([0.5], sigma, N, alpha, beta, True),
+                 "r = 0.5 alone": grid.grid_plan([0.5], sigma, N, alpha, beta, True, zero_level=False)}
         arms = {f"CERTIFY N = {N:,}": None, f"CERTIFY N = {N // 10:,}": None, **plans}
         results = {name: {"radius": [], "correct": [], "evals": [], "time": 0.0} for name in arms}
-        group = certify.GROUP   # certify.py --group's default: the grid arms pack a group's draws into shared passes
+        group = grid.GROUP   # certify.py --group's default: the grid arms pack a group's draws into shared passes
         for first in range(0, len(picked), group):   # arms interleaved group by group (a noisy machine)
             block = [int(i) for i in picked[first:first + group]]
             xs = [dataset[i][0].to(device) for i in block]
@@ -567,7 +569,7 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=Non
                                             common.example_generator(seed, i, device)) for x, i in zip(xs, block)]
                 else:
                     with timed_tables() as tables:
-                        outs = certify.grid_certify_many(model, [(x, common.example_generator(seed, i, device),
+                        outs = grid.grid_certify_many(model, [(x, common.example_generator(seed, i, device),
                                                                   None) for x, i in zip(xs, block)], sigma, N0,
                                                          BATCH, classes, plan)
                 sync(device)
@@ -599,9 +601,9 @@ def bench_grid(paths, device, data_dir, N, examples, trust=False, grid_radii=Non
 
 @contextlib.contextmanager
 def timed_tables():
-    """Seconds spent building the grid rule's tables (certify.prior_tables, final_look_tables) inside the block:
+    """Seconds spent building the grid rule's tables (grid.prior_tables, final_look_tables) inside the block:
     {'seconds': ...}, filled when it ends."""
-    spent, originals = {"seconds": 0.0}, (certify.prior_tables, certify.final_look_tables)
+    spent, originals = {"seconds": 0.0}, (grid.prior_tables, grid.final_look_tables)
 
     def timed(build):
         def run(*args):
@@ -611,11 +613,11 @@ def timed_tables():
             finally:
                 spent["seconds"] += time.perf_counter() - start
         return run
-    certify.prior_tables, certify.final_look_tables = map(timed, originals)
+    grid.prior_tables, grid.final_look_tables = map(timed, originals)
     try:
         yield spent
     finally:
-        certify.prior_tables, certify.final_look_tables = originals
+        grid.prior_tables, grid.final_look_tables = originals
 
 
 def print_grid_table(results, reference, grid_arms, N, N0, levels):
@@ -674,7 +676,7 @@ def grid_from_logs(paths):
             grid_arms.add(name)
             results[name]["radii"] = log["sidecar"].get("radii") or []
             side = log["sidecar"]
-            results[name]["levels"] = (side.get("alpha", 0.001), side.get("beta", certify.DEFAULT_BETA))
+            results[name]["levels"] = (side.get("alpha", 0.001), side.get("beta", grid.DEFAULT_BETA))
             results[name]["N_max"] = side.get("N")   # the arm's own budget, which may differ from the reference's N
             common.check(isinstance(results[name]["N_max"], int) and not isinstance(results[name]["N_max"], bool)
                          and results[name]["N_max"] >= 1, f"{log['path']}: its settings file gives N "
@@ -778,7 +780,28 @@ def verdict_by_radius(rows):
     return beyond + (f"; within noise at the other {rest}" if rest else "")
 
 
-def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=2048):
+@functools.lru_cache(maxsize=None)   # the same (p, tau) in every seed's run
+def exact_ruleout_bound(p, tau, beta, N_max, iterations=40):
+    """The smallest log-bound b of the SPRT that rules out tau (> p) once the likelihood ratio of p against tau
+    reaches e^b, such that its exact error, the chance that a run with true probability tau ever reaches the
+    bound within N_max draws, is at most beta. Ville's b = log(1 / beta) keeps the error below beta whatever the
+    overshoot; this one spends beta exactly, as the grid rule's rule-outs do (grid.crossing_probability:
+    an upper bound, so the error stays <= beta). The ratio grows with the other votes: after t draws of which
+    m are not cA, log LR = (t - m) log(p / tau) + m log((1 - p) / (1 - tau)) >= b is m >= a threshold."""
+    u, v = math.log(p / tau), math.log((1 - p) / (1 - tau))
+    t = np.arange(1, N_max + 1)
+
+    def error(b):   # m >= (b - t u) / (v - u): the other votes (probability 1 - tau) cross it
+        return grid.crossing_probability(np.ceil((b - t * u) / (v - u) - 1e-12).astype(np.int64), t, 1 - tau)
+
+    lo, hi = 0.0, math.log(1 / beta)   # error(hi) <= beta (Ville)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if error(mid) <= beta else (mid, hi)
+    return hi
+
+
+def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=2048, exact_beta=False):
     """The reference of the grid rule: per example of true pA, the mean estimation draws (selection draws not
     included) of the oracle that knows pA and looks after every draw, and the share of its runs cut at N_max.
 
@@ -788,7 +811,9 @@ def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=204
     (wrong at tau with probability <= alpha, Ville), rules out the next one once that of pA against it reaches
     1 / beta, and stops when both are done (no level below pA: only the rule-out; none above: only the certify).
     Each SPRT needs the fewest draws on average at pA of all tests with its error and power (Wald and
-    Wolfowitz 1948), so the rule, which does not know pA and looks only at its checks, spends more. Draws are
+    Wolfowitz 1948), so the rule, which does not know pA and looks only at its checks, spends more. With
+    exact_beta the rule-out's bound is exact_ruleout_bound (its exact error beta, as the rule's rule-outs), not
+    Ville's 1 / beta: fewer draws, the fairer reference for the rule's rule-outs. Draws are
     simulated run by run (`runs` per example); a run still undecided at N_max is counted as N_max, as the rule
     would stop there (the share returned says how often: those are examples whose pA lies next to a threshold).
     """
@@ -799,7 +824,8 @@ def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=204
         for i, p in enumerate(np.asarray(pA, float)):
             below, above = thresholds[thresholds < p], thresholds[thresholds >= p]
             tests = ([(below.max(), math.log(1 / alpha))] if len(below) else []) + \
-                    ([(above.min(), math.log(1 / beta))] if len(above) else [])
+                    ([(above.min(), exact_ruleout_bound(p, above.min(), beta, N_max) if exact_beta and 0 < p
+                       else math.log(1 / beta))] if len(above) else [])
             # the log likelihood ratio's step on a vote for cA and on any other vote (-inf where impossible)
             steps = np.array([[math.log(p / t) if p > 0 else -np.inf, math.log((1 - p) / (1 - t)) if p < 1
                                else -np.inf] for t, _ in tests])

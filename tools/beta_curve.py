@@ -5,8 +5,8 @@ guarantee (ruling out only removes certificates), so it is a pure cost trade-off
 earlier (fewer model evaluations) but now and then rules out a radius the example would have certified.
 This script measures that trade-off by simulation with known truth: the true pA of each example is taken
 from a CERTIFY log at N = 100,000 (nA / N for its class cA), the votes of the grid run are drawn as
-Binomial increments between the plan's checks, and certify.grid_plan's integer tables decide every look
-exactly as certify.grid_certify does (certified level, ruled out, curtailed, budget with the final look).
+Binomial increments between the plan's checks, and grid.grid_plan's integer tables decide every look
+exactly as grid.grid_certify does (certified level, ruled out, curtailed, budget with the final look).
 For each beta: mean model evaluations per example (N0 + draws) and certified accuracy at each grid radius,
 against beta = 0 (never rule out: every certificate the budget allows).
 
@@ -20,8 +20,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-import certify  # noqa: E402
 import common  # noqa: E402
+import grid  # noqa: E402
 import machinery  # noqa: E402
 
 BETAS = (0.0, 0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -59,7 +59,7 @@ def simulate(plan, p, correct, reps, seed, N0=0, per_example=False, false_certif
     the rest (all of it where pA >= 1/2: the split where the argmax errs most; at most pA below, as cA was
     the log's argmax) and the others never win; ties go to the second class. When it wins, the run
     certifies it (true probability q), not the label. With the plan's selection_prior the candidate's
-    count k0 chooses the prior of its tests (certify.job_tables); runs are grouped by k0."""
+    count k0 chooses the prior of its tests (grid.job_tables); runs are grouped by k0."""
     rng = np.random.default_rng(seed)
     pp, ok = np.repeat(p, reps), np.repeat(correct, reps)
     informed = bool(N0) and plan.get("selection_prior", False)
@@ -75,7 +75,7 @@ def simulate(plan, p, correct, reps, seed, N0=0, per_example=False, false_certif
     T, jL = np.zeros(len(pp)), np.zeros(len(pp), np.int64)
     for k in np.unique(k0):
         group = k0 == k
-        tables = certify.job_tables(plan, int(k), N0) if informed else plan
+        tables = grid.job_tables(plan, int(k), N0) if informed else plan
         T[group], jL[group] = decide(plan, tables, pp[group], rng)
     if false_certificates:
         accuracy = [float(np.mean((~other & (jL >= j)) | (other & (jL >= 0)))) for j in range(len(plan["radii"]))]
@@ -96,7 +96,7 @@ def decide(plan, tables, pp, rng):
         a = A[:, i]
         cert = (a[:, None] >= tables["lower"][:, i][None, :])
         if i == len(checks) - 1 and live.any():   # the exact accounting only where a run reached the budget
-            cert |= a[:, None] >= certify.final_look_tables(plan, tables)["final"][None, :]
+            cert |= a[:, None] >= grid.final_look_tables(plan, tables)["final"][None, :]
         level = np.where(cert.any(1), K - 1 - np.argmax(cert[:, ::-1], axis=1), -1)
         jL = np.where(live, np.maximum(jL, level), jL)
         jU = np.where(live, np.minimum(jU, (a[:, None] > tables["upper"][:, i][None, :]).sum(1) - 1), jU)
@@ -111,54 +111,37 @@ def decide(plan, tables, pp, rng):
     return T, jL
 
 
-def previous_plan(radii, sigma, N, batch, alpha):
-    """The per-pass rule (before looks were counted in draws): a look at every pass end, beta = alpha, and
-    alpha split alpha / 10 (sequence) and 0.9 alpha (final look) without exact accounting."""
-    from scipy.stats import norm
-    levels = sorted({0.0, *map(float, radii)})
-    checks = [int(c) for c in np.cumsum(common.pass_sizes(N, batch))]
-    tables = common.grid_tables(norm.cdf(np.array(levels) / sigma), checks, alpha / 10, alpha, 0.9 * alpha, N,
-                                one_sided=False)
-    slack = tables["lower"] - np.array(checks)
-    return dict(tables, radii=levels, checks=checks, reach=np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1],
-                N_max=N, final_bound=tables["final"])
-
-
-def draws_at(pAs, radii, sigma, N, N0, batch, alpha, reps, seed):
-    """Mean estimation draws per example at each true pA: the earlier rules (per-pass; two-sided, one-sided KT and
-    selection-prior on looks every 25 %) against the current rule and the oracle."""
-    old = dict(looks=certify.look_schedule(N, 32, 1.25, 500), exact_beta=False)   # the earlier rules' looks
-    beta = certify.DEFAULT_BETA
-    plans = {"per-pass": previous_plan(radii, sigma, N, batch, alpha),
-             "two-sided": certify.grid_plan(radii, sigma, N, alpha, beta, True, one_sided=False,
-                                            selection_prior=False, **old),
-             "one-sided KT": certify.grid_plan(radii, sigma, N, alpha, beta, True, selection_prior=False, **old),
-             "selection prior": certify.grid_plan(radii, sigma, N, alpha, beta, True, **old),
-             "now": certify.grid_plan(radii, sigma, N, alpha, beta, True)}
-    from scipy.stats import norm
+def draws_at(pAs, radii, sigma, N, N0, alpha, reps, seeds):
+    """Mean estimation draws per example at each true pA: the rule against the oracle, Ville's (rule-out at
+    1 / beta) and the one whose rule-out spends beta exactly (as the rule's do); each a mean over the seeds
+    (`reps` runs each) with its standard error over them."""
     import bench
-    thresholds = norm.cdf(np.array(plans["now"]["radii"]) / sigma)
-    rows = [(p, *[simulate(plan, np.array([p]), np.array([True]), reps, seed, N0)[0] for plan in plans.values()],
-             bench.oracle_draws([p], thresholds, alpha, beta, N, runs=reps, seed=seed)[0][0])
-            for p in pAs]
+    from scipy.stats import norm
+    beta = grid.DEFAULT_BETA
+    plan = grid.grid_plan(radii, sigma, N, alpha, beta, True)
+    thresholds = norm.cdf(np.array(plan["radii"]) / sigma)
+    lines = []
+    for p in pAs:
+        runs = np.array([(simulate(plan, np.array([p]), np.array([True]), reps, seed, N0)[0],
+                          bench.oracle_draws([p], thresholds, alpha, beta, N, runs=reps, seed=seed)[0][0],
+                          bench.oracle_draws([p], thresholds, alpha, beta, N, runs=reps, seed=seed,
+                                             exact_beta=True)[0][0]) for seed in seeds])
+        columns = [runs[:, 0], runs[:, 1], runs[:, 2], runs[:, 0] / runs[:, 1], runs[:, 0] / runs[:, 2]]
+        se = [c.std(ddof=1) / np.sqrt(len(seeds)) if len(seeds) > 1 else np.nan for c in columns]
+        lines.append(f"| {p:g} | " + " | ".join(f"{c.mean():,.0f} ± {e:,.0f}" for c, e in zip(columns[:3], se[:3]))
+                     + " | " + " | ".join(f"{c.mean():.3f} ± {e:.3f}" for c, e in zip(columns[3:], se[3:])) + " |\n")
     return (f"Estimation draws per example (the N0 = {N0} selection draws not included) of --radii "
-            f"{' '.join(f'{r:g}' for r in radii)} at sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, beta {beta:g}, "
-            f"{reps} simulated runs per pA; each run selects its candidate as the argmax of N0 votes (pA against a "
-            f"second class of 1 - pA). Earlier rules: the per-pass rule (a look per pass of {batch}, beta = alpha, "
-            f"the two-sided KT sequence at alpha / 10 and 0.9 alpha on the final look); on looks from 32 draws "
-            f"growing by 25 % (at most 500 apart), rule-outs at Ville's level 1 / beta and exact accounting: the "
-            f"two-sided rule (the two-sided KT sequence at alpha), the one-sided KT rule (one-sided tests) and the "
-            f"selection-prior rule (the one-sided tests mixed over the posterior of the selection votes: the count "
-            f"k0 of the candidate sets the prior). The current rule ({certify.GRID_TEST}): the selection-prior "
-            f"tests on looks from {certify.LOOK_FIRST} draws growing by {100 * (certify.LOOK_GROWTH - 1):g} % (at "
-            f"most {certify.LOOK_MAX_GAP} apart), each rule-out at the level whose exact error is beta. The oracle: "
-            f"Wald's SPRTs at the known pA, a look after every draw, at alpha and beta (bench.oracle_draws): no "
-            f"test with that error and power spends fewer draws on average.\n\n"
-            "| pA | per-pass | two-sided | one-sided KT | selection prior | current | oracle | current / oracle | "
-            "selection prior / oracle | x fewer than selection prior |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n" +
-            "".join(f"| {p:g} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {d:,.0f} | {e:,.0f} | {o:,.0f} | {e / o:.2f} | "
-                    f"{d / o:.2f} | {d / e:.2f} |\n" for p, a, b, c, d, e, o in rows))
+            f"{' '.join(f'{r:g}' for r in radii)} at sigma {sigma:g}, N_max {N:,}, alpha {alpha:g}, beta {beta:g}: "
+            f"mean ± standard error over {len(seeds)} seeds ({', '.join(map(str, seeds))}) of {reps:,} simulated "
+            f"runs each; each run selects its candidate as the argmax of N0 votes (pA against a second class of "
+            f"1 - pA). The rule: {grid.GRID_TEST} (tests on looks from {grid.LOOK_FIRST} draws growing by "
+            f"{100 * (grid.LOOK_GROWTH - 1):g} %, at most {grid.LOOK_MAX_GAP} apart; each rule-out at the "
+            f"level whose exact error is beta). The oracles: Wald's SPRTs at the known pA, a look after every draw "
+            f"(bench.oracle_draws), certifying at Ville's 1 / alpha; the Ville oracle rules out at 1 / beta, the "
+            f"exact-beta oracle at the bound whose exact error is beta (bench.exact_ruleout_bound), as the rule's "
+            f"rule-outs. The ratios are taken seed by seed.\n\n"
+            "| pA | rule | oracle, Ville | oracle, exact beta | rule / Ville oracle | rule / exact-beta oracle |\n"
+            "|---|---|---|---|---|---|\n" + "".join(lines))
 
 
 def savings(args):
@@ -166,20 +149,20 @@ def savings(args):
     earlier and current rule, simulated on the log's pA, with the saving against CERTIFY and the oracle's ratio."""
     import bench
     sigma, pA, correct, n_log = read_truth(args.log)
-    old = dict(looks=certify.look_schedule(args.N, 32, 1.25, 500), exact_beta=False)
+    old = dict(looks=grid.look_schedule(args.N, 32, 1.25, 500), exact_beta=False)
     arms = {"grid": dict(radii=args.radii), "single radius 0.5": dict(radii=[0.5]),
             "r = 0.5 alone": dict(radii=[0.5], zero_level=False)}
     lines = []
     for name, arm in arms.items():
         row, accuracy = [], []
         for looks in (old, {}):
-            plan = certify.grid_plan(arm["radii"], sigma, args.N, args.alpha, certify.DEFAULT_BETA, True,
+            plan = grid.grid_plan(arm["radii"], sigma, args.N, args.alpha, grid.DEFAULT_BETA, True,
                                      zero_level=arm.get("zero_level", True), **looks)
             each, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0, per_example=True)
             draws = each.mean()
             row += [args.N0 + draws, (args.N0 + args.N) / (args.N0 + draws)]
             accuracy.append(100 * np.array(acc))
-        oracle_each, capped = bench.oracle_draws(pA, plan["taus"], args.alpha, certify.DEFAULT_BETA, args.N,
+        oracle_each, capped = bench.oracle_draws(pA, plan["taus"], args.alpha, grid.DEFAULT_BETA, args.N,
                                                  runs=args.reps, seed=args.seed)
         oracle, kept = oracle_each.mean(), capped == 0   # kept: no oracle run of the example reached N_max
         change = accuracy[1] - accuracy[0]
@@ -188,7 +171,7 @@ def savings(args):
             rng, ratios = np.random.default_rng(args.seed + 1), []
             for k in range(args.estimates):
                 estimate = rng.binomial(n_log.astype(np.int64), pA) / n_log   # another CERTIFY run's nA / N
-                at, cut = bench.oracle_draws(estimate, plan["taus"], args.alpha, certify.DEFAULT_BETA, args.N,
+                at, cut = bench.oracle_draws(estimate, plan["taus"], args.alpha, grid.DEFAULT_BETA, args.N,
                                              runs=args.reps, seed=args.seed)   # the oracle's noise as above
                 ratios.append(each[cut == 0].mean() / at[cut == 0].mean() if (cut == 0).any() else np.nan)
             measured = f" {np.mean(ratios):.2f} [{np.min(ratios):.2f}, {np.max(ratios):.2f}] |"
@@ -203,9 +186,9 @@ def savings(args):
             f"evaluations per example (N0 included), how many times fewer than CERTIFY at N = {args.N:,} "
             f"(N0 + N = {args.N0 + args.N:,}), and the estimation draws over the oracle's (bench.oracle_draws, Wald's "
             f"SPRTs at each pA, a look after every draw; {args.reps} runs an example). sigma {sigma:g}, N_max "
-            f"{args.N:,}, alpha {args.alpha:g}, beta {certify.DEFAULT_BETA:g}; the grid: --radii "
+            f"{args.N:,}, alpha {args.alpha:g}, beta {grid.DEFAULT_BETA:g}; the grid: --radii "
             f"{' '.join(f'{r:g}' for r in args.radii)}; the earlier rule: the selection-prior tests on looks every "
-            f"25 % (at most 500 apart), rule-outs at Ville's level; the current rule: {certify.GRID_TEST}.\n\n"
+            f"25 % (at most 500 apart), rule-outs at Ville's level; the current rule: {grid.GRID_TEST}.\n\n"
             f"The oracle's own evaluations (N0 + its draws) and saving: the reference (per level, no test with the "
             f"same error and power at that pA needs fewer draws on average: Wald and Wolfowitz); its runs undecided at "
             f"N_max are counted as N_max, which only raises its saving; the ratio without the examples of which some oracle "
@@ -230,17 +213,17 @@ def budgets(args):
     sigma, pA, correct, _ = read_truth(args.log)
     rows = []
     for n_max in sorted({args.N, *args.budgets}, reverse=True):
-        plan = certify.grid_plan(args.radii, sigma, n_max, args.alpha, certify.DEFAULT_BETA, True,
+        plan = grid.grid_plan(args.radii, sigma, n_max, args.alpha, grid.DEFAULT_BETA, True,
                                  zero_level=not args.no_zero_level)
         draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
-        oracle = bench.oracle_draws(pA, plan["taus"], args.alpha, certify.DEFAULT_BETA, n_max, runs=args.reps,
+        oracle = bench.oracle_draws(pA, plan["taus"], args.alpha, grid.DEFAULT_BETA, n_max, runs=args.reps,
                                     seed=args.seed)[0].mean()
         rows.append((n_max, args.N0 + draws, acc, args.N0 + oracle))
     base = next(acc for n_max, _, acc, _ in rows if n_max == args.N)   # the changes are against the run on --N
     radii = plan["radii"]
     return (f"certify.py --radii {' '.join(f'{r:g}' for r in args.radii)}"
             f"{' --no-zero-level' if args.no_zero_level else ''} on each budget N_max (sigma {sigma:g}, alpha "
-            f"{args.alpha:g}, beta {certify.DEFAULT_BETA:g}, {certify.GRID_TEST}), simulated on the {len(pA)} "
+            f"{args.alpha:g}, beta {grid.DEFAULT_BETA:g}, {grid.GRID_TEST}), simulated on the {len(pA)} "
             f"examples of {args.log} (each example's pA: the log's nA / N, taken as the truth; {args.reps} runs an "
             f"example, each selecting its candidate from N0 = {args.N0} votes): mean model evaluations per example "
             f"(N0 included), how many times fewer than CERTIFY at N = {args.N:,} (N0 + N = {args.N0 + args.N:,}), "
@@ -262,15 +245,15 @@ def seq_levels(args):
     rows = []
     for f in args.seq_levels:
         try:
-            plan = certify.grid_plan(args.radii, sigma, args.N, args.alpha, certify.DEFAULT_BETA, True, f)
+            plan = grid.grid_plan(args.radii, sigma, args.N, args.alpha, grid.DEFAULT_BETA, True, f)
         except common.UserError:   # the tests at this level spend more than alpha: not a valid rule
             continue
         draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
         rows.append((f, plan["spent"], plan["alpha_fin"] / args.alpha, args.N0 + draws,
                      (args.N0 + args.N) / (args.N0 + draws), acc))
-    radii = certify.grid_plan(args.radii, sigma, args.N, args.alpha, 0.0, True)["radii"]
+    radii = grid.grid_plan(args.radii, sigma, args.N, args.alpha, 0.0, True)["radii"]
     return (f"The tests of certify.py --radii {' '.join(f'{r:g}' for r in args.radii)} at level F x alpha "
-            f"(sigma {sigma:g}, N_max {args.N:,}, alpha {args.alpha:g}, beta {certify.DEFAULT_BETA:g}), simulated on "
+            f"(sigma {sigma:g}, N_max {args.N:,}, alpha {args.alpha:g}, beta {grid.DEFAULT_BETA:g}), simulated on "
             f"the true pA of the {len(pA)} examples of {args.log} ({args.reps} runs each): the error the sequence "
             f"really spends and the final look's share of alpha, both for KT's prior (exact; an F where it would "
             f"exceed alpha is left out; each selection prior is accounted on its own), mean model evaluations per "
@@ -288,17 +271,17 @@ def main(argv=None):
     p.add_argument("--radii", type=float, nargs="+", required=True, help="the grid, as certify.py --radii")
     p.add_argument("--N", type=int, default=100_000, help="the grid's budget N_max (default 100,000)")
     p.add_argument("--N0", type=int, default=100, help="selection draws counted per example (default 100)")
-    p.add_argument("--batch", type=int, help="with --at-pA: draws between the per-pass rule's checks, as "
-                   "certify.py --batch (default 1000)")
     p.add_argument("--alpha", type=float, default=0.001)
     p.add_argument("--reps", type=int, default=20, help="simulated runs per example (default 20)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", help="with --at-pA: the seeds, each a run of --reps per pA "
+                   "(default 0 1 2 3 4: the tables give the mean and its standard error over them)")
     p.add_argument("--out", help="folder for beta_curve.tsv, .md and .png")
     p.add_argument("--seq-levels", type=float, nargs="+", metavar="F", help="instead: the tests at "
-                   "F x alpha for each F (certify.grid_plan's seq_level; the final look gets what it leaves), at the "
+                   "F x alpha for each F (grid.grid_plan's seq_level; the final look gets what it leaves), at the "
                    "default beta (--out: seq_level.md)")
     p.add_argument("--at-pA", type=float, nargs="+", metavar="P", help="instead: mean draws at these true pA, the "
-                   "earlier rules against the current one and the oracle (the log is then "
+                   "rule against the oracles (the log is then "
                    "unused but for its sigma; --out: draws_at_pA.md)")
     p.add_argument("--savings", action="store_true", help="instead: the arms of tools/bench.py g (the grid, one radius "
                    "0.5, r = 0.5 alone), earlier and current rule, simulated on the log's pA (--out: savings.md)")
@@ -312,13 +295,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     modes = [f"--{m.replace('_', '-')}" for m in ("savings", "at_pA", "seq_levels", "budgets") if getattr(args, m)]
     common.check(len(modes) <= 1, f"{' and '.join(modes)} are {len(modes)} modes; give one")
-    machinery.check_mode_options(args, {"estimates": ["savings"], "batch": ["at_pA"]})
+    machinery.check_mode_options(args, {"estimates": ["savings"], "seeds": ["at_pA"]})
     common.check(not args.no_zero_level or args.budgets, "--no-zero-level goes with --budgets")
-    args.batch = 1000 if args.batch is None else args.batch
+    args.seeds = [0, 1, 2, 3, 4] if args.seeds is None else args.seeds
     args.estimates = 0 if args.estimates is None else args.estimates
     common.check(args.estimates >= 0, "--estimates must be >= 0")
-    common.check(args.N >= 1 and args.batch >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
-                 "--N, --batch and --reps must be >= 1 and --alpha in (0, 1)")
+    common.check(args.N >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
+                 "--N and --reps must be >= 1 and --alpha in (0, 1)")
+    common.check(len(set(args.seeds)) == len(args.seeds), f"--seeds repeats a seed ({args.seeds})")
     machinery.set_inputs([args.log, args.log + ".json"])
     if args.budgets:
         common.check(all(n >= 1 for n in args.budgets), "--budgets values must be >= 1")
@@ -336,7 +320,7 @@ def main(argv=None):
     if args.at_pA:
         common.check(all(0 <= q <= 1 for q in args.at_pA), "--at-pA values must lie in [0, 1]")
         sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
-        md = draws_at(args.at_pA, args.radii, sigma, args.N, args.N0, args.batch, args.alpha, args.reps, args.seed)
+        md = draws_at(args.at_pA, args.radii, sigma, args.N, args.N0, args.alpha, args.reps, args.seeds)
         print(md)
         if args.out:
             machinery.write_text_output(os.path.join(args.out, "draws_at_pA.md"), "beta curve", md)
@@ -351,7 +335,7 @@ def main(argv=None):
     sigma, pA, correct, _ = read_truth(args.log)
     rows, base = [], None
     for beta in BETAS:
-        plan = certify.grid_plan(args.radii, sigma, args.N, args.alpha, beta, True)
+        plan = grid.grid_plan(args.radii, sigma, args.N, args.alpha, beta, True)
         draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
         base = base or (draws, acc)
         lost = max(100 * (b - a) for a, b in zip(acc, base[1]))

@@ -4,7 +4,7 @@
 Usage (from the repository's root):
   python tools/copy_size.py certify:certify train_ours:ours_loss ...    one line per block: lines, code lines,
                                                                           definitions and their names
-  python tools/copy_size.py certify:grid_certify certify:grid_plan --emit FILE   also write the pasted file
+  python tools/copy_size.py grid:grid_certify grid:grid_plan --emit FILE   also write the pasted file
 
 A block is MODULE:NAME, MODULE.py at the repository's root. Nothing is run: the closure is read from the code.
 It holds every top-level function, class or constant that the block names, bare or as `module.name` of another

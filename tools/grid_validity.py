@@ -13,12 +13,12 @@ rule promises that this happens with probability at most alpha. Four checks, wri
    exact value (the simulation agrees with the computation). The upper end is shown too: where the exact
    value is within about 1.6 standard errors of alpha it exceeds alpha by chance, since the rule spends all of
    alpha there by design.
-2. The pipeline: certify.grid_certify_many itself, examples packed 64 to a group, on a halfspace classifier
+2. The pipeline: grid.grid_certify_many itself, examples packed 64 to a group, on a halfspace classifier
    whose point lies at distance r_j from its boundary (so pA = tau_j), with N0 selection draws (predict mode)
    and with the true label as candidate (label mode); the same checks.
 3. The exact computation at the paper's setting (alpha = 0.001, N_max = 100,000), for every prior the rule
    can use (KT, and each selection count k0 of N0 = 100): the error the sequence spends, the final look's
-   share and, per level, the exact total (sequence and final look on one path, common.crossing_probability),
+   share and, per level, the exact total (sequence and final look on one path, grid.crossing_probability),
    all <= alpha.
 4. A negative control: a Clopper-Pearson bound at alpha recomputed at every look (a fixed-n test used
    sequentially, not anytime-valid) through the same harness; its rate exceeds alpha, so the harness can fail.
@@ -39,8 +39,8 @@ from scipy.stats import norm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import certify  # noqa: E402
 import common  # noqa: E402
+import grid  # noqa: E402
 import machinery  # noqa: E402
 
 SPEC = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "tools", "beta_curve.py"))
@@ -56,10 +56,10 @@ def interval95(k, n):
 
 def path_crossing(tables, checks, j, tau):
     """The exact probability at pA = tau that the votes ever reach level j's certification threshold with these
-    tables, the final look's included (common.crossing_probability on one path)."""
+    tables, the final look's included (grid.crossing_probability on one path)."""
     merged = [int(a) for a in tables["lower"][j]]
-    merged[-1] = min(merged[-1], int(tables["final"][j]))   # tables completed by certify.final_look_tables
-    return common.crossing_probability(merged, checks, float(tau))
+    merged[-1] = min(merged[-1], int(tables["final"][j]))   # tables completed by grid.final_look_tables
+    return grid.crossing_probability(merged, checks, float(tau))
 
 
 def exact_totals(plan, N0=0):
@@ -74,7 +74,7 @@ def exact_totals(plan, N0=0):
     from scipy.stats import binom
     totals, plan = [], dict(plan, exact_beta=False, cache={})   # the same lower and final rows, cheaper upper ones
     informed = plan["selection_prior"]
-    tables_of = (lambda k: certify.final_look_tables(plan, certify.job_tables(plan, k, N0))) if informed else \
+    tables_of = (lambda k: grid.final_look_tables(plan, grid.job_tables(plan, k, N0))) if informed else \
         (lambda k: plan)
     for j, tau in enumerate(plan["taus"]):
         if not N0:
@@ -109,13 +109,13 @@ class Halfspace(torch.nn.Module):
 
 def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=100):
     """Rows (r_j, tau_j, exact, false certificates, trials, rate, 95 % interval) at pA = tau_j, every level;
-    each run first draws its selection votes k0 ~ Binomial(N0, tau_j), which set its prior (certify.grid_plan);
+    each run first draws its selection votes k0 ~ Binomial(N0, tau_j), which set its prior (grid.grid_plan);
     N0 = 0 is label mode, KT's prior for every run."""
-    plan = certify.grid_plan(radii, sigma, N, alpha, beta, True)
+    plan = grid.grid_plan(radii, sigma, N, alpha, beta, True)
     if negative:   # a fixed-n Clopper-Pearson test at alpha at every look: thresholds without any correction
         taus = norm.cdf(np.array(plan["radii"]) / sigma)
-        plan = dict(plan, **common.grid_tables(taus, plan["checks"], alpha, beta, alpha, N, True))
-        plan["lower"] = np.stack([common.final_thresholds(taus, t, alpha) for t in plan["checks"]], axis=1)
+        plan = dict(plan, **grid.grid_tables(taus, plan["checks"], alpha, beta, alpha, N, True))
+        plan["lower"] = np.stack([grid.final_thresholds(taus, t, alpha) for t in plan["checks"]], axis=1)
         slack = plan["lower"] - np.array(plan["checks"])
         plan["reach"] = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]
         plan["final_bound"] = plan["final"]
@@ -134,10 +134,10 @@ def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=
 
 
 def pipeline_cell(radii, sigma, N, alpha, beta, trials, seed, label_mode, j):
-    """False certificates of level j in `trials` runs of certify.grid_certify_many on a halfspace whose point
+    """False certificates of level j in `trials` runs of grid.grid_certify_many on a halfspace whose point
     lies at distance r_j from its boundary, packed 64 examples a group; run k draws example_generator(seed, k)."""
     torch.set_num_threads(1)
-    plan = certify.grid_plan(radii, sigma, N, alpha, beta, True)
+    plan = grid.grid_plan(radii, sigma, N, alpha, beta, True)
     torch.manual_seed(seed)
     w, b = torch.randn(4, dtype=torch.float64).float(), torch.tensor(0.3)
     model, r = Halfspace(w, b), plan["radii"][j]
@@ -146,7 +146,7 @@ def pipeline_cell(radii, sigma, N, alpha, beta, trials, seed, label_mode, j):
     for g in range(0, trials, 64):
         items = [(x, common.example_generator(seed, k), 1 if label_mode else None)
                  for k in range(g, min(g + 64, trials))]
-        outs = certify.grid_certify_many(model, items, sigma, 100, 10_000, 2, plan)
+        outs = grid.grid_certify_many(model, items, sigma, 100, 10_000, 2, plan)
         false += sum(o["predict"] >= 0 and (o["predict"] != 1 or o["radius"] >= r) for o in outs)
     return false
 
@@ -155,7 +155,7 @@ def pipeline(radii, sigma, N, alpha, beta, trials, seed, pool=None):
     """Part 2's rows, {label_mode: rows} for predict mode (False) and label mode (True): every level, r = 0
     included, through pipeline_cell (in `pool`'s processes if given: the same counts, the cells being independent and
     seeded alike), with the exact totals beside them."""
-    plan = certify.grid_plan(radii, sigma, N, alpha, beta, True)
+    plan = grid.grid_plan(radii, sigma, N, alpha, beta, True)
     cells = [(radii, sigma, N, alpha, beta, trials, seed, label_mode, j)
              for label_mode in (False, True) for j in range(len(plan["radii"]))]
     counts = pool.starmap(pipeline_cell, cells) if pool else [pipeline_cell(*cell) for cell in cells]
@@ -200,12 +200,12 @@ def main(argv=None):
                                                                 "--pipeline-trials 0 there are none")
     common.check(all(0 <= k <= 100 for k in args.priors), f"--priors must lie in [0, 100], the selection counts of "
                                                           f"N0 = 100 (got {args.priors})")
-    sigma, radii, N, beta = 0.5, [0.25, 0.5, 0.75, 1.0], 20_000, certify.DEFAULT_BETA
+    sigma, radii, N, beta = 0.5, [0.25, 0.5, 0.75, 1.0], 20_000, grid.DEFAULT_BETA
     start, parts, ok = time.time(), [], True
     parts.append(f"# certify.py --radii: validity with known truth\n\nMade by `python tools/grid_validity.py "
                  f"--out {args.out} --trials {args.trials} --pipeline-trials {args.pipeline_trials}`. σ = {sigma}, "
                  f"grid {', '.join(map(str, radii))} (and 0), N_max = {N:,}, β = {beta}, the rule of certify.py --radii "
-                 f"({certify.GRID_TEST} tests, exact accounting). At pA = τ_j every certificate of r_j or more is "
+                 f"({grid.GRID_TEST} tests, exact accounting). At pA = τ_j every certificate of r_j or more is "
                  f"false; the rule promises a rate of at most α.\n")
     for label_mode in (False, True):   # predict mode: N0 = 100 selection votes set the prior; label mode: KT's
         for alpha in args.alphas:
@@ -223,11 +223,11 @@ def main(argv=None):
             parts.append(f"## 2. Pipeline (grid_certify_many, 64 examples a group, N_max = {N // 2:,}), "
                          f"{'label' if label_mode else 'predict'} mode, α = {alpha:g}\n\n{table(rows)}\n")
     # exact_beta off: the rule-out rows do not enter a certificate; the lower and final rows are the rule's
-    plan = certify.grid_plan([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], 0.5, 100_000, 0.001, beta, True,
+    plan = grid.grid_plan([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], 0.5, 100_000, 0.001, beta, True,
                              exact_beta=False)
     worst = []   # per prior: (k0, spent, alpha_fin, the largest exact total over the levels)
     for k0 in [None, *args.priors]:
-        tables = plan if k0 is None else certify.final_look_tables(plan, certify.job_tables(plan, k0, 100))
+        tables = plan if k0 is None else grid.final_look_tables(plan, grid.job_tables(plan, k0, 100))
         totals = [path_crossing(tables, plan["checks"], j, tau) for j, tau in enumerate(plan["taus"])]
         worst.append((k0, tables["spent"], tables["alpha_fin"], max(totals)))
         ok &= bool(np.all(tables["spent_levels"] + tables["alpha_fin_levels"] <= 0.001 + 1e-15)) and max(totals) <= 0.001

@@ -6,7 +6,7 @@ ruling r out). Every rule meets the per-example guarantee P(certify r while pA <
 The examples: the pA of the true label of each image of a CERTIFY log at N = 100,000 (nY / N), taken as the
 truth; each rule's mean draws per image (exact, or simulated with `--reps` runs an image), and how many
 times fewer than CERTIFY's 100,000:
-- this rule: certify.grid_plan([r], --no-zero-level, label mode's KT prior, N_max 100,000), simulated with
+- this rule: grid.grid_plan([r], --no-zero-level, label mode's KT prior, N_max 100,000), simulated with
   scripts/beta_curve.simulate (the integer tables of the real rule);
 - Voráček's betting confidence sequence (his Alg. 2): the KT mixture's wealth against Phi(r / sigma),
   alpha / 2 on each side, a look after every draw, undecided after 131,100 draws; simulated;
@@ -26,8 +26,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # beta_curve
 import beta_curve  # noqa: E402
-import certify  # noqa: E402
 import common  # noqa: E402
+import grid  # noqa: E402
 import machinery  # noqa: E402
 
 CERTIFY_N = 100_000
@@ -38,7 +38,7 @@ STAGES = (1_000, 10_000, 125_000)     # Horváth et al.'s README
 def betting_thresholds(tau, alpha, n_max):
     """(lo, hi): at draw t (index t - 1), the betting sequence certifies with at least lo[t - 1] votes for the
     label and rules out with at most hi[t - 1] (-1: never): the KT mixture's log wealth against tau reaches
-    log(2 / alpha) with the votes on that side of tau (common.kt_log_wealth; monotone in the votes there)."""
+    log(2 / alpha) with the votes on that side of tau (grid.kt_log_wealth; monotone in the votes there)."""
     t = np.arange(1, n_max + 1, dtype=float)
     bound = math.log(2 / alpha)
 
@@ -49,11 +49,11 @@ def betting_thresholds(tau, alpha, n_max):
             hi, lo = np.where(active & good, mid, hi), np.where(active & ~good, mid + 1, lo)
         return np.where(ok(lo), lo, lo + 1)
     above = np.floor(tau * t) + 1                                          # votes strictly above tau * t
-    lo = search(above, t, lambda a: common.kt_log_wealth(a, t, tau) >= bound)
+    lo = search(above, t, lambda a: grid.kt_log_wealth(a, t, tau) >= bound)
     below = np.ceil(tau * t) - 1                                           # votes strictly below tau * t
     # the largest a in [0, below] with enough wealth: search on b = below - a
     b = search(np.zeros_like(t), np.maximum(below, 0),
-               lambda d: common.kt_log_wealth(below - d, t, tau) >= bound)
+               lambda d: grid.kt_log_wealth(below - d, t, tau) >= bound)
     hi = np.where((below >= 0) & (b <= np.maximum(below, 0)), below - b, -1)
     return lo, hi
 
@@ -108,10 +108,10 @@ def rule_draws(log, radius, alpha, reps, seed):
     common.check("nY" in data, f"{log}: needs a CERTIFY log with the true label's votes (nY)")
     sigma = sidecar["sigma"]
     pA, tau, beta = data["nY"] / data["N"], float(norm.cdf(radius / sigma)), alpha / 2
-    plan = certify.grid_plan([radius], sigma, CERTIFY_N, alpha, beta, True, zero_level=False,
-                             selection_prior=False)
-    grid, _ = beta_curve.simulate(plan, pA, np.ones(len(pA), bool), reps, seed)
-    return sigma, len(pA), sorted({int(n) for n in data["N"]}), {"grid (this rule, r alone, label mode)": grid,
+    plan = grid.grid_plan([radius], sigma, CERTIFY_N, alpha, beta, True, zero_level=False,
+                          selection_prior=False)
+    draws, _ = beta_curve.simulate(plan, pA, np.ones(len(pA), bool), reps, seed)
+    return sigma, len(pA), sorted({int(n) for n in data["N"]}), {"grid (this rule, r alone, label mode)": draws,
                             "Voráček: betting confidence sequence": betting_draws(pA, tau, alpha, reps, seed).mean(),
                             "Horváth et al.: staged Clopper-Pearson": staged_draws(pA, tau, alpha, beta).mean()}
 
