@@ -18,7 +18,7 @@ Markdown goes to stdout; --out DIR also writes .md/.tex/.tsv files and figures (
 
 Usage: python analyze.py theory --out figures
        python analyze.py table runs/certify/*.tsv --radii 0 0.25 0.5 0.75 1
-       python analyze.py paper --root ../shared/reference/acr-weakness --out figures
+       python analyze.py paper --root acr-weakness --out figures
 """
 import signal
 if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)

@@ -10,7 +10,7 @@ Output (tab-separated, one flushed line per example; `predict` is -1 on abstenti
                                                              draws; nY: votes for the true label among them)
   --predict: idx label predict correct time nA N nY         (nA: votes for the top class; no radius)
   --radii:   idx label predict radius correct time nA N pA_lower pA_upper stop pA_certified   (anytime-valid
-             certification at a grid of radii, ADAPTIVE.md: radius = the largest grid radius certified, N =
+             certification at a grid of radii, grid.py: radius = the largest grid radius certified, N =
              draws made, pA_certified = Phi(radius / sigma): the bound the certificate proves; the examples
              of a --group share forward passes, so time is the group's, shared evenly)
 nY / N estimates pA of every example, wrong and abstained ones too: the whole distribution of pA (§4.3,
@@ -137,7 +137,7 @@ def build_parser(description=__doc__):
                         "to float, so floating point cannot fake a certificate; certifies f composed with the "
                         "grid mapping. Default: the float sampler of Cohen et al. (comparable with the paper)")
     p.add_argument("--radii", type=float, nargs="+", metavar="R", help="anytime-valid certification at these "
-                   "radii (ADAPTIVE.md): per example the largest one certified, stopping as soon as it is decided; "
+                   "radii (grid.py, docs/certification.md): per example the largest one certified, stopping as soon as it is decided; "
                    "--N is then the budget N_max. 0 (the smoothed prediction) is always a level, unless --no-zero-level")
     p.add_argument("--beta", type=float, help="--radii: the chance of ruling out a radius the example reaches, "
                    "exact at its threshold (default 0.2, chosen by measurement: tools/beta_curve.py; ruling out "

@@ -819,10 +819,10 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Sound sampling (Voráček & Hein 2023; SOUND.md): integer noise on the 8-bit grid, one conversion to float
+# Sound sampling (Voráček & Hein 2023): integer noise on the 8-bit grid, one conversion to float
 # ----------------------------------------------------------------------------------------------------------
 # The float path feeds f with fl(x + fl(sigma * randn)), which keeps low-order bits of x: a base classifier
-# can read them and get certificates that are false (SOUND.md §1). The sound path draws the Gaussian rounded
+# can read them and get certificates that are false (Voráček & Hein 2023, §3). The sound path draws the Gaussian rounded
 # to the grid h = 1/255 (J = round(G / h)) by comparing fair 62-bit integers with integer thresholds, adds
 # it to the input's integer levels (a + J) and converts once, z = fp32(a + J) / 255. Since x + q_h(G) =
 # q_h(x + G) for x on the grid, the votes are those of the Gaussian smoothing of f o phi o q_h, so Cohen's
@@ -882,7 +882,7 @@ def grid_levels(x, levels=GRID_LEVELS):
 
 
 def sound_noisy_inputs(a, k, sigma, generator=None, Q=SOUND_Q, levels=GRID_LEVELS):
-    """k noisy copies of each input on the grid, formed exactly: z = fp32(a + J) / levels (SOUND.md §2-§3).
+    """k noisy copies of each input on the grid, formed exactly: z = fp32(a + J) / levels (docs/certification.md, --sound).
 
     a: int32 levels (B, C, H, W) (grid_levels). J: the rounded Gaussian drawn with integer thresholds on a's
     device. Returns (z (k, B, C, H, W) float32, failed (k, B) bool: a draw with any failed coordinate).
@@ -936,7 +936,7 @@ def in_precision(model, precision):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The adaptive attack on the noise sphere (Alg. 1, App. C.3; official behaviour in BASELINES.md 7.2)
+# The adaptive attack on the noise sphere (Alg. 1, App. C.3; as the paper's released code runs it, docs/training.md)
 # ----------------------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -1015,7 +1015,7 @@ def make_scheduler(optimizer, lr_step, gamma=0.1, milestones=None):
 
 
 def split_chunks(batch, m):
-    """Cut a loader batch into m consecutive chunks of floor(B/m) examples (BASELINES.md 0.1).
+    """Cut a loader batch into m consecutive chunks of floor(B/m) examples (Salman et al. 2019's convention, docs/training.md).
 
     Each chunk is replicated with m noise draws and gets its own optimizer step, so every step sees about
     B noisy inputs. Leftover examples of a batch not divisible by m are dropped, as in the official code.

@@ -1,4 +1,4 @@
-"""Data-Dependent Randomized Smoothing (Alfarra, Bibi, Torr, Ghanem, UAI 2022; DDRS.md): a sigma per input.
+"""Data-Dependent Randomized Smoothing (Alfarra, Bibi, Torr, Ghanem, UAI 2022; docs/ddrs.md): a sigma per input.
 
 Usage: python ddrs.py certify --checkpoint runs/train_gaussian_digits_sigma0.25/checkpoint.pth.tar --N 1000
        python ddrs.py certify --checkpoint CKPT --semi-elastic     (a sound certificate: Súkeník et al. 2022)
@@ -99,7 +99,7 @@ CLASS_DRAWS, CLASS_MAX_DRAWS, CLASS_ALPHA = 100, 1000, 0.01
 
 def smoothed_class(model, x, sigma0, num_classes, generator, batch=1000, precision="fp32", draws=CLASS_DRAWS,
                    max_draws=CLASS_MAX_DRAWS, alpha=CLASS_ALPHA):
-    """cA of Algorithm 1: the class that the model smoothed at sigma0 predicts at x (DDRS.md §1, Eq. 2).
+    """cA of Algorithm 1: the class that the model smoothed at sigma0 predicts at x (Alfarra et al. 2022, Eq. 2).
 
     Hard votes of `draws` noisy copies at a time (x: (C, H, W)), until a two-sided binomial test of the top
     two counts at level alpha says which is larger, or max_draws are spent (then the top class so far: the
@@ -152,10 +152,10 @@ def optimize_sigma(model, x, sigma0, K, M, lr, generators, clamp=(0.02, 0.98), b
 
 
 # ----------------------------------------------------------------------------------------------------------
-# A sound radius for input-dependent sigma (Súkeník, Kuvshinov, Günnemann, ICML 2022; DDRS.md §4)
+# A sound radius for input-dependent sigma (Súkeník, Kuvshinov, Günnemann, ICML 2022; docs/ddrs.md)
 # ----------------------------------------------------------------------------------------------------------
 
-# --semi-elastic defaults (DDRS.md §4, the [S]-based re-implementation): k nearest training points, rate r, and
+# --semi-elastic defaults (docs/ddrs.md: the re-implementation of Súkeník et al.): k nearest training points, rate r, and
 # the centre m of rho_k for CIFAR-10; for a dataset without one, the median rho_k of training points is used.
 SEMI_ELASTIC_K, SEMI_ELASTIC_R, SEMI_ELASTIC_M = 20, 0.01, {"cifar10": 5.0}
 
@@ -174,7 +174,7 @@ def worst_class_b(d, sigma0, sigma1, pA_lower, dim):
     """The largest probability that the noise at sigma1 around a point x1 at distance d from x gives a class
     other than A, over every base classifier whose class-A probability at x (noise sigma0) is >= pA_lower.
 
-    The Neyman-Pearson worst case of two Gaussians with different sigmas is a ball (DDRS.md §4): under x's
+    The Neyman-Pearson worst case of two Gaussians with different sigmas is a ball (Súkeník et al. 2022): under x's
     noise, ||z - c||^2 / sigma0^2 is noncentral chi-square (dim degrees, noncentrality L0), under x1's
     (L1). sigma1 < sigma0: B fills the ball of x's probability 1 - pA_lower; sigma1 > sigma0: its outside.
     Class A is guaranteed at x1 iff the result is < 1/2. Arrays broadcast (sigma1 != sigma0, d > 0)."""
@@ -199,7 +199,7 @@ def semi_elastic_radius(pA_lower, sigma, r, dim, scan=32, bisect=40, verify=8):
     A point at distance d' has a sigma in [sigma e^{-r d'}, sigma e^{r d'}]; the radius is the largest d such
     that worst_class_b < 1/2 for every d' <= d and every such sigma (the band widened by SIGMA_ROUNDING in ln
     sigma, for the float rounding of sigma(x)). Found at the two extreme sigmas (the
-    re-implementation's rule; ASSUMED worst, DDRS.md §4): the first failing point of a scan of [0, Cohen's
+    re-implementation's rule; ASSUMED worst, docs/ddrs.md): the first failing point of a scan of [0, Cohen's
     radius], then bisection; the result is then verified on a grid of d' and of interior sigmas, and lowered
     until it passes. Never above Cohen's radius sigma Phi^-1(pA_lower) (r = 0: exactly Cohen's); 0 below 1/2.
     """
@@ -303,7 +303,7 @@ def parse_args(argv=None):
                  "(see --help of each)")
     if argv[0] == "train":
         p = machinery.ArgumentParser(prog="ddrs.py train", description=train_main.__doc__)
-        p.add_argument("--method", required=True, choices=tuple(DS_METHODS), help="the loss (DDRS.md §5)")
+        p.add_argument("--method", required=True, choices=tuple(DS_METHODS), help="the loss (docs/ddrs.md)")
         p.add_argument("--dataset", default="cifar10", choices=common.DATASETS, help="training data")
         p.add_argument("--data-dir", default=None, help="dataset folder (default $RS_DATA_DIR or ./data)")
         p.add_argument("--arch", choices=common.ARCHS, help="default: the dataset's (cifar_resnet110, digits_cnn)")
@@ -313,7 +313,7 @@ def parse_args(argv=None):
         p.add_argument("--warmup", type=int, help="epochs at the fixed sigma_0 first (default 50 cifar10, 5 digits)")
         p.add_argument("--K_train", type=int, help="OptimizeSigma steps per minibatch (default: the official "
                        "code's iter_sig_tr, 10 for MACER on CIFAR-10 and 1 on ImageNet; 1 for the other methods, "
-                       "ASSUMED: DDRS.md §5)")
+                       "ASSUMED: docs/ddrs.md)")
         p.add_argument("--init-checkpoint", help="start from this trained model's weights (the paper fine-tunes "
                        "released models); the optimizer and schedule start fresh. Recorded in args.json")
         p.add_argument("--trust-checkpoint", action="store_true", help="allow pickled objects in "
@@ -351,7 +351,7 @@ def parse_args(argv=None):
         return "memory", p.parse_args(argv[1:])
     p = certify.build_parser(__doc__)
     p.prog = "ddrs.py certify"
-    g = p.add_argument_group("DDRS (Algorithm 1; defaults DDRS.md §1)")
+    g = p.add_argument_group("DDRS (Algorithm 1; defaults docs/ddrs.md)")
     g.add_argument("--K", type=int, default=100, help="OptimizeSigma iterations (0: the fixed sigma)")
     g.add_argument("--M", type=int, default=1, help="noise draws per iteration")
     g.add_argument("--lr", type=float, default=1e-4, help="step size of the gradient ascent on sigma")
@@ -362,14 +362,14 @@ def parse_args(argv=None):
     g.add_argument("--no-fixed-cA", dest="fixed_cA", action="store_false",
                    help="re-pick the top class at every step (the official code) instead of sigma0's class")
     g.add_argument("--keep-best", action="store_true", help="return the iterate with the best proxy radius")
-    e = p.add_argument_group("a sound certificate for input-dependent sigma (Súkeník et al. 2022; DDRS.md §4)")
+    e = p.add_argument_group("a sound certificate for input-dependent sigma (Súkeník et al. 2022; docs/ddrs.md)")
     e.add_argument("--semi-elastic", action="store_true",
                    help="instead of Algorithm 1: sigma(x) = sigma_0 exp(r (rho_k(x) - m)), rho_k the mean distance "
                         "to the k nearest training images, and the radius that is sound for z -> g_sigma(z)(z)")
-    e.add_argument("--elastic-r", type=float, default=SEMI_ELASTIC_R, help="r (default 0.01, DDRS.md §4; 0: fixed "
+    e.add_argument("--elastic-r", type=float, default=SEMI_ELASTIC_R, help="r (default 0.01, docs/ddrs.md; 0: fixed "
                                                                            "sigma, Cohen's radius)")
     e.add_argument("--elastic-k", type=int, default=SEMI_ELASTIC_K, help="k nearest training images (default 20)")
-    e.add_argument("--elastic-m", type=float, help="m (default: 5 on cifar10, DDRS.md §4; other datasets: the "
+    e.add_argument("--elastic-m", type=float, help="m (default: 5 on cifar10, docs/ddrs.md; other datasets: the "
                                                    "median rho_k of 1,000 training images, leaving each out)")
     args = p.parse_args(argv[1:][1:] if argv[1:2] == ["--"] else argv[1:])
     return "certify", args
@@ -488,15 +488,15 @@ def memory_main(args):
         machinery.write_text_output(args.summary, "DDRS memory summary", summary + "\n", [args.log, outfile])
 
 
-# DS2 schedules (DDRS.md §5): CIFAR-10 200 epochs from scratch, the first 50 at the fixed sigma; digits: our
+# DS2 schedules (docs/ddrs.md): CIFAR-10 200 epochs from scratch, the first 50 at the fixed sigma; digits: our
 # CPU demo, 20 epochs, the first 5 fixed. ImageNet fine-tunes released models for 30 epochs (not here).
 DS_SCHEDULE = {"cifar10": {"epochs": 200, "warmup": 50, "lr_step": 50}, "digits": {"epochs": 20, "warmup": 5,
                                                                                      "lr_step": 10}}
-# Per-method losses of DDRS.md §5: Cohen (m = 1), SmoothAdv (2 PGD steps, one draw, eps 64/255 as [C]),
+# Per-method losses (docs/ddrs.md): Cohen (m = 1), SmoothAdv (2 PGD steps, one draw, eps 64/255 as [C]),
 # MACER ([C]: 64 draws, lambda 12, gamma 8, beta 16); --m overrides the draws.
 DS_METHODS = {"gaussian": dict(m=1), "smoothadv": dict(m=1, T=2, eps=64 / 255),
               "macer": dict(m=64, lbd=12.0, gamma=8.0, beta=16.0)}
-# K_train per (dataset, method): the official code's iter_sig_tr (DDRS.md §5: 10 in its CIFAR-10 MACER script, 1
+# K_train per (dataset, method): the official code's iter_sig_tr (10 in its CIFAR-10 MACER script, 1
 # in its ImageNet scripts); 1 elsewhere (ASSUMED).
 DS_K_TRAIN = {("cifar10", "macer"): 10}
 
@@ -691,7 +691,7 @@ def report_intervals(fixed, logs, radii):
 
 # The kinds of log (common.LOG_KINDS) that report and memory refuse; both need ddrs.py's logs (a sigma column)
 # of predictions, and report (ACR, gains) full radii and, as --fixed, certify.py's CERTIFY log at sigma_0. The
-# memory wraps any radii (DDRS.md: App. C), grid levels included.
+# memory wraps any radii (Alfarra et al. 2022, App. C), grid levels included.
 NOT_PREDICTIONS = "it certifies the true label, not the classifier's predictions; certify without --label-mode"
 NO_RADII = "its radii are grid levels (no ACR); certify without --radii"
 NO_SIGMA_COLUMN = "it has no sigma column; this needs a ddrs.py certify log"

@@ -31,7 +31,7 @@ MAX_GRID_DRAWS = 10 ** 6
 GROUP = 64
 
 # ----------------------------------------------------------------------------------------------------------
-# Anytime-valid bounds for certification at a grid of radii (ADAPTIVE.md §1b, §2: GRID-CS)
+# Anytime-valid bounds for certification at a grid of radii (Voráček 2024, Alg. 2; Horváth et al. 2022)
 # ----------------------------------------------------------------------------------------------------------
 # The betting confidence sequence of Voráček (2024, Alg. 2) with the Krichevsky-Trofimov mixture: after t
 # draws with A votes for cA, the wealth of betting against pA = p is the mixture likelihood ratio
@@ -102,7 +102,7 @@ def threshold_row(tau, checks, level, side, prior=KT_PRIOR, one_sided=True):
 
 
 def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True, prior=KT_PRIOR):
-    """Integer thresholds of GRID-CS (ADAPTIVE.md §2) per tau_j = Phi(r_j / sigma) and check t = checks[i]:
+    """Integer thresholds of the grid's tests per tau_j = Phi(r_j / sigma) and check t = checks[i]:
     level j is certified once A >= lower[j, i] (A / t > tau_j and log W+_t(tau_j) >= log(1 / alpha_seq)) and
     ruled out once A <= upper[j, i] (A / t < tau_j and log W-_t(tau_j) >= log(1 / beta)); unreachable: t + 1,
     -1 (threshold_row). Both made non-decreasing over j (only removes certificates). Returns int64 lower, upper
@@ -176,7 +176,7 @@ def kt_interval(A, t, alpha_low, beta_up, prior=KT_PRIOR):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Anytime-valid certification at a grid of radii (GRID-CS, ADAPTIVE.md §2; Voráček 2024, Horváth et al. 2022)
+# Anytime-valid certification at a grid of radii (Voráček 2024; Horváth et al. 2022)
 # ----------------------------------------------------------------------------------------------------------
 
 # --radii looks at 16 draws, then every 2 % more, at most 200 draws apart (732 looks up to 10^5): finer

@@ -5,7 +5,7 @@ record, locks, atomic replacement); run identity for sidecars; checkpoints saved
 running code; resumable training runs and their logs; torchrun plumbing. The building blocks (common.py, and
 the paper's functions in each script: certify, ours_loss, the baselines' losses, acr, compare_sides, ...)
 never call into this module: they take arguments and return values, so each can be pasted alone
-(../shared/tools/copy_size.py measures it; tests/test_paste.py keeps it so). The scripts' main paths call them
+(tools/copy_size.py measures it; tests/test_paste.py keeps it so). The scripts' main paths call them
 and do the writing, broadcasting and printing here.
 """
 import argparse

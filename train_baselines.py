@@ -4,12 +4,12 @@ CAT-RS, and Stability training.
 Each method is one short loss function below with the loss_fn(model, x, y, idx) contract of common.train_epoch;
 data, checkpoints, logs and --resume are shared with train_gaussian.py and train_ours.py. The defaults of each
 method and sigma are the released CIFAR-10 configurations the paper compared with (facts and sources:
-BASELINES.md); every hyper-parameter is a flag that overrides them.
+docs/training.md); every hyper-parameter is a flag that overrides them.
 
 Usage: python train_baselines.py --method consistency --sigma 0.25 --dataset digits --epochs 2
 
 CIFAR-10, the released setting of a method for a sigma (writes runs/train_<method>_cifar10_sigma<sigma>):
-    python train_baselines.py --method smoothmix --sigma 0.5 --dataset cifar10 --data-dir ../shared/data/cifar10
+    python train_baselines.py --method smoothmix --sigma 0.5 --dataset cifar10 --data-dir data
 CAT-RS needs the soft labels of a Gaussian sigma = 0.25 model on the training set, computed once and used for
 every training sigma (N = 10,000 noisy votes per image):
     python train_baselines.py --make-catrs-target --checkpoint GAUSSIAN_SIGMA0.25.pth.tar --out runs/catrs_target.pt
@@ -42,7 +42,7 @@ for module in (common, machinery):   # a student's module of one of these names 
 
 METHODS = ("smoothadv", "macer", "consistency", "smoothmix", "catrs", "stability")
 
-# Released per-sigma settings (BASELINES.md; [CATRS-EXP] = the CAT-RS repository's EXPERIMENTS.MD).
+# Released per-sigma settings (docs/training.md lists them with their sources; [CATRS-EXP] = the CAT-RS repository's EXPERIMENTS.MD).
 # eps / alpha are L2 norms in [0, 1] pixel units (the official scripts' `--epsilon 256` is 1.0).
 # Datasets without an entry (digits) use the CIFAR-10 one; sigmas without an entry use the nearest listed one.
 DEFAULTS = {
@@ -91,7 +91,7 @@ OPTIONAL = {"smoothadv": {"attack": "pgd"},
             "smoothmix": {"maxnorm": None},
             "catrs": {"double_eps_from": None, "lr_drop": None, "confidence_mask": False}}
 
-# Methods that cut each loader batch into m chunks, one optimizer step each (BASELINES.md 0.1);
+# Methods that cut each loader batch into m chunks, one optimizer step each (Salman et al. 2019);
 # MACER (64 images x 16 copies) and Stability take one step per loader batch.
 CHUNKED = {"smoothadv": True, "macer": False, "consistency": True, "smoothmix": True, "catrs": True,
            "stability": False}
@@ -168,7 +168,7 @@ def result(loss, logits, targets):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# SmoothAdv (Salman et al. 2019; BASELINES.md 1): adversarial training of the soft smoothed classifier
+# SmoothAdv (Salman et al. 2019): adversarial training of the soft smoothed classifier
 # ----------------------------------------------------------------------------------------------------------
 
 def smoothadv_attack(model, x, y, noise, T, eps):
@@ -255,7 +255,7 @@ def smoothadv_loss(model, x, y, idx, *, sigma, m, T, eps, warm=1.0, attack=smoot
 
 
 # ----------------------------------------------------------------------------------------------------------
-# MACER (Zhai et al. 2020; BASELINES.md 2): hinge on the soft certified radius, no attack, no chunking
+# MACER (Zhai et al. 2020): hinge on the soft certified radius, no attack, no chunking
 # ----------------------------------------------------------------------------------------------------------
 
 def macer_loss(model, x, y, idx, *, sigma, m, beta, gamma, lbd, noise=None):
@@ -286,7 +286,7 @@ def macer_loss(model, x, y, idx, *, sigma, m, beta, gamma, lbd, noise=None):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Consistency (Jeong & Shin 2020; BASELINES.md 3): KL to the mean prediction plus its entropy
+# Consistency (Jeong & Shin 2020): KL to the mean prediction plus its entropy
 # ----------------------------------------------------------------------------------------------------------
 
 def consistency_loss(model, x, y, idx, *, sigma, m, lbd, eta, noise=None):
@@ -304,7 +304,7 @@ def consistency_loss(model, x, y, idx, *, sigma, m, lbd, eta, noise=None):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# SmoothMix (Jeong et al. 2021; BASELINES.md 4): mixup along the adversarial path of the smoothed classifier
+# SmoothMix (Jeong et al. 2021): mixup along the adversarial path of the smoothed classifier
 # ----------------------------------------------------------------------------------------------------------
 
 def smoothmix_attack(model, x, y, noise, T, alpha, mix_step, warm, maxnorm=None):
@@ -361,7 +361,7 @@ def smoothmix_loss(model, x, y, idx, *, sigma, m, T, alpha, eta, mix_step, warm,
 
 
 # ----------------------------------------------------------------------------------------------------------
-# CAT-RS (Jeong, Kim & Shin 2023; BASELINES.md 5): bottom-K CE on easy copies, worst-case KL on confident images
+# CAT-RS (Jeong, Kim & Shin 2023): bottom-K CE on easy copies, worst-case KL on confident images
 # ----------------------------------------------------------------------------------------------------------
 
 def catrs_attack(model, x, pb, delta, T, eps):
@@ -435,7 +435,7 @@ def catrs_loss(model, x, y, idx, *, sigma, m, T, eps, lbd, target, confidence_ma
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Stability training (Li et al. 2019; BASELINES.md 6): clean CE plus noisy-vs-clean cross-entropy
+# Stability training (Li et al. 2019): clean CE plus noisy-vs-clean cross-entropy
 # ----------------------------------------------------------------------------------------------------------
 
 def stability_loss(model, x, y, idx, *, sigma, lbd, noise=None):

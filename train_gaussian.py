@@ -4,14 +4,14 @@ Usage: python train_gaussian.py --dataset digits --sigma 0.5 --epochs 5
 
 Every training image gets m independent draws delta_1..delta_m ~ N(0, sigma^2 I) and the loss is the mean
 cross-entropy of f(x + delta_i) (eq. 1 of the paper). As in every official RS script, a loader batch of 256
-images is cut into m chunks, each replicated m times, one SGD step per chunk (BASELINES.md 0.1), so each
+images is cut into m chunks, each replicated m times, one SGD step per chunk (Salman et al. 2019's convention, docs/training.md), so each
 step sees 256 noisy inputs. m = 4 is the paper's CIFAR-10 baseline (§6); --m 1 is Cohen et al.'s original.
 NOTE: each epoch is one shuffled pass over the data; the paper's own Gaussian numbers come from its
 train.py with all parts off, which samples with replacement (`train_ours.py --no-discard --no-reweight
 --T 0` reproduces that).
 
 CIFAR-10, the paper's schedule (150 epochs, lr 0.1, x0.1 every 50), into runs/train_gaussian_cifar10_sigma0.5:
-    python train_gaussian.py --dataset cifar10 --data-dir ../shared/data/cifar10 --sigma 0.5
+    python train_gaussian.py --dataset cifar10 --data-dir data --sigma 0.5
 Gradient norms of Table 2 (TSV idx label pA grad_norm, written beside the checkpoint):
     python train_gaussian.py --gradnorm runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --probe 200
 """

@@ -2,7 +2,7 @@
 
 Usage: python train_ours.py --sigma 0.5 --Et 70 --pt 0.4
 
-Algorithm 2, as main() below runs it (0-based epochs; BASELINES.md §7 has the official code's details):
+Algorithm 2, as main() below runs it (0-based epochs; docs/training.md has the released code's details):
   epochs < Et       Gaussian training with m noise draws per image, shuffled passes over D
   epoch == Et       discard_hard (§5.1): pA of every training image from N = 100 noisy copies under the
                     current model; keep D' = {pA >= pt}

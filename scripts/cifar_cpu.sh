@@ -3,7 +3,7 @@
 # LeNet at sigma = 0.5, Gaussian training against the paper's method, shortened schedules, certified on every
 # 20th test image (500) with N = 10,000, alpha = 0.001 (with the true label's votes, so the ECDF covers
 # [0, 1]). About 1.5 CPU-hours on 2 cores; a second call resumes (training and certification) or skips.
-#   DATA_DIR=../shared/data/cifar10 bash scripts/cifar_cpu.sh
+#   bash scripts/cifar_cpu.sh
 # scripts/fig3_cpu.sh uses both runs (RUNS, default runs/cifar_cpu) for Figure 3 and Table 2.
 RUNS=${RUNS:-runs/cifar_cpu}
 source "$(dirname "$0")/lib.sh"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DDRS on CIFAR-10 at CPU scale (docs/ddrs.md; DDRS.md §6's small-scale check), committed under results/ddrs_cpu:
+# DDRS on CIFAR-10 at CPU scale (docs/ddrs.md: a small-scale check), committed under results/ddrs_cpu:
 # a Gaussian sigma_0 = 0.25 LeNet (the shortened schedule of scripts/cifar_cpu.sh), certified on every SKIP-th
 # test image (default 20: 500 images, the committed run) with N = 10,000, alpha = 0.001:
 #   - at the fixed sigma_0 (certify.py);
@@ -7,7 +7,7 @@
 #     3e-3, 1e-2 and 3e-2), each followed by the memory (Algorithm 3);
 #   - with the semi-elastic sigma and its sound radius (ddrs.py certify --semi-elastic, r = 0.01, k = 20, m = 5);
 # then the table of all logs and the step-size report (ddrs.py report). About 2 CPU-hours on one core.
-#   DATA_DIR=../shared/data/cifar10 bash scripts/ddrs_cpu.sh
+#   bash scripts/ddrs_cpu.sh
 source "$(dirname "$0")/help.sh"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Seconds of one full CIFAR-10 training epoch of every baseline and of Gaussian training (cifar_resnet20,
 # released sigma = 0.5 settings, --amp --channels-last): the timing of the baselines.
-#   DATA_DIR=../shared/data/cifar10 bash scripts/epoch_times.sh      (about 3 hours on a 2-core CPU)
+#   bash scripts/epoch_times.sh      (about 3 hours on a 2-core CPU)
 # Each run writes runs/epoch_times/<name>/log.tsv; its `time` column (training plus the noisy evaluation on
 # the 10,000 test images) is printed at the end; a second call skips the runs that finished. Gaussian
 # training runs at every m a baseline uses (1, 2, 4, 8, 16), so each baseline has its reference. CAT-RS's

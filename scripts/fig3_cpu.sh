@@ -4,8 +4,8 @@
 # schedule of scripts/cifar_cpu.sh (10 epochs, lr x0.1 after 6), each certified on every 20th test image
 # (500) with N = 10,000, alpha = 0.001 and the true label's votes. Runs scripts/cifar_cpu.sh first (its two
 # models are Figure 3's Gaussian and ours). About 4 CPU-hours; a second call resumes.
-#   DATA_DIR=../shared/data/cifar10 bash scripts/fig3_cpu.sh
-# The released settings of each method (train_baselines.py, BASELINES.md) except, forced by time or scale:
+#   bash scripts/fig3_cpu.sh
+# The released settings of each method (train_baselines.py, docs/training.md) except, forced by time or scale:
 #   SmoothAdv  T = 2 attack steps (released 10; m = 8 kept): 10 steps on 8 copies is ~30x a Gaussian epoch
 #   MACER      --deferred: no robustness term until after the lr decay (the released sigma = 1.0 setting);
 #              the sigma = 0.5 setting stays at chance on LeNet (docs/training.md)

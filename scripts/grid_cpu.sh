@@ -10,8 +10,8 @@
 # which run to the budget; what halving it costs in certificates is measured against CERTIFY at 100,000).
 # Then tools/bench.py's table from the logs. About 2 CPU-hours per sigma in fp32 on one AVX2 core; a second call resumes.
 # SIGMAS picks the noise levels, so that two cores can run one each:
-#   DATA_DIR=../shared/data/cifar10 bash scripts/grid_cpu.sh
-#   SIGMAS=0.5 DATA_DIR=../shared/data/cifar10 bash scripts/grid_cpu.sh
+#   bash scripts/grid_cpu.sh
+#   SIGMAS=0.5 bash scripts/grid_cpu.sh
 source "$(dirname "$0")/lib.sh"
 OUT=${OUT:-results/grid_cpu}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}

@@ -76,8 +76,8 @@ certify() {
 
 
 # default_root: the folder of certification logs to read: $ROOT where given; else $RUNS, or the paper's
-# published logs ($PUBLISHED, default ../shared/reference/acr-weakness) where $RUNS has none (with a note).
-PUBLISHED=${PUBLISHED:-../shared/reference/acr-weakness}
+# published logs ($PUBLISHED, default acr-weakness) where $RUNS has none (with a note).
+PUBLISHED=${PUBLISHED:-acr-weakness}
 default_root() {
     if [ -n "${ROOT:-}" ]; then return; fi
     ROOT=$RUNS

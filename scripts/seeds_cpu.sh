@@ -3,7 +3,7 @@
 # method needs its spread over seeds (docs/analysis.md, "Verdicts"; analyze.py compare). Resumable like its parts: a
 # second call skips finished runs and continues the rest. Each seed of cifar_cpu.sh takes about 1.5 CPU-hours,
 # each of table5_cpu.sh about 2.5.
-#   DATA_DIR=../shared/data/cifar10 bash scripts/seeds_cpu.sh            (SEEDS="1 2", PARTS="cifar table5")
+#   bash scripts/seeds_cpu.sh            (SEEDS="1 2", PARTS="cifar table5")
 # Writes results/cifar10_cpu/seed<S>/ and results/table5_cpu/seed<S>/ (runs under runs/*/seed<S>/).
 source "$(dirname "$0")/help.sh"
 set -euo pipefail

@@ -4,7 +4,7 @@
 # loss, on the sigma = 0.5 LeNets of scripts/fig3_cpu.sh (run it first), PROBE (default 1000) training probes
 # with pA from 100 noisy copies each; and Figure 5: the paper's loss on the Gaussian model with and without
 # its attack (T = 2, eps = 0.25, as the paper's method was trained here). About 7 CPU-minutes.
-#   DATA_DIR=../shared/data/cifar10 bash scripts/table2_cpu.sh
+#   bash scripts/table2_cpu.sh
 # Each loss takes the settings its model was trained with (scripts/fig3_cpu.sh); the ACR column comes from the
 # models' certification logs (results/cifar10_cpu, results/fig3_cpu).
 RUNS=${RUNS:-runs/cifar_cpu}

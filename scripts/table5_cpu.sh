@@ -2,7 +2,7 @@
 # Table 5 at CPU scale, committed under results/table5_cpu (results/table5_cpu/README.md): the eight ablation
 # runs of scripts/table5.sh at sigma = 0.25 with the LeNet schedule of scripts/cifar_cpu.sh, each certified on
 # every 20th test image (500) with N = 10,000, alpha = 0.001. About 2.5 CPU-hours; a second call resumes.
-#   DATA_DIR=../shared/data/cifar10 bash scripts/table5_cpu.sh
+#   bash scripts/table5_cpu.sh
 # Scaled from the paper's sigma = 0.25 setting (Table 6: m = 4, Et = 60 of 150, pt = 0.5, T = 3, eps = 0.25):
 # 10 epochs with lr x0.1 after 6, m = 2, discard at Et = 7 with pA from N = 32 (paper 100), reweighting every
 # 4 epochs (paper 10), a 2-step attack. Without discarding, the attack and the reweighting start at epoch 0

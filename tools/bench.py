@@ -26,7 +26,7 @@ machine, its load, torch version, threads and settings:
   (f)  certify.py --sound: the exact integer sampler (common.sound_noisy_inputs) against the float noise and
        against the forward pass of 1000 noisy inputs, and sample_counts with and without it, for CIFAR-10's
        cifar_resnet20 and digits' digits_cnn (folded, channels-last, as certify.py runs them)
-  (g)  certify.py --radii (anytime-valid, ADAPTIVE.md §5) against CERTIFY at N and N / 10 on trained models at
+  (g)  certify.py --radii (anytime-valid, grid.py) against CERTIFY at N and N / 10 on trained models at
        sigma 0.25 and 0.5 (digits models trained here, or --checkpoint): model evaluations (mean, median, 90th
        percentile, share run to the budget), wall time, certified accuracy at each grid radius and the
        examples on which each arm disagrees with CERTIFY at N; arms: the grid with and without the final

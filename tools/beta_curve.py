@@ -1,4 +1,4 @@
-"""The level beta of certify.py --radii, chosen by measurement (ADAPTIVE.md §2).
+"""The level beta of certify.py --radii, chosen by measurement (docs/certification.md).
 
 beta sets the upper confidence bound that rules radii out and stops sampling early. It never enters the
 guarantee (ruling out only removes certificates), so it is a pure cost trade-off: a larger beta stops

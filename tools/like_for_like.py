@@ -1,4 +1,4 @@
-"""Grid certification against the published adaptive rules, on their terms (ADAPTIVE.md §1, §3).
+"""Grid certification against the published adaptive rules, on their terms (Voráček 2024; Horváth et al. 2022).
 
 The setting of Voráček's and Horváth et al.'s comparisons: one radius r fixed in advance (0.5), the true
 label as the candidate (label mode: no selection draws), alpha = 0.001 and beta = alpha / 2 (the error of

@@ -1,4 +1,4 @@
-"""How much of a batch enters MACER's hinge at initialisation (docs/training.md, MACER note; BASELINES.md 2).
+"""How much of a batch enters MACER's hinge at initialisation (docs/training.md, MACER note; Zhai et al. 2020).
 
 MACER's robustness term only sees images whose soft top-1 class is the label and whose
 d = Phi^-1(q1) - Phi^-1(q2) is finite and <= gamma (train_baselines.macer_loss). With beta = 16 a large
@@ -8,7 +8,7 @@ on real CIFAR-10 test images with MACER's sigma = 0.5 setting (m 16, beta 16, ga
 the median beta * gap, the share of images with finite d, the share in the hinge, and the share of images
 whose soft top-1 is the batch's most common class (images: a seeded random subset of the test set).
 
-Usage: python tools/macer_init.py --data-dir ../shared/data/cifar10 [--batches 4 --seeds 0 1 2]
+Usage: python tools/macer_init.py --data-dir data [--batches 4 --seeds 0 1 2]
 """
 import argparse
 import os
