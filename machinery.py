@@ -794,8 +794,7 @@ def remove_output(path, kind, claimed=False):
 
 
 def adopt_outputs(paths, kind):
-    """Enter existing files in their folders' records as written by this project as `kind` (for files made
-    before the record existed: results/ of earlier versions). Only for files you know this project wrote."""
+    """Enter existing files in their folders' records as written by this project as `kind` (for files made without a record, e.g. copied in from elsewhere). Only for files you know this project wrote."""
     for path in paths:
         with _folder_record(os.path.dirname(os.path.abspath(path))) as (record, save):
             record[os.path.basename(path)] = _entry(kind, file_sha256(path))

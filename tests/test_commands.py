@@ -398,7 +398,9 @@ def test_no_committed_text_names_an_absolute_path_of_a_machine():
     assert not found, found
 
 
-NARRATIVE = re.compile(r"\bsessions? \d+|\bsession \d|\bissue #?\d+|\(#\d+\)|\bissue:|\bthis session\b", re.I)
+NARRATIVE = re.compile(r"\bsessions? \d+|\bsession \d|\bissue #?\d+|\(#\d+\)|\bissue:|\bthis session\b|"
+                       r"\bearlier (rules?|code|versions?)\b|\b(previous|current|old) rule\b|\bin git history\b|"
+                       r"\bof that time\b|\bcommit [0-9a-f]{7,40}\b|\btargets? it was given\b", re.I)
 SCANNED = (".py", ".md", ".sh", ".txt", ".tsv", ".json", ".tex", "Makefile")
 
 
@@ -493,3 +495,13 @@ def test_every_shell_script_prints_its_header_on_help_and_runs_nothing(flag, tmp
         assert done.returncode == 0 and done.stdout.startswith(first), (name, done.stdout[:200], done.stderr[-300:])
         assert "\n+ " not in done.stdout and not done.stdout.startswith("+ ") and done.stderr == "", name
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("line, is_history", [   # each history line split in two, so that this file has none
+    ("the earl" + "ier rule spent more", True), ("measured on earl" + "ier code", True),
+    ("its logs are in git " + "history", True), ("models of that " + "time", True),
+    ("σ = 0.25: com" + "mit 50f9930", True), ("the speed targets it was " + "given", True),
+    ("against the cur" + "rent rule", True), ("an earlier run still holds the lock", False),
+    ("earlier epochs' batches", False), ("the rule's rule-outs", False)])
+def test_the_narrative_scan_knows_the_class_of_history_lines(line, is_history):
+    assert bool(NARRATIVE.search(line)) == is_history, line

@@ -146,26 +146,20 @@ def draws_at(pAs, radii, sigma, N, N0, alpha, reps, seeds):
 
 def savings(args):
     """Mean model evaluations per example of the grid, one radius and r = 0.5 alone (the arms of tools/bench.py g),
-    earlier and current rule, simulated on the log's pA, with the saving against CERTIFY and the oracle's ratio."""
+    simulated on the log's pA, with the saving against CERTIFY and the ratio to the oracle's draws."""
     import bench
     sigma, pA, correct, n_log = read_truth(args.log)
-    old = dict(looks=grid.look_schedule(args.N, 32, 1.25, 500), exact_beta=False)
     arms = {"grid": dict(radii=args.radii), "single radius 0.5": dict(radii=[0.5]),
             "r = 0.5 alone": dict(radii=[0.5], zero_level=False)}
     lines = []
     for name, arm in arms.items():
-        row, accuracy = [], []
-        for looks in (old, {}):
-            plan = grid.grid_plan(arm["radii"], sigma, args.N, args.alpha, grid.DEFAULT_BETA, True,
-                                     zero_level=arm.get("zero_level", True), **looks)
-            each, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0, per_example=True)
-            draws = each.mean()
-            row += [args.N0 + draws, (args.N0 + args.N) / (args.N0 + draws)]
-            accuracy.append(100 * np.array(acc))
+        plan = grid.grid_plan(arm["radii"], sigma, args.N, args.alpha, grid.DEFAULT_BETA, True,
+                              zero_level=arm.get("zero_level", True))
+        each, _ = simulate(plan, pA, correct, args.reps, args.seed, args.N0, per_example=True)
+        evaluations = args.N0 + each.mean()
         oracle_each, capped = bench.oracle_draws(pA, plan["taus"], args.alpha, grid.DEFAULT_BETA, args.N,
                                                  runs=args.reps, seed=args.seed)
         oracle, kept = oracle_each.mean(), capped == 0   # kept: no oracle run of the example reached N_max
-        change = accuracy[1] - accuracy[0]
         measured = ""
         if args.estimates:   # tools/bench.py's way: the oracle, and which examples it cuts, at an estimate of pA
             rng, ratios = np.random.default_rng(args.seed + 1), []
@@ -175,20 +169,18 @@ def savings(args):
                                              runs=args.reps, seed=args.seed)   # the oracle's noise as above
                 ratios.append(each[cut == 0].mean() / at[cut == 0].mean() if (cut == 0).any() else np.nan)
             measured = f" {np.mean(ratios):.2f} [{np.min(ratios):.2f}, {np.max(ratios):.2f}] |"
-        lines.append(f"| {name} | {row[0]:,.0f} | {row[1]:.1f}x | {(row[0] - args.N0) / oracle:.2f} | "
-                     f"{row[2]:,.0f} | **{row[3]:.1f}x** | {(row[2] - args.N0) / oracle:.2f} | "
+        lines.append(f"| {name} | {evaluations:,.0f} | **{(args.N0 + args.N) / evaluations:.1f}x** | "
+                     f"{(evaluations - args.N0) / oracle:.2f} | "
                      f"{each[kept].mean() / oracle_each[kept].mean() if kept.any() else np.nan:.2f} "
                      f"({int((~kept).sum())}) | "
-                     f"{args.N0 + oracle:,.0f} | {(args.N0 + args.N) / (args.N0 + oracle):.1f}x | "
-                     f"{change[np.argmax(abs(change))]:+.2f} |{measured}\n")
+                     f"{args.N0 + oracle:,.0f} | {(args.N0 + args.N) / (args.N0 + oracle):.1f}x |{measured}\n")
     return (f"Simulated on the {len(pA)} examples of {args.log} (each example's pA: the log's nA / N, taken as the "
             f"truth; {args.reps} runs an example, each selecting its candidate from N0 = {args.N0} votes): mean model "
             f"evaluations per example (N0 included), how many times fewer than CERTIFY at N = {args.N:,} "
             f"(N0 + N = {args.N0 + args.N:,}), and the estimation draws over the oracle's (bench.oracle_draws, Wald's "
             f"SPRTs at each pA, a look after every draw; {args.reps} runs an example). sigma {sigma:g}, N_max "
             f"{args.N:,}, alpha {args.alpha:g}, beta {grid.DEFAULT_BETA:g}; the grid: --radii "
-            f"{' '.join(f'{r:g}' for r in args.radii)}; the earlier rule: the selection-prior tests on looks every "
-            f"25 % (at most 500 apart), rule-outs at Ville's level; the current rule: {grid.GRID_TEST}.\n\n"
+            f"{' '.join(f'{r:g}' for r in args.radii)}; the rule: {grid.GRID_TEST}.\n\n"
             f"The oracle's own evaluations (N0 + its draws) and saving: the reference (per level, no test with the "
             f"same error and power at that pA needs fewer draws on average: Wald and Wolfowitz); its runs undecided at "
             f"N_max are counted as N_max, which only raises its saving; the ratio without the examples of which some oracle "
@@ -197,11 +189,10 @@ def savings(args):
                f"of pA (nA / N of an independent CERTIFY run with the log's N, drawn {args.estimates} times: mean "
                f"[smallest, largest]) while the rule runs at the true pA: it differs from the known-truth ratio "
                f"by the estimate's error alone." if args.estimates else "") + "\n\n"
-            "| arm | earlier rule: evaluations | saving | x the oracle | current rule: evaluations | saving | "
-            "x the oracle | x the oracle without the examples it cuts (how many) | oracle: evaluations | oracle: "
-            "saving | certified accuracy, current - earlier (points, the radius where it differs most) |"
+            "| arm | evaluations | saving | x the oracle | x the oracle without the examples it cuts (how many) | "
+            "oracle: evaluations | oracle: saving |"
             + (" the same ratio, the oracle at an estimate of pA |\n|---" if args.estimates else "\n")
-            + "|---|---|---|---|---|---|---|---|---|---|---|\n" + "".join(lines))
+            + "|---|---|---|---|---|---|---|\n" + "".join(lines))
 
 
 def budgets(args):
@@ -284,7 +275,7 @@ def main(argv=None):
                    "rule against the oracles (the log is then "
                    "unused but for its sigma; --out: draws_at_pA.md)")
     p.add_argument("--savings", action="store_true", help="instead: the arms of tools/bench.py g (the grid, one radius "
-                   "0.5, r = 0.5 alone), earlier and current rule, simulated on the log's pA (--out: savings.md)")
+                   "0.5, r = 0.5 alone), simulated on the log's pA (--out: savings.md)")
     p.add_argument("--estimates", type=int, metavar="K", help="with --savings: also the oracle ratio "
                    "without the cut examples as tools/bench.py measures it, the oracle at K independent estimates of pA")
     p.add_argument("--budgets", type=int, nargs="+", metavar="N_MAX", help="instead: the grid on each of these "

@@ -1,6 +1,6 @@
 """How often the class that ddrs.py optimises sigma_x for differs from the prediction of the model smoothed at
 sigma_0 (Algorithm 1 of Alfarra et al. 2022 wants the latter). Before: the top class of OptimizeSigma's first step (one
-noisy draw at M = 1: the earlier rule, and still that of DS2 training steps); after: ddrs.smoothed_class. The
+noisy draw at M = 1, as DS2's training steps choose it); after: ddrs.smoothed_class. The
 reference: the top class of REF_DRAWS hard votes at sigma_0 (its own seed), with how many of those are not
 decided (two-sided binomial test of the top two at 0.01).
 
