@@ -23,7 +23,7 @@ PROJECT = "acr-weakness"   # certify.py checks it: a student's own grid.py earli
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
 # removes certificates); chosen by measurement (tools/beta_curve.py on results/grid_cpu, docs/certification.md):
 # at 0.2, 21 % fewer evaluations than at beta = alpha for 0.04-0.06 points of certified accuracy (4-6 of 10,000
-# runs; on looks every 25 %: rule-outs at their exact error cost at most 0.25 points more, results/grid_cpu/rerun).
+# simulated runs, on looks every 25 % more draws).
 DEFAULT_BETA = 0.2
 # --radii: the largest budget N_max (5,232 looks; a prior's tables, with their exact rule-out levels, then take
 # 10-30 s on a CPU core, about 1 s at the paper's 100,000)
@@ -86,24 +86,23 @@ def first_true(lo, hi, ok, guess=None):
     return lo
 
 
-def threshold_row(tau, checks, level, side, prior=KT_PRIOR, one_sided=True):
+def threshold_row(tau, checks, level, side, prior=KT_PRIOR):
     """Per check t: side +1, the smallest A > t tau whose log wealth against pA <= tau reaches `level` (t + 1: none);
-    side -1, the largest A < t tau whose wealth against pA >= tau reaches it (-1: none); one_sided_log_wealth
-    (one_sided=False: kt_log_wealth). Every 8th check first: their answers, interpolated, guide the others."""
+    side -1, the largest A < t tau whose wealth against pA >= tau reaches it (-1: none); one_sided_log_wealth.
+    Every 8th check first: their answers, interpolated, guide the others."""
     t = np.asarray(checks, dtype=np.int64)
     lo, hi = (np.floor(t * tau).astype(np.int64) + 1, t) if side > 0 else (0 * t, np.ceil(t * tau).astype(np.int64) - 1)
 
     def search(idx, guess=None):   # side -1: the first A whose wealth falls short of the level, minus 1
         def ok(A, at):
-            w = one_sided_log_wealth(A, t[idx[at]], tau, side, prior) if one_sided else \
-                kt_log_wealth(A, t[idx[at]], tau, prior)
+            w = one_sided_log_wealth(A, t[idx[at]], tau, side, prior)
             return w >= level if side > 0 else w < level
         return first_true(lo[idx], hi[idx], ok, guess) - (side < 0)
     coarse = np.r_[np.arange(0, len(t) - 1, 8), len(t) - 1]
     return search(np.arange(len(t)), np.interp(t, t[coarse], search(coarse)).round())
 
 
-def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True, prior=KT_PRIOR):
+def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, prior=KT_PRIOR):
     """Integer thresholds of the grid's tests per tau_j = Phi(r_j / sigma) and check t = checks[i]:
     level j is certified once A >= lower[j, i] (A / t > tau_j and log W+_t(tau_j) >= log(1 / alpha_seq)) and
     ruled out once A <= upper[j, i] (A / t < tau_j and log W-_t(tau_j) >= log(1 / beta)); unreachable: t + 1,
@@ -111,8 +110,8 @@ def grid_tables(taus, checks, alpha_seq, beta, alpha_fin, N_max, one_sided=True,
     (k, len(checks)) and final (final_thresholds at alpha_fin)."""
     level_seq = math.log(1 / alpha_seq) if alpha_seq > 0 else math.inf
     level_beta = math.log(1 / beta) if beta > 0 else math.inf
-    lower = [threshold_row(tau, checks, level_seq, +1, prior, one_sided) for tau in taus]
-    upper = [threshold_row(tau, checks, level_beta, -1, prior, one_sided) for tau in taus]
+    lower = [threshold_row(tau, checks, level_seq, +1, prior) for tau in taus]
+    upper = [threshold_row(tau, checks, level_beta, -1, prior) for tau in taus]
     lower, upper = np.maximum.accumulate(lower, axis=0), np.maximum.accumulate(upper, axis=0)
     return {"lower": lower, "upper": upper, "final": final_thresholds(taus, N_max, alpha_fin)}
 
@@ -182,13 +181,11 @@ def kt_interval(A, t, alpha_low, beta_up, prior=KT_PRIOR):
 # ----------------------------------------------------------------------------------------------------------
 
 # --radii looks at 16 draws, then every 2 % more, at most 200 draws apart (732 looks up to 10^5): finer
-# looks stop closer to where the evidence suffices (every 25 % more cost 1.2-1.3x the draws of looking after each
-# one, results/grid_cpu/sigma0.5/draws_at_pA.md) and cost no evaluations, since an example's chunks are packed
+# looks stop closer to where the evidence suffices and cost no evaluations, since an example's chunks are packed
 # with other examples' into full passes (--group); the looks cost nothing in alpha beyond what grid_plan accounts.
 LOOK_FIRST, LOOK_GROWTH, LOOK_MAX_GAP = 16, 1.02, 200
 NEAR_PRIOR = 1e-3   # ruled_out_rows: exact beta where the prior's mass below tau_j is in [1e-3, 1 - 1e-3]
-# The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones
-# (logs of the other rules that tools/beta_curve.py compares record theirs, e.g. "one-sided KT").
+# The tests behind --radii's decisions, recorded in the sidecar: a log is only resumed under the same ones.
 GRID_TEST = ("one-sided, prior from the selection votes, looks every 2 %, exact beta near the prior and per-level "
              "final look")
 
@@ -206,43 +203,37 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
     return looks + [int(N_max)]
 
 
-def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=1.0, one_sided=True,
-              selection_prior=True, zero_level=True, exact_beta=True, looks=None):
+def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, zero_level=True, looks=None):
     """The precomputed part of GRID-CS for one (sigma, radii, budget): levels r_0 = 0 < r_1 < ... (no r_0 = 0
     with zero_level False: --no-zero-level), their thresholds tau_j = Phi(r_j / sigma), the check times
     (look_schedule) and, through prior_tables, the integer tables of the tests (threshold_row) with
     their exact alpha accounting.
 
-    The tests. Level j is certified when the one-sided mixture against pA <= tau_j reaches 1 / alpha_seq and
-    ruled out when the one against pA >= tau_j reaches 1 / beta (one_sided_log_wealth; one_sided=False:
-    the two-sided wealth for both, the earlier two-sided rule, which needs 3-9 % more draws at pA 0.6 to 0.99
-    in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md). Ruling out never makes a certificate wrong, it
-    only loses one; with exact_beta (the default) each level's rule-out is set at a wealth level whose exact
-    error is at most beta and near it (ruled_out_rows: P(level j ever ruled out | pA = tau_j) <= beta, exact),
-    not at Ville's 1 / beta, whose error the looks leave at 0.5-0.8 beta. looks: the check times (default
-    look_schedule(N_max)).
+    The tests. Level j is certified when the one-sided mixture against pA <= tau_j reaches 1 / alpha and
+    ruled out when the one against pA >= tau_j reaches a level set for beta (one_sided_log_wealth). Ruling out
+    never makes a certificate wrong, it only loses one; each level's rule-out is set at a wealth level whose
+    exact error is at most beta and near it (ruled_out_rows: P(level j ever ruled out | pA = tau_j) <= beta,
+    exact), not at Ville's 1 / beta, whose error the looks leave at 0.5-0.8 beta. looks: the check times
+    (default look_schedule(N_max)).
 
-    The mixture's prior. With selection_prior (the default), an example whose candidate cA got k0 of the N0
+    The mixture's prior. An example whose candidate cA got k0 of the N0
     selection votes is tested with the prior Beta(k0 + 1/2, N0 - k0 + 1/2) (job_tables), the KT
     posterior of those votes: it centres the mixture near pA, so the wealth grows about as fast as if pA were
-    known to within sqrt(pA (1 - pA) / N0) (1.2-1.65x fewer draws than the KT prior at pA 0.6 to
-    0.99 in simulation, results/grid_cpu/sigma0.5/draws_at_pA.md). Valid because the estimation draws are independent of the
+    known to within sqrt(pA (1 - pA) / N0). Valid because the estimation draws are independent of the
     selection draws: given the selection (cA and k0), the prior is fixed before the test's first draw, and
     every statement below holds conditionally on it, hence also on average. Without selection draws (label
-    mode) or without selection_prior: the KT prior Beta(1/2, 1/2). The plan's own lower, upper, final, reach,
+    mode): the KT prior Beta(1/2, 1/2). The plan's own lower, upper, final, reach,
     alpha_fin and spent are the KT prior's; prior_tables gives any other's (computed once, then cached).
 
-    Exact alpha accounting. The thresholds are set at alpha_seq = seq_level * alpha (at 1, Ville's bound makes
-    the sequence valid alone), but on this schedule of checks it spends less: crossing_probability gives
+    Exact alpha accounting. The thresholds are set at alpha (Ville's bound makes the sequence valid alone), but on this schedule of checks it spends less: crossing_probability gives
     the exact probability that it ever certifies level j when pA = tau_j (the worst case of a wrong certificate
     at r_j: crossing rises with pA, and a higher level is only crossed after this one, the tables being
     monotone in j). The final Clopper-Pearson look at N_max gets the rest, level by level: alpha_fin_j =
     alpha - spent_j, separately for each prior (its thresholds made monotone in j, so that a final certificate
     of r_j or more needs the bound at alpha_fin_j to reach tau_j). Guarantee, per example and whatever the
     stopping (early stops only end sampling): when pA <= tau_j, P(certified radius >= r_j | selection) <=
-    spent_j + alpha_fin_j = alpha. Without final_look there is
-    no final look (the sequence's Ville bound alone). seq_level 1 was chosen by simulation on results/grid_cpu's
-    pA (tools/beta_curve.py --seq-levels): lower levels leave more to the final look but stop later.
+    spent_j + alpha_fin_j = alpha. Without final_look there is no final look (the sequence's Ville bound
+    alone).
     beta defaults to DEFAULT_BETA, final_look to True (certify.py's defaults).
     """
     beta = DEFAULT_BETA if beta is None else beta
@@ -254,9 +245,8 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, seq_level=
     checks = look_schedule(N_max) if looks is None else [int(t) for t in looks]
     common.check(checks[-1] == N_max and all(np.diff(checks) > 0), "looks must rise and end at N_max")
     plan = dict(radii=radii, sigma=float(sigma), taus=ndtr(np.array(radii) / sigma), checks=checks,
-                position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=seq_level * alpha,
-                beta=beta, N_max=N_max, final_look=final_look, one_sided=one_sided,
-                selection_prior=selection_prior, exact_beta=exact_beta, cache={})
+                position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=alpha, beta=beta,
+                N_max=N_max, final_look=final_look, cache={})
     # the final look's thresholds at the whole alpha, the same for every prior (prior_tables' final_bound)
     plan["final_bound"] = final_thresholds(plan["taus"], N_max, alpha if final_look else 0.0)
     return dict(plan, **final_look_tables(plan, prior_tables(plan, KT_PRIOR)))
@@ -268,7 +258,7 @@ def prior_tables(plan, prior):
     key = (float(prior[0]), float(prior[1]))
     if key not in plan["cache"]:
         checks, level = plan["checks"], math.log(1 / plan["alpha_seq"])
-        lower = np.maximum.accumulate([threshold_row(tau, checks, level, +1, key, plan["one_sided"])
+        lower = np.maximum.accumulate([threshold_row(tau, checks, level, +1, key)
                                        for tau in plan["taus"]], axis=0)
         slack = lower - np.array(checks)
         reach = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]   # suffix minima: can level j still come?
@@ -284,10 +274,10 @@ def ruled_out_rows(plan, prior):
     from scipy.special import betainc
     checks, beta, floor, rows = np.array(plan["checks"]), plan["beta"], -1, []
     for tau in plan["taus"]:
-        exact = plan["exact_beta"] and NEAR_PRIOR <= betainc(*prior, tau) <= 1 - NEAR_PRIOR
+        exact = NEAR_PRIOR <= betainc(*prior, tau) <= 1 - NEAR_PRIOR
 
         def tried(level):
-            row = np.maximum(floor, threshold_row(tau, checks, level, -1, prior, plan["one_sided"]))
+            row = np.maximum(floor, threshold_row(tau, checks, level, -1, prior))
             error = crossing_probability(checks - row, checks, 1 - tau, 1e-12) if exact else 0.0
             return level, row, error   # A <= row: t - A >= t - row
         good, bad, slope = tried(math.log(1 / beta) if beta > 0 else math.inf), None, -1.0
@@ -310,8 +300,7 @@ def final_look_tables(plan, tables):
         alpha, checks = plan["alpha"], plan["checks"]
         spent = np.array([crossing_probability(tables["lower"][j], checks, tau)
                           for j, tau in enumerate(plan["taus"])])
-        common.check(spent.max() <= alpha, f"the sequence at {plan['alpha_seq'] / alpha:g} alpha spends "
-                                           f"{spent.max():.3g} > alpha")
+        common.check(spent.max() <= alpha, f"the sequence spends {spent.max():.3g} > alpha")
         alpha_fin = np.maximum(alpha - spent, 0.0) if plan["final_look"] else np.zeros(len(spent))
         final = np.maximum.accumulate(final_thresholds(plan["taus"], plan["N_max"], alpha_fin))
         tables.update(spent_levels=spent, alpha_fin_levels=alpha_fin, final=final, spent=float(spent.max()),
@@ -321,8 +310,8 @@ def final_look_tables(plan, tables):
 
 def job_tables(plan, k0, N0):
     """The tables for a candidate with k0 of N0 selection votes: the posterior Beta(k0 + 1/2, N0 - k0 + 1/2)'s
-    (prior_tables), or the plan's own (KT's prior) without selection draws or selection_prior (grid_plan)."""
-    if not plan["selection_prior"] or not N0:
+    (prior_tables), or the plan's own (KT's prior) without selection draws (grid_plan)."""
+    if not N0:
         return plan
     return prior_tables(plan, (k0 + 0.5, N0 - k0 + 0.5))
 

@@ -58,11 +58,11 @@ def simulate(plan, p, correct, reps, seed, N0=0, per_example=False, false_certif
     votes. The logs record only the votes of their class cA, so a second class gets q = min(pA, 1 - pA) of
     the rest (all of it where pA >= 1/2: the split where the argmax errs most; at most pA below, as cA was
     the log's argmax) and the others never win; ties go to the second class. When it wins, the run
-    certifies it (true probability q), not the label. With the plan's selection_prior the candidate's
-    count k0 chooses the prior of its tests (grid.job_tables); runs are grouped by k0."""
+    certifies it (true probability q), not the label. The candidate's count k0 chooses the prior of its tests
+    (grid.job_tables); runs are grouped by k0."""
     rng = np.random.default_rng(seed)
     pp, ok = np.repeat(p, reps), np.repeat(correct, reps)
-    informed = bool(N0) and plan.get("selection_prior", False)
+    informed = bool(N0)
     if N0:
         k0 = rng.binomial(N0, pp)                                          # cA's selection votes
         q = np.minimum(pp, 1 - pp)
@@ -230,32 +230,6 @@ def budgets(args):
                       for n, e, acc, o in rows))
 
 
-def seq_levels(args):
-    """Mean model evaluations and certified accuracy for the sequence's level F x alpha, each F of --seq-levels."""
-    sigma, pA, correct, _ = read_truth(args.log)
-    rows = []
-    for f in args.seq_levels:
-        try:
-            plan = grid.grid_plan(args.radii, sigma, args.N, args.alpha, grid.DEFAULT_BETA, True, f)
-        except common.UserError:   # the tests at this level spend more than alpha: not a valid rule
-            continue
-        draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
-        rows.append((f, plan["spent"], plan["alpha_fin"] / args.alpha, args.N0 + draws,
-                     (args.N0 + args.N) / (args.N0 + draws), acc))
-    radii = grid.grid_plan(args.radii, sigma, args.N, args.alpha, 0.0, True)["radii"]
-    return (f"The tests of certify.py --radii {' '.join(f'{r:g}' for r in args.radii)} at level F x alpha "
-            f"(sigma {sigma:g}, N_max {args.N:,}, alpha {args.alpha:g}, beta {grid.DEFAULT_BETA:g}), simulated on "
-            f"the true pA of the {len(pA)} examples of {args.log} ({args.reps} runs each): the error the sequence "
-            f"really spends and the final look's share of alpha, both for KT's prior (exact; an F where it would "
-            f"exceed alpha is left out; each selection prior is accounted on its own), mean model evaluations per "
-            f"example (N0 = "
-            f"{args.N0} included), how many times fewer than CERTIFY, and certified accuracy (%).\n\n"
-            "| F | spent | final look (x alpha) | evaluations | x fewer | " +
-            " | ".join(f"r = {r:g}" for r in radii) + " |\n|" + "---|" * (5 + len(radii)) + "\n" +
-            "".join(f"| {f:g} | {s:.2e} | {a:.3f} | {e:,.0f} | {x:.2f} | " +
-                    " | ".join(f"{100 * v:.1f}" for v in acc) + " |\n" for f, s, a, e, x, acc in rows))
-
-
 def main(argv=None):
     p = machinery.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("log", help="a CERTIFY log at a large N (its nA / N is taken as the true pA of cA)")
@@ -268,9 +242,6 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", help="with --at-pA: the seeds, each a run of --reps per pA "
                    "(default 0 1 2 3 4: the tables give the mean and its standard error over them)")
     p.add_argument("--out", help="folder for beta_curve.tsv, .md and .png")
-    p.add_argument("--seq-levels", type=float, nargs="+", metavar="F", help="instead: the tests at "
-                   "F x alpha for each F (grid.grid_plan's seq_level; the final look gets what it leaves), at the "
-                   "default beta (--out: seq_level.md)")
     p.add_argument("--at-pA", type=float, nargs="+", metavar="P", help="instead: mean draws at these true pA, the "
                    "rule against the oracles (the log is then "
                    "unused but for its sigma; --out: draws_at_pA.md)")
@@ -284,7 +255,7 @@ def main(argv=None):
     p.add_argument("--no-zero-level", action="store_true", help="with --budgets: decide the radii alone, not r = 0 "
                    "(as certify.py --no-zero-level)")
     args = p.parse_args(argv)
-    modes = [f"--{m.replace('_', '-')}" for m in ("savings", "at_pA", "seq_levels", "budgets") if getattr(args, m)]
+    modes = [f"--{m.replace('_', '-')}" for m in ("savings", "at_pA", "budgets") if getattr(args, m)]
     common.check(len(modes) <= 1, f"{' and '.join(modes)} are {len(modes)} modes; give one")
     machinery.check_mode_options(args, {"estimates": ["savings"], "seeds": ["at_pA"]})
     common.check(not args.no_zero_level or args.budgets, "--no-zero-level goes with --budgets")
@@ -315,13 +286,6 @@ def main(argv=None):
         print(md)
         if args.out:
             machinery.write_text_output(os.path.join(args.out, "draws_at_pA.md"), "beta curve", md)
-        return
-    if args.seq_levels:
-        common.check(all(0 < f <= 10 for f in args.seq_levels), "--seq-levels values must lie in (0, 10]")
-        md = seq_levels(args)
-        print(md)
-        if args.out:
-            machinery.write_text_output(os.path.join(args.out, "seq_level.md"), "beta curve", md)
         return
     sigma, pA, correct, _ = read_truth(args.log)
     rows, base = [], None

@@ -72,10 +72,8 @@ def exact_totals(plan, N0=0):
     N0 - k0 votes); a tie counts as the larger of the two. Values of k0 with probability below 1e-15 count as
     certain errors."""
     from scipy.stats import binom
-    totals, plan = [], dict(plan, exact_beta=False, cache={})   # the same lower and final rows, cheaper upper ones
-    informed = plan["selection_prior"]
-    tables_of = (lambda k: grid.final_look_tables(plan, grid.job_tables(plan, k, N0))) if informed else \
-        (lambda k: plan)
+    totals = []
+    tables_of = lambda k: grid.final_look_tables(plan, grid.job_tables(plan, k, N0))   # noqa: E731
     for j, tau in enumerate(plan["taus"]):
         if not N0:
             totals.append(path_crossing(plan, plan["checks"], j, tau))
@@ -114,7 +112,7 @@ def vote_process(radii, sigma, N, alpha, beta, trials, seed, negative=False, N0=
     plan = grid.grid_plan(radii, sigma, N, alpha, beta, True)
     if negative:   # a fixed-n Clopper-Pearson test at alpha at every look: thresholds without any correction
         taus = norm.cdf(np.array(plan["radii"]) / sigma)
-        plan = dict(plan, **grid.grid_tables(taus, plan["checks"], alpha, beta, alpha, N, True))
+        plan = dict(plan, **grid.grid_tables(taus, plan["checks"], alpha, beta, alpha, N))
         plan["lower"] = np.stack([grid.final_thresholds(taus, t, alpha) for t in plan["checks"]], axis=1)
         slack = plan["lower"] - np.array(plan["checks"])
         plan["reach"] = np.minimum.accumulate(slack[:, ::-1], axis=1)[:, ::-1]
@@ -222,9 +220,7 @@ def main(argv=None):
             ok &= holds(rows, alpha)
             parts.append(f"## 2. Pipeline (grid_certify_many, 64 examples a group, N_max = {N // 2:,}), "
                          f"{'label' if label_mode else 'predict'} mode, α = {alpha:g}\n\n{table(rows)}\n")
-    # exact_beta off: the rule-out rows do not enter a certificate; the lower and final rows are the rule's
-    plan = grid.grid_plan([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], 0.5, 100_000, 0.001, beta, True,
-                             exact_beta=False)
+    plan = grid.grid_plan([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], 0.5, 100_000, 0.001, beta, True)
     worst = []   # per prior: (k0, spent, alpha_fin, the largest exact total over the levels)
     for k0 in [None, *args.priors]:
         tables = plan if k0 is None else grid.final_look_tables(plan, grid.job_tables(plan, k0, 100))

@@ -108,8 +108,7 @@ def rule_draws(log, radius, alpha, reps, seed):
     common.check("nY" in data, f"{log}: needs a CERTIFY log with the true label's votes (nY)")
     sigma = sidecar["sigma"]
     pA, tau, beta = data["nY"] / data["N"], float(norm.cdf(radius / sigma)), alpha / 2
-    plan = grid.grid_plan([radius], sigma, CERTIFY_N, alpha, beta, True, zero_level=False,
-                          selection_prior=False)
+    plan = grid.grid_plan([radius], sigma, CERTIFY_N, alpha, beta, True, zero_level=False)   # label mode: KT
     draws, _ = beta_curve.simulate(plan, pA, np.ones(len(pA), bool), reps, seed)
     return sigma, len(pA), sorted({int(n) for n in data["N"]}), {"grid (this rule, r alone, label mode)": draws,
                             "Voráček: betting confidence sequence": betting_draws(pA, tau, alpha, reps, seed).mean(),
