@@ -43,10 +43,8 @@ import argparse
 import contextlib
 import datetime
 import functools
-import glob
 import math
 import os
-import re
 import sys
 import time
 
@@ -62,107 +60,6 @@ for module in (common, grid, machinery):   # a student's module of one of these 
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
 PROJECT = "acr-weakness"   # ddrs.py and tools/bench.py check it: a student's own certify.py is not this one
-
-CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "nY")
-PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N", "nY")
-# --radii (anytime-valid certification at a grid of radii): radius = the certified grid radius, N = the
-# estimation draws made, [pA_lower, pA_upper] the anytime-valid interval (an estimate), stop = decided,
-# curtailed or budget, pA_certified = Phi(radius / sigma) of the certified level (0 if none): the bound the
-# certificate rests on, pA > pA_certified with probability >= 1 - alpha, so radius = sigma Phi^-1(pA_certified).
-GRID_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "pA_lower", "pA_upper", "stop",
-                "pA_certified")
-# Columns added since logs were first written (nY, pA_certified): a log without them resumes in its own.
-NEWER_COLUMNS = ("nY", "pA_certified")
-# Logs written before the nY column existed: still resumed in their own columns.
-LEGACY_COLUMNS = (CERTIFY_COLUMNS[:-1], PREDICT_COLUMNS[:-1])
-# Settings that change what a line means: a resumed file must have been written with the same ones.
-CHECKED_SETTINGS = ("script", "data", "mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N",
-                    "alpha", "seed",
-                    "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look",
-                    "grid_test", "ddrs")
-# Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
-NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
-# What a sidecar written before a setting existed meant by it.
-SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
-                    "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
-                    "final_look": None, "grid_test": None, "ddrs": None}
-# --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
-# the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
-EARLY_ABSTAIN_ALPHA = 0.001
-
-
-def build_parser(description=__doc__):
-    """certify.py's flags (ddrs.py certify adds its own to them)."""
-    p = machinery.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", choices=common.DATASETS, help="default: the checkpoint's 'dataset' entry")
-    p.add_argument("--data-dir", default=None, help="dataset folder (default: $RS_DATA_DIR or ./data)")
-    p.add_argument("--split", default="test", choices=("train", "test"), help="which split to certify")
-    p.add_argument("--checkpoint", required=True, help="base classifier f: {'arch', 'state_dict', ...}")
-    p.add_argument("--arch", choices=common.ARCHS, help="override the checkpoint's architecture name")
-    p.add_argument("--trust-checkpoint", action="store_true", help="load checkpoint files that need arbitrary "
-                   "unpickling: this RUNS CODE the file holds; only for files from a source you trust")
-    p.add_argument("--sigma", type=float, help="noise level of the smoothed classifier g; default: the "
-                                               "checkpoint's 'sigma' (required for checkpoints without it)")
-    p.add_argument("--outfile", help="TSV to write (default: runs/certify/<checkpoint>_sigma<S>.tsv)")
-    p.add_argument("--N0", type=int, default=100, help="noise samples used to select the top class cA")
-    p.add_argument("--N", type=int, default=100_000, help="noise samples used to lower-bound pA")
-    p.add_argument("--alpha", type=float, default=0.001, help="failure probability of CERTIFY / PREDICT")
-    p.add_argument("--batch", type=int, default=1000, help="noisy inputs per forward pass")
-    p.add_argument("--skip", type=int, default=1, help="certify every skip-th example (idx %% skip == 0)")
-    p.add_argument("--max", type=int, default=None, help="certify at most this many examples")
-    p.add_argument("--seed", type=seed_arg, default=0,
-                   help="noise of example idx is drawn from (seed, idx): a fixed seed (default 0) is reproducible; "
-                        "'random' takes one from the operating system's entropy when the run starts and records "
-                        "it in the sidecar (use it when the model may have seen the published seed's noise)")
-    p.add_argument("--label-mode", action="store_true",
-                   help="evaluation only: the candidate class cA is the true label (no selection draws, N0 "
-                        "unused); valid for certified accuracy, not for predictions (the log says so)")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--predict", action="store_true", help="run PREDICT (no radius) instead of CERTIFY")
-    p.add_argument("--overwrite", action="store_true", help="start again instead of resuming an existing outfile")
-    p.add_argument("--save-counts", action="store_true", help="also write every class's votes among the N "
-                   "draws of every example to <outfile>.counts (TSV: idx, then one column per class)")
-    p.add_argument("--precision", default="fp32", choices=tuple(common.PRECISIONS),
-                   help="arithmetic of the base classifier: fp32 (the paper's), bf16 (CPU, CUDA) or fp16 (CUDA) "
-                        "autocast; the certificate then holds for that reduced-precision classifier")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="channels-last memory format (default: on for convolutional models)")
-    p.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=True,
-                   help="fold eval-mode BatchNorm into the convolution before it (the same classifier up to "
-                        "float rounding; default on)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the base classifier (a minute of "
-                   "compilation per batch shape; falls back to eager with a note where it cannot run)")
-    p.add_argument("--sound", action="store_true",
-                   help="sound sampling (Voráček & Hein 2023): integer noise on the 8-bit grid and one conversion "
-                        "to float, so floating point cannot fake a certificate; certifies f composed with the "
-                        "grid mapping. Default: the float sampler of Cohen et al. (comparable with the paper)")
-    p.add_argument("--radii", type=float, nargs="+", metavar="R", help="anytime-valid certification at these "
-                   "radii (grid.py, docs/certification.md): per example the largest one certified, stopping as soon as it is decided; "
-                   "--N is then the budget N_max. 0 (the smoothed prediction) is always a level, unless --no-zero-level")
-    p.add_argument("--beta", type=float, help="--radii: the chance of ruling out a radius the example reaches, "
-                   "exact at its threshold (default 0.2, chosen by measurement: tools/beta_curve.py; ruling out "
-                   "stops early and only ever removes certificates)")
-    p.add_argument("--group", type=int, help="--radii: examples whose draws are packed into shared "
-                   "forward passes (default 64); an example's noise does not depend on it (nor its line, unless batched "
-                   "kernels round a vote differently)")
-    p.add_argument("--no-final-look", dest="final_look", action="store_false", help="--radii: spend all of alpha "
-                   "on the confidence sequence, no Clopper-Pearson look at N_max (default: the sequence's exact spend per "
-                   "level, 0.5-0.85 of alpha, and the rest on that look)")
-    p.add_argument("--no-zero-level", dest="zero_level", action="store_false", help="--radii: decide only the "
-                   "listed radii, not r = 0 (whether the smoothed classifier predicts at all, which costs the most near "
-                   "pA = 1/2): an example not certified at the smallest one gets predict -1, so the log gives certified "
-                   "accuracy at those radii only (a lower bound at r = 0)")
-    p.add_argument("--early-abstain", action="store_true",
-                   help=f"CERTIFY: stop and abstain once an upper confidence bound on pA falls below 1/2 "
-                        f"(tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws made")
-    return p
-
-
-def parse_args(argv=None, parser=None):
-    argv = sys.argv[1:] if argv is None else argv
-    p = parser or build_parser()
-    return p.parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `torchrun certify.py -- ...` may pass the --
-
 
 # ----------------------------------------------------------------------------------------------------------
 # CERTIFY and PREDICT on one input (Cohen et al. 2019, Alg. "certify" and "predict")
@@ -276,7 +173,7 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
 
     precision, sound, early_abstain: certify.py's options (common.in_precision, sampler_of).
     plan: a grid_plan for anytime-valid certification at its radii (--radii) instead of CERTIFY.
-    columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; LEGACY_COLUMNS for an old log).
+    columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; a log's own for an older one).
     counts_out: optional list; every class's votes among the estimation draws are appended to it.
     label_mode: certify the true label (no selection draws); the line's `candidate` column says so.
     radius_fn: None (Cohen's radius), or callable(pA_lower, sigma) -> the radius of a certified example, a
@@ -318,159 +215,94 @@ def format_line(out, idx, label, seconds, columns):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Output files: resume, settings sidecar, torchrun parts and their merge
+# The command: its columns, options and settings
 # ----------------------------------------------------------------------------------------------------------
 
-def part_files(outfile):
-    """The per-rank files `<outfile>.rank<r>` that exist now (any world size), sorted by rank."""
-    parts = [p for p in glob.glob(glob.escape(outfile) + ".rank*") if re.search(r"\.rank\d+$", p)]
-    return sorted(parts, key=lambda p: int(p.rsplit(".rank", 1)[1]))
+CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "nY")
+PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time", "nA", "N", "nY")
+# --radii (anytime-valid certification at a grid of radii): radius = the certified grid radius, N = the
+# estimation draws made, [pA_lower, pA_upper] the anytime-valid interval (an estimate), stop = decided,
+# curtailed or budget, pA_certified = Phi(radius / sigma) of the certified level (0 if none): the bound the
+# certificate rests on, pA > pA_certified with probability >= 1 - alpha, so radius = sigma Phi^-1(pA_certified).
+GRID_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time", "nA", "N", "pA_lower", "pA_upper", "stop",
+                "pA_certified")
+# --early-abstain: probability that an example whose pA is at least 1/2 is stopped anyway, split evenly over
+# the tests (Bonferroni). It does not enter the certificate's guarantee: a stop only ever abstains.
+EARLY_ABSTAIN_ALPHA = 0.001
 
 
-read_rows = common.read_log_prefix   # the one reader of a log being resumed (common.py)
+def build_parser(description=__doc__):
+    """certify.py's flags (ddrs.py certify adds its own to them)."""
+    p = machinery.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", choices=common.DATASETS, help="default: the checkpoint's 'dataset' entry")
+    p.add_argument("--data-dir", default=None, help="dataset folder (default: $RS_DATA_DIR or ./data)")
+    p.add_argument("--split", default="test", choices=("train", "test"), help="which split to certify")
+    p.add_argument("--checkpoint", required=True, help="base classifier f: {'arch', 'state_dict', ...}")
+    p.add_argument("--arch", choices=common.ARCHS, help="override the checkpoint's architecture name")
+    p.add_argument("--trust-checkpoint", action="store_true", help="load checkpoint files that need arbitrary "
+                   "unpickling: this RUNS CODE the file holds; only for files from a source you trust")
+    p.add_argument("--sigma", type=float, help="noise level of the smoothed classifier g; default: the "
+                                               "checkpoint's 'sigma' (required for checkpoints without it)")
+    p.add_argument("--outfile", help="TSV to write (default: runs/certify/<checkpoint>_sigma<S>.tsv)")
+    p.add_argument("--N0", type=int, default=100, help="noise samples used to select the top class cA")
+    p.add_argument("--N", type=int, default=100_000, help="noise samples used to lower-bound pA")
+    p.add_argument("--alpha", type=float, default=0.001, help="failure probability of CERTIFY / PREDICT")
+    p.add_argument("--batch", type=int, default=1000, help="noisy inputs per forward pass")
+    p.add_argument("--skip", type=int, default=1, help="certify every skip-th example (idx %% skip == 0)")
+    p.add_argument("--max", type=int, default=None, help="certify at most this many examples")
+    p.add_argument("--seed", type=seed_arg, default=0,
+                   help="noise of example idx is drawn from (seed, idx): a fixed seed (default 0) is reproducible; "
+                        "'random' takes one from the operating system's entropy when the run starts and records "
+                        "it in the sidecar (use it when the model may have seen the published seed's noise)")
+    p.add_argument("--label-mode", action="store_true",
+                   help="evaluation only: the candidate class cA is the true label (no selection draws, N0 "
+                        "unused); valid for certified accuracy, not for predictions (the log says so)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--predict", action="store_true", help="run PREDICT (no radius) instead of CERTIFY")
+    p.add_argument("--overwrite", action="store_true", help="start again instead of resuming an existing outfile")
+    p.add_argument("--save-counts", action="store_true", help="also write every class's votes among the N "
+                   "draws of every example to <outfile>.counts (TSV: idx, then one column per class)")
+    p.add_argument("--precision", default="fp32", choices=tuple(common.PRECISIONS),
+                   help="arithmetic of the base classifier: fp32 (the paper's), bf16 (CPU, CUDA) or fp16 (CUDA) "
+                        "autocast; the certificate then holds for that reduced-precision classifier")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="channels-last memory format (default: on for convolutional models)")
+    p.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=True,
+                   help="fold eval-mode BatchNorm into the convolution before it (the same classifier up to "
+                        "float rounding; default on)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the base classifier (a minute of "
+                   "compilation per batch shape; falls back to eager with a note where it cannot run)")
+    p.add_argument("--sound", action="store_true",
+                   help="sound sampling (Voráček & Hein 2023): integer noise on the 8-bit grid and one conversion "
+                        "to float, so floating point cannot fake a certificate; certifies f composed with the "
+                        "grid mapping. Default: the float sampler of Cohen et al. (comparable with the paper)")
+    p.add_argument("--radii", type=float, nargs="+", metavar="R", help="anytime-valid certification at these "
+                   "radii (grid.py, docs/certification.md): per example the largest one certified, stopping as soon as it is decided; "
+                   "--N is then the budget N_max. 0 (the smoothed prediction) is always a level, unless --no-zero-level")
+    p.add_argument("--beta", type=float, help="--radii: the chance of ruling out a radius the example reaches, "
+                   "exact at its threshold (default 0.2, chosen by measurement: tools/beta_curve.py; ruling out "
+                   "stops early and only ever removes certificates)")
+    p.add_argument("--group", type=int, help="--radii: examples whose draws are packed into shared "
+                   "forward passes (default 64); an example's noise does not depend on it (nor its line, unless batched "
+                   "kernels round a vote differently)")
+    p.add_argument("--no-final-look", dest="final_look", action="store_false", help="--radii: spend all of alpha "
+                   "on the confidence sequence, no Clopper-Pearson look at N_max (default: the sequence's exact spend per "
+                   "level, 0.5-0.85 of alpha, and the rest on that look)")
+    p.add_argument("--no-zero-level", dest="zero_level", action="store_false", help="--radii: decide only the "
+                   "listed radii, not r = 0 (whether the smoothed classifier predicts at all, which costs the most near "
+                   "pA = 1/2): an example not certified at the smallest one gets predict -1, so the log gives certified "
+                   "accuracy at those radii only (a lower bound at r = 0)")
+    p.add_argument("--early-abstain", action="store_true",
+                   help=f"CERTIFY: stop and abstain once an upper confidence bound on pA falls below 1/2 "
+                        f"(tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws made")
+    return p
 
 
-def resume_columns(outfile, columns):
-    """The columns to write: an existing log from before a NEWER_COLUMNS column keeps its own."""
-    for path in [outfile] + part_files(outfile):
-        if os.path.isfile(path):
-            header = common.read_header(path).split("\t")
-            older = tuple(c for c in columns if c not in NEWER_COLUMNS or c in header)
-            return older if header == list(older) else columns
-    return columns
+def parse_args(argv=None, parser=None):
+    argv = sys.argv[1:] if argv is None else argv
+    p = parser or build_parser()
+    return p.parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `torchrun certify.py -- ...` may pass the --
 
-
-def counts_columns(num_classes):
-    """Columns of the --save-counts file: idx, then one column of votes per class."""
-    return ("idx",) + tuple(str(k) for k in range(num_classes))
-
-
-def check_resumable(outfile, settings, columns, counts=None):
-    """Read-only: refuse an existing outfile (or part) written with other settings, or one we cannot parse."""
-    existing = [p for p in [outfile] + part_files(outfile) if os.path.exists(p)]
-    if not existing:
-        return
-    sidecar = outfile + ".json"
-    common.check(os.path.isfile(sidecar), f"{outfile!r} exists but its settings file {sidecar!r} does not; "
-                                          f"pass --overwrite to replace it or choose another --outfile")
-    old = common.read_json_object(sidecar, "settings file of a log")
-    for k in ("script", "data"):   # identity: refused when it differs, noted when an older sidecar lacks it
-        if k not in old:
-            sys.stderr.write(f"note: {sidecar!r} does not record the run's {k} (an older version wrote it); "
-                             f"resuming on the other settings alone\n")
-            old[k] = settings[k]
-    old = {k: old.get(k, SETTING_DEFAULTS.get(k)) for k in CHECKED_SETTINGS + NOTED_SETTINGS}
-    diff = [f"{k} {old[k]!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if old[k] != settings[k]]
-    common.check(not diff, f"{outfile!r} was written with other settings ({'; '.join(diff)}); rerun with the "
-                           f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
-    for path in existing:
-        read_rows(path, columns)
-    if counts:
-        for path in [counts[0]] + part_files(counts[0]):
-            if os.path.exists(path):
-                read_rows(path, counts[1])
-    for k in NOTED_SETTINGS:
-        if old[k] != settings[k]:
-            sys.stderr.write(f"note: resuming with {k} {settings[k]!r} (was {old[k]!r}): new lines are valid "
-                             f"but may differ from those an uninterrupted run would write (noise or rounding)\n")
-
-
-def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=()):
-    """Single writer (rank 0): start or resume the outfile; returns the set of idx already done in any file.
-
-    --overwrite removes the outfile, its parts and sidecar (only files certify.py wrote as such, by the
-    output record: machinery.remove_output). Otherwise torn last lines are cut off. The sidecar is written
-    before the TSV, so a TSV without one was not written by us. counts: optional (path, columns) of the
-    --save-counts file, started or resumed alike (the TSV decides what is done). Every write goes through
-    the guard (machinery.write_output, machinery.open_append).
-    """
-    files = [(outfile, columns, "certification log")] + ([(*counts, "vote counts")] if counts else [])
-    claimed = sidecar_claims(outfile)
-    for main_path, cols, kind in files:   # check every file before changing any
-        for path in [main_path] + part_files(main_path):
-            problem = machinery.output_problem(path, kind, inputs, append=True, claimed=claimed)
-            common.check(problem is None, problem)
-    sidecar_problem = machinery.output_problem(outfile + ".json", "settings of a log", inputs, claimed=claimed)
-    common.check(sidecar_problem is None, sidecar_problem)
-    done = set()
-    for main_path, cols, kind in files:   # the log first: it decides what is done
-        for path in [main_path] + part_files(main_path):
-            if overwrite:
-                machinery.remove_output(path, kind, claimed)
-            elif os.path.exists(path):
-                rows, keep = read_rows(path, cols)
-                if main_path == outfile:
-                    done.update(int(row.split("\t", 1)[0]) for row in rows)
-                ids = [int(row.split("\t", 1)[0]) for row in rows]
-                if main_path == outfile or (set(ids) <= done and len(set(ids)) == len(ids)):
-                    with machinery.open_file(path, "a") as f:   # cut a torn last line
-                        f.truncate(keep)
-                else:   # counts of examples the log lacks (a stop between the two writes): the rerun redraws them
-                    seen, kept = set(), []
-                    for i, row in zip(ids, rows):
-                        if i in done and i not in seen:
-                            seen.add(i)
-                            kept.append(row + "\n")
-                    text = "\t".join(cols) + "\n" + "".join(kept)
-                    machinery.write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, True, claimed)
-    machinery.write_json(settings, outfile + ".json", "settings of a log", inputs, claimed)
-    for path, cols, kind in files:
-        open_tsv(path, cols, kind, inputs, claimed).close()
-        for part in part_files(path):   # recorded now: every rank appends to its own part later
-            machinery.open_append(part, kind, "\t".join(cols), inputs, claimed).close()
-    return done
-
-
-def sidecar_claims(outfile):
-    """True when <outfile>.json is certify.py's own record of the log (it names certify.py or ddrs.py, or is a
-    sidecar of an older version, with the checkpoint's hash): the log may be resumed or replaced even where
-    the folder's record of outputs does not list it (a log copied from another machine)."""
-    try:
-        old = common.read_json_object(outfile + ".json", "settings file of a log")
-    except common.UserError:
-        return False
-    if old.get("script", "certify.py") not in ("certify.py", "ddrs.py certify") or "checkpoint_sha256" not in old:
-        return False
-    # the record names the log's columns: a file beside it with another first line is not that log
-    columns = old.get("columns")
-    for path in [outfile] + part_files(outfile):
-        if os.path.isfile(path) and os.path.getsize(path) > 0 and isinstance(columns, list):
-            header = common.read_header(path)
-            if header not in ("\t".join(columns), "\t".join(columns[:-1])):   # [:-1]: logs from before nY
-                return False
-    return True
-
-
-def open_tsv(path, columns, kind="certification log", inputs=(), claimed=False):
-    """Open a TSV for appending through the guard; a new or empty file gets the header first. prepare_outputs
-    has checked (and, for a log copied here, recorded) every file before this is called."""
-    return machinery.open_append(path, kind, "\t".join(columns), inputs, claimed)
-
-
-def merge_parts(outfile, columns, kind="certification log"):
-    """Merge `<outfile>.rank*` into the outfile, one line per idx in idx order, then remove the parts.
-
-    The merged file replaces the outfile atomically, and parts are removed only afterwards: a crash at any
-    point loses no line (a rerun sees duplicates, which are merged away). Returns the number of data lines.
-    """
-    parts = part_files(outfile)
-    if not parts:
-        return None
-    rows = {}
-    for path in [outfile] + parts:
-        if os.path.exists(path):
-            for row in read_rows(path, columns)[0]:
-                rows.setdefault(int(row.split("\t", 1)[0]), row)
-    text = "".join(line + "\n" for line in ["\t".join(columns)] + [rows[i] for i in sorted(rows)])
-    machinery.write_output(outfile, kind, lambda f: f.write(text.encode("utf-8")), append=True)
-    for path in parts:
-        machinery.remove_output(path, kind)
-    return len(rows)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Set-up: arguments, model, data, settings
-# ----------------------------------------------------------------------------------------------------------
 
 def seed_arg(text):
     """--seed: an integer >= 0, or 'random' (drawn from the OS's entropy when the run starts)."""
@@ -493,7 +325,7 @@ def resolve_seed(seed, sidecar):
         if old.get("seed") == "random" and isinstance(old.get("seed_value"), int):
             return old["seed_value"]
         log = sidecar[:-len(".json")]
-        rows = [path for path in [log] + part_files(log) if os.path.isfile(path) and
+        rows = [path for path in [log] + machinery.part_files(log) if os.path.isfile(path) and
                 len(common.read_log_prefix(path, common.read_header(path).split("\t"))[0]) > 0]
         common.check(old.get("seed") != "random" or not rows,
                      f"{sidecar}: the log was certified with --seed random but its seed is not recorded "
@@ -662,24 +494,6 @@ class Progress:
 # main
 # ----------------------------------------------------------------------------------------------------------
 
-def check_outputs(outfile, counts, inputs):
-    """The guard's verdict on every output before any work (rank 0): each may be written as what it is."""
-    for path in [outfile, outfile + ".json"] + ([counts[0]] if counts else []):
-        problem = machinery.output_problem(path, "settings of a log" if path.endswith(".json") else
-                                           "vote counts" if counts and path == counts[0] else "certification log",
-                                           inputs, append=not path.endswith(".json"), claimed=sidecar_claims(outfile))
-        common.check(problem is None, problem)
-
-
-def lock_outputs(locks, outfile):
-    """One run per outfile (rank 0): lock <outfile>.lock, and refuse rank files that a live worker of an
-    earlier run still holds (under torchrun each rank locks its own <outfile>.rank<r>.lock while it writes)."""
-    locks.enter_context(machinery.exclusive_lock(outfile + ".lock", f"--outfile {outfile!r}"))
-    for part in part_files(outfile):
-        common.check(not machinery.is_locked(part + ".lock"), f"{part!r} is still written by a worker of an "
-                                                         f"earlier run; stop it first")
-
-
 def main(argv=None):
     args = parse_args(argv)
     check_args(args)
@@ -721,9 +535,9 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     plan = None if args.radii is None else grid.grid_plan(args.radii, sigma, args.N, args.alpha, beta,
                                                      args.final_look, zero_level=args.zero_level)
     if not args.overwrite:
-        columns = resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
+        columns = machinery.resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
     num_classes = common.NUM_CLASSES[dataset_name]
-    counts = (outfile + ".counts", counts_columns(num_classes)) if args.save_counts else None
+    counts = (outfile + ".counts", machinery.counts_columns(num_classes)) if args.save_counts else None
     settings = {"script": getattr(args, "script", "certify.py"),
                 "data": machinery.data_fingerprint(dataset_name, args.split, args.data_dir),
                 "mode": "predict" if args.predict else "grid" if plan else "certify", "dataset": dataset_name,
@@ -751,7 +565,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     except OSError as e:
         raise common.UserError(f"cannot create the folder of {outfile!r} ({e.strerror}); pass another --outfile")
     if not args.overwrite:
-        check_resumable(outfile, settings, columns, counts)
+        machinery.check_resumable(outfile, settings, columns, counts)
     levels = common.DATASET_LEVELS[dataset_name] if args.sound else None
     if levels:   # before anything is written: the sound sampler needs inputs on the dataset's grid
         common.grid_levels(dataset[0][0], levels)
@@ -761,11 +575,11 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     todo, seed = [None], None
     if rank == 0:   # the single writer of the shared files; what stops it stops every rank (below)
         try:
-            check_outputs(outfile, counts, inputs)
-            lock_outputs(locks, outfile)
+            machinery.check_outputs(outfile, counts, inputs)
+            machinery.lock_outputs(locks, outfile)
             seed = resolve_seed(args.seed, "" if args.overwrite else outfile + ".json")
             settings["seed_value"] = seed if args.seed == "random" else None   # recorded once the run starts
-            done = prepare_outputs(outfile, settings, columns, args.overwrite, counts, inputs)
+            done = machinery.prepare_outputs(outfile, settings, columns, args.overwrite, counts, inputs)
             todo = [(select_examples(len(dataset), args.skip, args.max, set()), done, seed)]
             print(f"{'predict' if args.predict else 'certify'}: {len(todo[0][0]) - len(done & set(todo[0][0]))} "
                   f"examples to go "
@@ -793,8 +607,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     progress = Progress(total, prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
     part = "" if world == 1 else f".rank{rank}"
     finished = 0
-    with open_tsv(outfile + part, columns, inputs=inputs) as out, \
-            (open_tsv(counts[0] + part, counts[1], "vote counts", inputs) if counts else
+    with machinery.open_tsv(outfile + part, columns, inputs=inputs) as out, \
+            (machinery.open_tsv(counts[0] + part, counts[1], "vote counts", inputs) if counts else
              contextlib.nullcontext(None)) as counts_out:
         for grp in mine if plan is not None else []:
             # the whole group runs again on a resume (its noise and packing are then those of the first run);
@@ -828,7 +642,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
                                 args.label_mode, radius_fn)
             if sigma_of is not None:
                 line += f"\t{s:.6g}"
-            # the counts row first: after a stop between the two writes, the resume drops it (prepare_outputs)
+            # the counts row first: after a stop between the two writes, the resume drops it (machinery.prepare_outputs)
             if counts_out is not None:
                 print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
             print(line, file=out, flush=True)
@@ -839,9 +653,9 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     if world > 1:
         torch.distributed.barrier(group=final_group)
     if rank == 0:
-        merge_parts(outfile, columns)
+        machinery.merge_parts(outfile, columns)
         if counts:
-            merge_parts(*counts, "vote counts")
+            machinery.merge_parts(*counts, "vote counts")
     if world > 1:
         torch.distributed.destroy_process_group()
 

@@ -13,9 +13,11 @@ import contextlib
 import datetime
 import errno
 import functools
+import glob
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -1776,3 +1778,191 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
         log.row(**{k: v[i] for k, v in rows.items()})
     log.close()
     return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Certification logs (certify.py, ddrs.py): the settings a log is resumed under, resume, torchrun parts
+# ----------------------------------------------------------------------------------------------------------
+
+# Columns added since logs were first written (nY, pA_certified): a log without them resumes in its own.
+NEWER_COLUMNS = ("nY", "pA_certified")
+# Settings that change what a line means: a resumed file must have been written with the same ones.
+CHECKED_SETTINGS = ("script", "data", "mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N",
+                    "alpha", "seed",
+                    "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look",
+                    "grid_test", "ddrs")
+# Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
+NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
+# What a sidecar written before a setting existed meant by it.
+SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
+                    "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
+                    "final_look": None, "grid_test": None, "ddrs": None}
+
+
+def part_files(outfile):
+    """The per-rank files `<outfile>.rank<r>` that exist now (any world size), sorted by rank."""
+    parts = [p for p in glob.glob(glob.escape(outfile) + ".rank*") if re.search(r"\.rank\d+$", p)]
+    return sorted(parts, key=lambda p: int(p.rsplit(".rank", 1)[1]))
+
+
+read_rows = common.read_log_prefix   # the one reader of a log being resumed (common.py)
+
+
+def resume_columns(outfile, columns):
+    """The columns to write: an existing log from before a NEWER_COLUMNS column keeps its own."""
+    for path in [outfile] + part_files(outfile):
+        if os.path.isfile(path):
+            header = common.read_header(path).split("\t")
+            older = tuple(c for c in columns if c not in NEWER_COLUMNS or c in header)
+            return older if header == list(older) else columns
+    return columns
+
+
+def counts_columns(num_classes):
+    """Columns of the --save-counts file: idx, then one column of votes per class."""
+    return ("idx",) + tuple(str(k) for k in range(num_classes))
+
+
+def check_resumable(outfile, settings, columns, counts=None):
+    """Read-only: refuse an existing outfile (or part) written with other settings, or one we cannot parse."""
+    existing = [p for p in [outfile] + part_files(outfile) if os.path.exists(p)]
+    if not existing:
+        return
+    sidecar = outfile + ".json"
+    common.check(os.path.isfile(sidecar), f"{outfile!r} exists but its settings file {sidecar!r} does not; "
+                                          f"pass --overwrite to replace it or choose another --outfile")
+    old = common.read_json_object(sidecar, "settings file of a log")
+    for k in ("script", "data"):   # identity: refused when it differs, noted when an older sidecar lacks it
+        if k not in old:
+            sys.stderr.write(f"note: {sidecar!r} does not record the run's {k} (an older version wrote it); "
+                             f"resuming on the other settings alone\n")
+            old[k] = settings[k]
+    old = {k: old.get(k, SETTING_DEFAULTS.get(k)) for k in CHECKED_SETTINGS + NOTED_SETTINGS}
+    diff = [f"{k} {old[k]!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if old[k] != settings[k]]
+    common.check(not diff, f"{outfile!r} was written with other settings ({'; '.join(diff)}); rerun with the "
+                           f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
+    for path in existing:
+        read_rows(path, columns)
+    if counts:
+        for path in [counts[0]] + part_files(counts[0]):
+            if os.path.exists(path):
+                read_rows(path, counts[1])
+    for k in NOTED_SETTINGS:
+        if old[k] != settings[k]:
+            sys.stderr.write(f"note: resuming with {k} {settings[k]!r} (was {old[k]!r}): new lines are valid "
+                             f"but may differ from those an uninterrupted run would write (noise or rounding)\n")
+
+
+def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=()):
+    """Single writer (rank 0): start or resume the outfile; returns the set of idx already done in any file.
+
+    --overwrite removes the outfile, its parts and sidecar (only files certify.py wrote as such, by the
+    output record: remove_output). Otherwise torn last lines are cut off. The sidecar is written
+    before the TSV, so a TSV without one was not written by us. counts: optional (path, columns) of the
+    --save-counts file, started or resumed alike (the TSV decides what is done). Every write goes through
+    the guard (write_output, open_append).
+    """
+    files = [(outfile, columns, "certification log")] + ([(*counts, "vote counts")] if counts else [])
+    claimed = sidecar_claims(outfile)
+    for main_path, cols, kind in files:   # check every file before changing any
+        for path in [main_path] + part_files(main_path):
+            problem = output_problem(path, kind, inputs, append=True, claimed=claimed)
+            common.check(problem is None, problem)
+    sidecar_problem = output_problem(outfile + ".json", "settings of a log", inputs, claimed=claimed)
+    common.check(sidecar_problem is None, sidecar_problem)
+    done = set()
+    for main_path, cols, kind in files:   # the log first: it decides what is done
+        for path in [main_path] + part_files(main_path):
+            if overwrite:
+                remove_output(path, kind, claimed)
+            elif os.path.exists(path):
+                rows, keep = read_rows(path, cols)
+                if main_path == outfile:
+                    done.update(int(row.split("\t", 1)[0]) for row in rows)
+                ids = [int(row.split("\t", 1)[0]) for row in rows]
+                if main_path == outfile or (set(ids) <= done and len(set(ids)) == len(ids)):
+                    with open_file(path, "a") as f:   # cut a torn last line
+                        f.truncate(keep)
+                else:   # counts of examples the log lacks (a stop between the two writes): the rerun redraws them
+                    seen, kept = set(), []
+                    for i, row in zip(ids, rows):
+                        if i in done and i not in seen:
+                            seen.add(i)
+                            kept.append(row + "\n")
+                    text = "\t".join(cols) + "\n" + "".join(kept)
+                    write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, True, claimed)
+    write_json(settings, outfile + ".json", "settings of a log", inputs, claimed)
+    for path, cols, kind in files:
+        open_tsv(path, cols, kind, inputs, claimed).close()
+        for part in part_files(path):   # recorded now: every rank appends to its own part later
+            open_append(part, kind, "\t".join(cols), inputs, claimed).close()
+    return done
+
+
+def sidecar_claims(outfile):
+    """True when <outfile>.json is certify.py's own record of the log (it names certify.py or ddrs.py, or is a
+    sidecar of an older version, with the checkpoint's hash): the log may be resumed or replaced even where
+    the folder's record of outputs does not list it (a log copied from another machine)."""
+    try:
+        old = common.read_json_object(outfile + ".json", "settings file of a log")
+    except common.UserError:
+        return False
+    if old.get("script", "certify.py") not in ("certify.py", "ddrs.py certify") or "checkpoint_sha256" not in old:
+        return False
+    # the record names the log's columns: a file beside it with another first line is not that log
+    columns = old.get("columns")
+    for path in [outfile] + part_files(outfile):
+        if os.path.isfile(path) and os.path.getsize(path) > 0 and isinstance(columns, list):
+            header = common.read_header(path)
+            if header not in ("\t".join(columns), "\t".join(columns[:-1])):   # [:-1]: logs from before nY
+                return False
+    return True
+
+
+def open_tsv(path, columns, kind="certification log", inputs=(), claimed=False):
+    """Open a TSV for appending through the guard; a new or empty file gets the header first. prepare_outputs
+    has checked (and, for a log copied here, recorded) every file before this is called."""
+    return open_append(path, kind, "\t".join(columns), inputs, claimed)
+
+
+def merge_parts(outfile, columns, kind="certification log"):
+    """Merge `<outfile>.rank*` into the outfile, one line per idx in idx order, then remove the parts.
+
+    The merged file replaces the outfile atomically, and parts are removed only afterwards: a crash at any
+    point loses no line (a rerun sees duplicates, which are merged away). Returns the number of data lines.
+    """
+    parts = part_files(outfile)
+    if not parts:
+        return None
+    rows = {}
+    for path in [outfile] + parts:
+        if os.path.exists(path):
+            for row in read_rows(path, columns)[0]:
+                rows.setdefault(int(row.split("\t", 1)[0]), row)
+    text = "".join(line + "\n" for line in ["\t".join(columns)] + [rows[i] for i in sorted(rows)])
+    write_output(outfile, kind, lambda f: f.write(text.encode("utf-8")), append=True)
+    for path in parts:
+        remove_output(path, kind)
+    return len(rows)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Set-up: arguments, model, data, settings
+# ----------------------------------------------------------------------------------------------------------
+
+def check_outputs(outfile, counts, inputs):
+    """The guard's verdict on every output before any work (rank 0): each may be written as what it is."""
+    for path in [outfile, outfile + ".json"] + ([counts[0]] if counts else []):
+        problem = output_problem(path, "settings of a log" if path.endswith(".json") else
+                                           "vote counts" if counts and path == counts[0] else "certification log",
+                                           inputs, append=not path.endswith(".json"), claimed=sidecar_claims(outfile))
+        common.check(problem is None, problem)
+
+
+def lock_outputs(locks, outfile):
+    """One run per outfile (rank 0): lock <outfile>.lock, and refuse rank files that a live worker of an
+    earlier run still holds (under torchrun each rank locks its own <outfile>.rank<r>.lock while it writes)."""
+    locks.enter_context(exclusive_lock(outfile + ".lock", f"--outfile {outfile!r}"))
+    for part in part_files(outfile):
+        common.check(not is_locked(part + ".lock"), f"{part!r} is still written by a worker of an "
+                                                         f"earlier run; stop it first")

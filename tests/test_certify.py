@@ -328,10 +328,10 @@ def test_merge_of_rank_parts_gives_one_line_per_idx_in_order(tmp_path):
         f.write(header + line(4) + line(10) + "12\t1\t")  # a torn last line
     # files certify.py wrote are in the folder's record of outputs (prepare_outputs enters them)
     machinery.adopt_outputs([out, out + ".rank0", out + ".rank1"], "certification log")
-    assert certify.merge_parts(out, cols) == 6
+    assert machinery.merge_parts(out, cols) == 6
     assert open(out).read() == header + "".join(line(i) for i in (0, 2, 4, 6, 8, 10))
-    assert certify.part_files(out) == []
-    assert certify.merge_parts(out, cols) is None  # nothing to merge: the file is left alone
+    assert machinery.part_files(out) == []
+    assert machinery.merge_parts(out, cols) is None  # nothing to merge: the file is left alone
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
@@ -346,7 +346,7 @@ def test_torchrun_with_two_ranks_resumes_splits_and_merges_like_one_process(refe
     res = run_torchrun(args, tmp_path / "logs", env=subprocess_env(), timeout=120)
     assert res.returncode == 0, failure_report(res, tmp_path / "logs")
     assert rows(out) == rows(reference)
-    assert certify.part_files(str(out)) == []
+    assert machinery.part_files(str(out)) == []
 
 
 def test_true_label_votes_and_saved_counts_agree_across_resume_and_torchrun(digits_ckpt, tmp_path):
@@ -374,7 +374,7 @@ def test_true_label_votes_and_saved_counts_agree_across_resume_and_torchrun(digi
     res = run_torchrun(args, tmp_path / "logs", env=subprocess_env(), timeout=120)
     assert res.returncode == 0, failure_report(res, tmp_path / "logs")
     assert rows(dist) == rows(whole) and read_counts(str(dist) + ".counts") == counts
-    assert certify.part_files(str(dist) + ".counts") == []
+    assert machinery.part_files(str(dist) + ".counts") == []
 
 
 def read_counts(path):

@@ -719,7 +719,7 @@ def test_torchrun_grid_run_splits_groups_and_merges_like_one_process(digits_mode
                        env=env, timeout=180)
     assert res.returncode == 0, failure_report(res, tmp_path / "logs")
     cells = lambda p: [ln.split("\t")[:5] + ln.split("\t")[6:] for ln in p.read_text().splitlines()]
-    assert cells(dist) == cells(whole) and certify.part_files(str(dist)) == []
+    assert cells(dist) == cells(whole) and machinery.part_files(str(dist)) == []
 
 
 def test_the_oracle_sprt_matches_walds_identity_and_the_rule_never_beats_it():
