@@ -509,6 +509,44 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     radius_fn: CERTIFY's radius from its bound (see certify). prepare: optional callable(settings, dataset
     name) run before the resume check, which may add settings (ddrs.py --semi-elastic's sigma function)."""
     rank, world, device_name = distributed_setup(args.device)
+    run = load_run(args, device_name, sigma_of, extra_settings, prepare)
+    selected, done, seed = claim_work(args, locks, run, rank, world)
+    rank_lock = contextlib.ExitStack()   # released before the final barrier: rank 0 then merges the parts
+    if world > 1:
+        rank_lock.enter_context(machinery.exclusive_lock(f"{run.outfile}.rank{rank}.lock",
+                                                         f"--outfile {run.outfile!r}"))
+        # the final barrier may wait for hours (one rank resumed with more left to do): its own long timeout
+        final_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
+    if run.plan is not None:   # --radii: groups of examples share forward passes; a group is the unit of a rank's work
+        size = args.group or grid.GROUP
+        groups = [selected[g:g + size] for g in range(0, len(selected), size)]
+        mine = [grp for k, grp in enumerate(groups) if k % world == rank and not set(grp) <= done]
+    else:
+        mine = [[i] for i in selected if i not in done][rank::world]
+    total = sum(len([i for i in grp if i not in done]) for grp in mine)
+    progress = Progress(total, prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
+    part = "" if world == 1 else f".rank{rank}"
+    with machinery.open_tsv(run.outfile + part, run.columns, inputs=run.inputs) as out, \
+            (machinery.open_tsv(run.counts[0] + part, run.counts[1], "vote counts", run.inputs) if run.counts else
+             contextlib.nullcontext(None)) as counts_out:
+        if run.plan is not None:
+            write_groups(args, run, mine, done, seed, out, counts_out, progress)
+        else:
+            write_examples(args, run, [grp[0] for grp in mine], seed, out, counts_out, progress, sigma_of, radius_fn)
+    rank_lock.close()
+    if world > 1:
+        torch.distributed.barrier(group=final_group)
+    if rank == 0:
+        machinery.merge_parts(run.outfile, run.columns)
+        if run.counts:
+            machinery.merge_parts(*run.counts, "vote counts")
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None):
+    """certify_all's set-up, before anything is written: the model (fast_model), the data, the outfile, its
+    columns, the grid plan, the settings its sidecar records, and the resume check. Returns a namespace."""
     device = machinery.get_device(device_name)
     machinery.check_precision(args.precision, device)
     if device.type == "cpu":
@@ -533,7 +571,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         columns = columns + ("sigma",)
     beta = grid.DEFAULT_BETA if args.beta is None else args.beta
     plan = None if args.radii is None else grid.grid_plan(args.radii, sigma, args.N, args.alpha, beta,
-                                                     args.final_look, zero_level=args.zero_level)
+                                                          args.final_look, zero_level=args.zero_level)
     if not args.overwrite:
         columns = machinery.resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
     num_classes = common.NUM_CLASSES[dataset_name]
@@ -571,93 +609,81 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         common.grid_levels(dataset[0][0], levels)
     shapes = pass_shapes(tuple(dataset[0][0].shape), args.N0, args.N, args.batch, args.predict)
     model = fast_model(model, settings["channels_last"], args.compile, shapes, args.precision, args.fold_bn)
+    return argparse.Namespace(device=device, model=model, dataset=dataset, sigma=sigma, outfile=outfile,
+                              columns=columns, plan=plan, num_classes=num_classes, counts=counts, settings=settings,
+                              inputs=inputs, levels=levels)
 
-    todo, seed = [None], None
-    if rank == 0:   # the single writer of the shared files; what stops it stops every rank (below)
+
+def claim_work(args, locks, run, rank, world):
+    """Rank 0, the single writer of the shared files, checks and locks the outputs, resolves the seed and
+    writes the sidecar; every rank gets its (selected examples, those done, seed). What stops rank 0 stops all."""
+    todo = [None]
+    if rank == 0:
         try:
-            machinery.check_outputs(outfile, counts, inputs)
-            machinery.lock_outputs(locks, outfile)
-            seed = resolve_seed(args.seed, "" if args.overwrite else outfile + ".json")
-            settings["seed_value"] = seed if args.seed == "random" else None   # recorded once the run starts
-            done = machinery.prepare_outputs(outfile, settings, columns, args.overwrite, counts, inputs)
-            todo = [(select_examples(len(dataset), args.skip, args.max, set()), done, seed)]
+            machinery.check_outputs(run.outfile, run.counts, run.inputs)
+            machinery.lock_outputs(locks, run.outfile)
+            seed = resolve_seed(args.seed, "" if args.overwrite else run.outfile + ".json")
+            run.settings["seed_value"] = seed if args.seed == "random" else None   # recorded once the run starts
+            done = machinery.prepare_outputs(run.outfile, run.settings, run.columns, args.overwrite, run.counts,
+                                             run.inputs)
+            todo = [(select_examples(len(run.dataset), args.skip, args.max, set()), done, seed)]
             print(f"{'predict' if args.predict else 'certify'}: {len(todo[0][0]) - len(done & set(todo[0][0]))} "
                   f"examples to go "
-                  f"({len(done)} already in the files) -> {outfile}", flush=True)
+                  f"({len(done)} already in the files) -> {run.outfile}", flush=True)
         except common.UserError as e:
             todo = [str(e)]
     if world > 1:
         torch.distributed.broadcast_object_list(todo, src=0)  # every rank works on the same list
     if isinstance(todo[0], str):
         raise common.UserError(todo[0] if rank == 0 else f"rank 0 stopped: {todo[0]}")
-    rank_lock = contextlib.ExitStack()   # released before the final barrier: rank 0 then merges the parts
-    if world > 1:
-        rank_lock.enter_context(machinery.exclusive_lock(f"{outfile}.rank{rank}.lock", f"--outfile {outfile!r}"))
-        # the final barrier may wait for hours (one rank resumed with more left to do): its own long timeout
-        final_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
-    selected, done, seed = todo[0]   # rank 0's selection, what is done and the seed, on every rank
-    if plan is not None:   # --radii: groups of examples share forward passes; a group is the unit of a rank's work
-        size = args.group or grid.GROUP
-        groups = [selected[g:g + size] for g in range(0, len(selected), size)]
-        mine = [grp for k, grp in enumerate(groups) if k % world == rank and not set(grp) <= done]
-    else:
-        mine = [[i] for i in selected if i not in done][rank::world]
+    return todo[0]   # rank 0's selection, what is done and the seed, on every rank
 
-    total = sum(len([i for i in grp if i not in done]) for grp in mine)
-    progress = Progress(total, prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
-    part = "" if world == 1 else f".rank{rank}"
+
+def write_groups(args, run, mine, done, seed, out, counts_out, progress):
+    """--radii: each group of examples through grid.grid_certify_many, its lines not yet written in idx order.
+    The whole group runs again on a resume (its noise and packing are then those of the first run); time: the
+    group's, shared evenly."""
     finished = 0
-    with machinery.open_tsv(outfile + part, columns, inputs=inputs) as out, \
-            (machinery.open_tsv(counts[0] + part, counts[1], "vote counts", inputs) if counts else
-             contextlib.nullcontext(None)) as counts_out:
-        for grp in mine if plan is not None else []:
-            # the whole group runs again on a resume (its noise and packing are then those of the first run);
-            # only the lines not yet written are written, in idx order. time: the group's, shared evenly
-            start = time.time()
-            examples = [dataset[i] for i in grp]
-            items = [(x.to(device), common.example_generator(seed, i, device), int(y) if args.label_mode else None)
-                     for i, (x, y) in zip(grp, examples)]
-            outs = grid.grid_certify_many(common.in_precision(model, args.precision), items, sigma, args.N0,
-                                     args.batch, num_classes, plan,
-                                     common.sound_copies(levels) if levels else common.gaussian_copies)
-            seconds = (time.time() - start) / len(grp)
-            for i, (_, y), res in zip(grp, examples, outs):
-                if i in done:
-                    continue
-                res["pA_lower"], res["pA_upper"] = grid.grid_interval(res, plan)
-                if counts_out is not None:
-                    print("\t".join(map(str, [i] + res["counts"])), file=counts_out, flush=True)
-                print(format_line(res, i, int(y), seconds, columns), file=out, flush=True)
-                finished += 1
-                if progress is not None:
-                    progress.update(finished)
-        for k, idx in enumerate([grp[0] for grp in mine] if plan is None else []):
-            x, label = dataset[idx]
-            votes = []
-            s = sigma if sigma_of is None else sigma_of(model, x.to(device), idx, sigma)
-            line = example_line(model, x.to(device), int(label), idx, s, args.N0, args.N, args.alpha,
-                                args.batch, num_classes, seed, args.predict, args.precision,
-                                EARLY_ABSTAIN_ALPHA if args.early_abstain else None,
-                                columns if sigma_of is None else columns[:-1], votes, levels, plan,
-                                args.label_mode, radius_fn)
-            if sigma_of is not None:
-                line += f"\t{s:.6g}"
-            # the counts row first: after a stop between the two writes, the resume drops it (machinery.prepare_outputs)
+    for grp in mine:
+        start = time.time()
+        examples = [run.dataset[i] for i in grp]
+        items = [(x.to(run.device), common.example_generator(seed, i, run.device), int(y) if args.label_mode else None)
+                 for i, (x, y) in zip(grp, examples)]
+        outs = grid.grid_certify_many(common.in_precision(run.model, args.precision), items, run.sigma, args.N0,
+                                      args.batch, run.num_classes, run.plan,
+                                      common.sound_copies(run.levels) if run.levels else common.gaussian_copies)
+        seconds = (time.time() - start) / len(grp)
+        for i, (_, y), res in zip(grp, examples, outs):
+            if i in done:
+                continue
+            res["pA_lower"], res["pA_upper"] = grid.grid_interval(res, run.plan)
             if counts_out is not None:
-                print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
-            print(line, file=out, flush=True)
+                print("\t".join(map(str, [i] + res["counts"])), file=counts_out, flush=True)
+            print(format_line(res, i, int(y), seconds, run.columns), file=out, flush=True)
+            finished += 1
             if progress is not None:
-                progress.update(k + 1)
+                progress.update(finished)
 
-    rank_lock.close()
-    if world > 1:
-        torch.distributed.barrier(group=final_group)
-    if rank == 0:
-        machinery.merge_parts(outfile, columns)
-        if counts:
-            machinery.merge_parts(*counts, "vote counts")
-    if world > 1:
-        torch.distributed.destroy_process_group()
+
+def write_examples(args, run, indices, seed, out, counts_out, progress, sigma_of=None, radius_fn=None):
+    """CERTIFY or PREDICT of each example in turn, one flushed line each (example_line)."""
+    for k, idx in enumerate(indices):
+        x, label = run.dataset[idx]
+        votes = []
+        s = run.sigma if sigma_of is None else sigma_of(run.model, x.to(run.device), idx, run.sigma)
+        line = example_line(run.model, x.to(run.device), int(label), idx, s, args.N0, args.N, args.alpha,
+                            args.batch, run.num_classes, seed, args.predict, args.precision,
+                            EARLY_ABSTAIN_ALPHA if args.early_abstain else None,
+                            run.columns if sigma_of is None else run.columns[:-1], votes, run.levels, run.plan,
+                            args.label_mode, radius_fn)
+        if sigma_of is not None:
+            line += f"\t{s:.6g}"
+        # the counts row first: after a stop between the two writes, the resume drops it (machinery.prepare_outputs)
+        if counts_out is not None:
+            print("\t".join(map(str, [idx] + votes[0])), file=counts_out, flush=True)
+        print(line, file=out, flush=True)
+        if progress is not None:
+            progress.update(k + 1)
 
 
 if __name__ == "__main__":
