@@ -58,18 +58,27 @@ PARTS = ("discard", "weight", "attack")             # Table 5: §5.1, §5.2, §5
 def parse_args(argv=None):
     p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, parser_class=machinery.ArgumentParser)
+    add_metric_commands(sub)
+    add_training_commands(sub)
+    add_compare_commands(sub)
+    return p.parse_args(argv)
 
-    def logs_command(name, help_text, logs_help="certification TSVs (Cohen's columns, optionally nA N)"):
-        s = sub.add_parser(name, help=help_text, description=help_text)
-        s.add_argument("logs", nargs="+", help=logs_help)
-        s.add_argument("--labels", nargs="+", help="one label per log (default: from the path, e.g. "
-                                                   "certify/cifar10/ours/noise_0.5.tsv -> ours)")
-        s.add_argument("--sigmas", nargs="+", type=float, help="one sigma per log (default: from the path, "
-                                                                "e.g. noise_0.25 or sigma0.5, else <log>.json)")
-        s.add_argument("--out", help="folder for .md/.tex/.tsv files and PNG + PDF figures")
-        return s
 
-    s = logs_command("table", "ACR and certified accuracy at radii, grouped by sigma (Tables 3, 4)")
+def logs_command(sub, name, help_text, logs_help="certification TSVs (Cohen's columns, optionally nA N)"):
+    """A subcommand that reads certification logs, with the options every such command takes."""
+    s = sub.add_parser(name, help=help_text, description=help_text)
+    s.add_argument("logs", nargs="+", help=logs_help)
+    s.add_argument("--labels", nargs="+", help="one label per log (default: from the path, e.g. "
+                                               "certify/cifar10/ours/noise_0.5.tsv -> ours)")
+    s.add_argument("--sigmas", nargs="+", type=float, help="one sigma per log (default: from the path, "
+                                                            "e.g. noise_0.25 or sigma0.5, else <log>.json)")
+    s.add_argument("--out", help="folder for .md/.tex/.tsv files and PNG + PDF figures")
+    return s
+
+
+def add_metric_commands(sub):
+    """table, envelope, ecdf, budget and theory: the metrics of §4 and §7."""
+    s = logs_command(sub, "table", "ACR and certified accuracy at radii, grouped by sigma (Tables 3, 4)")
     s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
     s.add_argument("--format", choices=("markdown", "latex", "tsv"), default="markdown", help="what stdout gets")
     s.add_argument("--baseline", help="label of the row that LaTeX greys against (default: gaussian, if a log "
@@ -78,10 +87,10 @@ def parse_args(argv=None):
                    "several seeds (paths that differ only in a seed part, e.g. seed1/ or _seed2, or equal "
                    "--labels) become one row, mean ± sample standard deviation over the seeds")
 
-    s = logs_command("envelope", "best certified accuracy across sigma at each radius, per label (§7)")
+    s = logs_command(sub, "envelope", "best certified accuracy across sigma at each radius, per label (§7)")
     s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
 
-    s = logs_command("ecdf", "empirical distribution P(pA >= p), p in [0.5, 1], and dominance (App. B.2, B.3)")
+    s = logs_command(sub, "ecdf", "empirical distribution P(pA >= p), p in [0.5, 1], and dominance (App. B.2, B.3)")
     s.add_argument("--N", type=int, help=f"certification N of logs without nA/N columns or sidecar "
                                          f"(default {PAPER_N})")
     s.add_argument("--alpha", type=float, help=f"certification alpha of logs without sidecar "
@@ -92,7 +101,7 @@ def parse_args(argv=None):
     s.add_argument("--baseline", help="label that §4.3's statement compares each method with (default: gaussian, "
                    "if a log has that label)")
 
-    s = logs_command("budget", "expected certified accuracy under another budget --N --alpha (App. B.1)",
+    s = logs_command(sub, "budget", "expected certified accuracy under another budget --N --alpha (App. B.1)",
                      logs_help="certification TSVs, or ECDF files with columns `x y` (as published)")
     s.add_argument("--N", type=int, required=True, help="the new certification budget N")
     s.add_argument("--alpha", type=float, required=True, help="the new failure probability alpha")
@@ -110,13 +119,16 @@ def parse_args(argv=None):
     s.add_argument("--Nmax", type=int, default=1000, help="the toy example scans N = 1 .. Nmax for order flips")
     s.add_argument("--out", help="folder for theory.md/.tsv and the figures")
 
-    s = logs_command("trainpa", "pA of the training set (§5.1): histogram, shares below 0.5 and below pt",
+
+def add_training_commands(sub):
+    """trainpa, gradnorm and ablation: what §5 measures of training."""
+    s = logs_command(sub, "trainpa", "pA of the training set (§5.1): histogram, shares below 0.5 and below pt",
                      logs_help="train_ours.py's estimates (pA_epoch*_discard.tsv, pA_epoch*_weights.tsv: idx "
                                "label count n) or certify.py --split train logs (with nY)")
     s.add_argument("--pt", type=float, default=0.4, help="the discard threshold to report (default 0.4, "
                                                          "Table 6 at sigma 0.5)")
 
-    s = logs_command("gradnorm", "mean gradient norm of easy and hard examples (Table 2) and histograms (Fig. 5)",
+    s = logs_command(sub, "gradnorm", "mean gradient norm of easy and hard examples (Table 2) and histograms (Fig. 5)",
                      logs_help="gradient-norm TSVs (columns idx label pA grad_norm) of the training scripts")
     s.add_argument("--acr", nargs="+", metavar="LOG", help="certification logs of the probed models, one per "
                    "gradient-norm file in order ('-' for none): Table 2's ACR column")
@@ -125,12 +137,15 @@ def parse_args(argv=None):
     s.add_argument("--replicates", type=int, default=2000, help="bootstrap replicates (default 2000)")
     s.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
 
-    s = logs_command("ablation", "Table 5: ACR and certified accuracy of logs labelled by the parts that were on")
+    s = logs_command(sub, "ablation", "Table 5: ACR and certified accuracy of logs labelled by the parts that were on")
     s.add_argument("--parts", nargs="+", required=True,
                    help="one per log: 'none' (Gaussian) or parts joined by '+', e.g. discard+weight+attack")
     s.add_argument("--radii", nargs="+", type=float, default=DEFAULT_RADII, help="default 0 to 2.5 step 0.25")
     s.add_argument("--format", choices=("markdown", "latex", "tsv"), default="markdown", help="what stdout gets")
 
+
+def add_compare_commands(sub):
+    """compare (two methods, with intervals and verdicts) and paper (every table of the published logs)."""
     help_text = ("the difference B - A of every metric with a simultaneous interval that includes the test "
                  "sample, the certification's Monte Carlo noise and training seeds; verdict higher, lower or "
                  "within noise")
@@ -160,7 +175,6 @@ def parse_args(argv=None):
     s.add_argument("--root", required=True, help="folder with certify/<dataset>/<method>/noise_<sigma>.tsv "
                                                  "(the paper repository's data folder)")
     s.add_argument("--out", help="folder for the tables and figures")
-    return p.parse_args(argv)
 
 
 # ----------------------------------------------------------------------------------------------------------

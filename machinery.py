@@ -1805,7 +1805,9 @@ def part_files(outfile):
     return sorted(parts, key=lambda p: int(p.rsplit(".rank", 1)[1]))
 
 
-read_rows = common.read_log_prefix   # the one reader of a log being resumed (common.py)
+def read_rows(path, columns):
+    """The complete lines of a log being resumed, and the byte size they take (common.read_log_prefix)."""
+    return common.read_log_prefix(path, columns)
 
 
 def resume_columns(outfile, columns):
