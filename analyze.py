@@ -36,13 +36,14 @@ import numpy as np
 from scipy.special import ndtri   # scipy.stats' norm.ppf (and -ndtri its isf), bit for bit, without its import time
 
 import common
+import readers
 import machinery
 for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
         raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
 PAPER_N, PAPER_ALPHA = 100_000, 0.001               # the certification budget of every table in the paper
-COHEN_COLUMNS, GRADNORM_COLUMNS = common.COHEN_COLUMNS, common.GRADNORM_COLUMNS
+COHEN_COLUMNS, GRADNORM_COLUMNS = readers.COHEN_COLUMNS, readers.GRADNORM_COLUMNS
 DEFAULT_RADII = [0.25 * i for i in range(11)]       # Table 3: 0.00, 0.25, ..., 2.50
 # The p grid of the published ECDF files, float noise included: a few points lie one ulp above p = k / 1000
 # (0.5640000000000001, ...), where P(pA >= p) leaves out the examples with pA exactly k / 1000.
@@ -181,11 +182,11 @@ def add_compare_commands(sub):
 # Reading TSVs: one clear line for a missing file, a foreign header or a malformed line
 # ----------------------------------------------------------------------------------------------------------
 
-# The readers of every format live in common.py (one reader per format); the names analyze.py uses:
-read_columns, read_lines, check_rows = common.read_table, common.read_lines, common.check_rows
-read_log, read_sidecar = common.read_certification_log, common.read_sidecar
-read_train_pA, read_gradnorm = common.read_train_pA, common.read_gradient_norms
-read_ecdf_or_log = common.read_ecdf_or_log
+# The readers of every format live in readers.py (one reader per format); the names analyze.py uses:
+read_columns, read_lines, check_rows = readers.read_table, readers.read_lines, readers.check_rows
+read_log, read_sidecar = readers.read_certification_log, readers.read_sidecar
+read_train_pA, read_gradnorm = readers.read_train_pA, readers.read_gradient_norms
+read_ecdf_or_log = readers.read_ecdf_or_log
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -252,7 +253,7 @@ def per_log(values, logs, flag):
     return values or [None] * len(logs)
 
 
-# What each analysis does with each kind of certification log (common.LOG_KINDS): the kinds listed here are
+# What each analysis does with each kind of certification log (readers.LOG_KINDS): the kinds listed here are
 # refused, in one line, before anything is written; every other kind is handled, and the reports say how
 # (a grid log has no ACR and its accuracy is exact at its levels; label mode, DDRS and semi-elastic logs are
 # named with what their radii certify). A PREDICT log has no radius: the reader refuses it for every analysis.
@@ -271,7 +272,7 @@ REFUSED = {
     "ecdf": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA},
     "budget": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA, "DDRS": PER_INPUT_SIGMA,
                "semi-elastic": PER_INPUT_SIGMA},
-    "trainpa": {**PREDICT_REFUSED, "grid": common.NO_NY, "grid without r = 0": common.NO_NY},   # its reader says so
+    "trainpa": {**PREDICT_REFUSED, "grid": readers.NO_NY, "grid without r = 0": readers.NO_NY},   # its reader says so
     "gradnorm --acr": PREDICT_REFUSED,   # a grid log's ACR shows as n/a
 }
 
@@ -285,7 +286,7 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None):
         log = reader(path)
         log["sidecar"] = read_sidecar(path)
         if command is not None and "radius" in log:   # a certification log (not an ECDF or a pA estimate file)
-            common.check_log_kinds(log, log["sidecar"], REFUSED[command], f"analyze.py {command}")
+            readers.check_log_kinds(log, log["sidecar"], REFUSED[command], f"analyze.py {command}")
         log["label"] = shown(label or label_from_path(path))
         own, guessed = log["sidecar"].get("sigma"), sigma_from_path(path)
         if sigma is None and isinstance(own, (int, float)) and guessed is not None and float(own) != guessed:

@@ -53,6 +53,7 @@ import torch
 from scipy.special import ndtri   # scipy.stats' norm.ppf, bit for bit, without its import time
 
 import common
+import readers
 import grid
 import machinery
 for module in (common, grid, machinery):   # a student's module of one of these names earlier on sys.path is not ours
@@ -321,12 +322,12 @@ def resolve_seed(seed, sidecar):
     if seed != "random":
         return seed
     if os.path.isfile(sidecar):
-        old = common.read_json_object(sidecar, "settings file of a log")
+        old = readers.read_json_object(sidecar, "settings file of a log")
         if old.get("seed") == "random" and isinstance(old.get("seed_value"), int):
             return old["seed_value"]
         log = sidecar[:-len(".json")]
         rows = [path for path in [log] + machinery.part_files(log) if os.path.isfile(path) and
-                len(common.read_log_prefix(path, common.read_header(path).split("\t"))[0]) > 0]
+                len(readers.read_log_prefix(path, readers.read_header(path).split("\t"))[0]) > 0]
         common.check(old.get("seed") != "random" or not rows,
                      f"{sidecar}: the log was certified with --seed random but its seed is not recorded "
                      f"(seed_value {old.get('seed_value')!r}); its rows cannot be continued with the same noise: "

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 
 import certify
 import common
+import readers
 import machinery
 for module in (certify, common, machinery):   # a student's module of one of these names is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
@@ -460,7 +461,7 @@ def semi_elastic_main(args):
 def memory_main(args):
     """Algorithm 3 over a finished DDRS log, in index order: the memory's class, radius and case per example."""
     rows = read_ddrs_log(args.log)
-    sidecar = common.read_sidecar(args.log, required=("dataset", "split", "data"))
+    sidecar = readers.read_sidecar(args.log, required=("dataset", "split", "data"))
     dataset = common.get_dataset(sidecar["dataset"], sidecar["split"], args.data_dir, train_transform=False)
     common.check(machinery.data_fingerprint(sidecar["dataset"], sidecar["split"], args.data_dir) == sidecar["data"],
                  f"{args.log}: certified on other images than {sidecar['dataset']} {sidecar['split']} here "
@@ -612,15 +613,15 @@ def report_main(args):
     compare (scripts/compare_cpu.sh). Writes report.md and report.tsv in --out."""
     from scipy.stats import norm
     machinery.check_same_run([args.fixed, *args.logs])   # one model, one set of images: before any work
-    fixed = common.read_certification_log(args.fixed)
-    common.check_log_kinds(fixed, common.read_sidecar(args.fixed), FIXED_REFUSED, "ddrs.py report --fixed")
+    fixed = readers.read_certification_log(args.fixed)
+    readers.check_log_kinds(fixed, readers.read_sidecar(args.fixed), FIXED_REFUSED, "ddrs.py report --fixed")
     common.check("sigma_x" not in fixed and "nA" in fixed,
                  f"{args.fixed}: --fixed needs certify.py's CERTIFY log (with nA and N)")
-    logs = [(path, common.read_certification_log(path)) for path in args.logs]   # all read before any work
+    logs = [(path, readers.read_certification_log(path)) for path in args.logs]   # all read before any work
     for path, log in logs:
-        common.check_log_kinds(log, common.read_sidecar(path), REPORT_REFUSED, "ddrs.py report")
+        readers.check_log_kinds(log, readers.read_sidecar(path), REPORT_REFUSED, "ddrs.py report")
         common.check("sigma_x" in log, f"{path}: {NO_SIGMA_COLUMN}")
-    fs = common.read_sidecar(args.fixed, required=("sigma", "alpha"))
+    fs = readers.read_sidecar(args.fixed, required=("sigma", "alpha"))
     order = np.argsort(fixed["idx"])
     f_idx, f_gain = fixed["idx"][order], (fixed["radius"] * fixed["correct"])[order]
     near = (fixed["nA"] / fixed["N"])[order] >= args.near_one
@@ -633,7 +634,7 @@ def report_main(args):
              *[f"{100 * np.mean(fixed['correct'] & (fixed['radius'] >= r)):.1f}" for r in radii],
              f"{fs['sigma']:g}", "", "", "", "", "", ""]]
     for path, log in logs:
-        side = common.read_sidecar(path).get("ddrs") or {}
+        side = readers.read_sidecar(path).get("ddrs") or {}
         o = np.argsort(log["idx"])
         common.check(np.array_equal(log["idx"][o], f_idx), f"{path}: not the images of {args.fixed} (idx differ)")
         gain = (log["radius"] * log["correct"])[o]
@@ -689,7 +690,7 @@ def report_intervals(fixed, logs, radii):
             "".join("| " + " | ".join(r) + " |\n" for r in rows))
 
 
-# The kinds of log (common.LOG_KINDS) that report and memory refuse; both need ddrs.py's logs (a sigma column)
+# The kinds of log (readers.LOG_KINDS) that report and memory refuse; both need ddrs.py's logs (a sigma column)
 # of predictions, and report (ACR, gains) full radii and, as --fixed, certify.py's CERTIFY log at sigma_0. The
 # memory wraps any radii (Alfarra et al. 2022, App. C), grid levels included.
 NOT_PREDICTIONS = "it certifies the true label, not the classifier's predictions; certify without --label-mode"
@@ -702,10 +703,10 @@ FIXED_REFUSED = {**REPORT_REFUSED, "DDRS": "--fixed is certify.py's log at the f
 
 
 def read_ddrs_log(path):
-    """The rows of a `ddrs.py certify` log (common.read_certification_log, with its per-row sigma column):
+    """The rows of a `ddrs.py certify` log (readers.read_certification_log, with its per-row sigma column):
     idx, predict (-1: abstain), radius, sigma."""
-    log = common.read_certification_log(path)
-    common.check_log_kinds(log, common.read_sidecar(path), MEMORY_REFUSED, "ddrs.py memory")
+    log = readers.read_certification_log(path)
+    readers.check_log_kinds(log, readers.read_sidecar(path), MEMORY_REFUSED, "ddrs.py memory")
     common.check("sigma_x" in log, f"{path}: {NO_SIGMA_COLUMN}")
     return [{"idx": int(i), "predict": int(p), "radius": float(r), "sigma": float(s)}
             for i, p, r, s in zip(log["idx"], log["predict"], log["radius"], log["sigma_x"])]

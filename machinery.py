@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 import common
+import readers
 
 PROJECT = "acr-weakness"   # the scripts check it: a student's own machinery.py earlier on sys.path is not this one
 
@@ -776,9 +777,9 @@ def complete_lines_size(path, block=1 << 16):
 
 def copy_training_log(source, path):
     """Copy a run's log.tsv (read_train_log checks it) to `path` through the guard (scripts/lib.sh keep_log)."""
-    rows = common.read_train_log(source)
-    text = "".join("\t".join(str(r[c]) for c in common.TRAIN_LOG_COLUMNS) + "\n" for r in rows)
-    return write_text_output(path, "training log copy", "\t".join(common.TRAIN_LOG_COLUMNS) + "\n" + text, [source])
+    rows = readers.read_train_log(source)
+    text = "".join("\t".join(str(r[c]) for c in readers.TRAIN_LOG_COLUMNS) + "\n" for r in rows)
+    return write_text_output(path, "training log copy", "\t".join(readers.TRAIN_LOG_COLUMNS) + "\n" + text, [source])
 
 
 def remove_output(path, kind, claimed=False):
@@ -877,7 +878,7 @@ def check_same_run(paths, keys=("checkpoint_sha256", "data", "split")):
     """The logs at `paths` come from one model on one set of images: their settings files (certify.py's
     sidecars) name the same checkpoint hash, data fingerprint and split. A log without them is refused: what
     it was made from cannot be checked (ddrs.py report pairs a DDRS log with the fixed-sigma log this way)."""
-    sides = [common.read_sidecar(p) for p in paths]
+    sides = [readers.read_sidecar(p) for p in paths]
     for path, side in zip(paths, sides):
         missing = [k for k in keys if side.get(k) is None]
         common.check(not missing, f"{path}: its settings file does not record {', '.join(missing)} (the run's "
@@ -1157,7 +1158,7 @@ def read_torch_dict(path, what, fields, trust=False):
 # The fields of our checkpoints beyond Cohen's {'arch', 'state_dict'}: present in ours, checked when present.
 CHECKPOINT_FIELDS = {"arch": lambda v: isinstance(v, str), "dataset": lambda v: v is None or v in common.DATASETS,
                      "sigma": lambda v: v is None or (common._is_number(v) and 0 < v < math.inf),
-                     "epoch": lambda v: common._is_int(v) and v >= 0, "args": lambda v: v is None or isinstance(v, dict),
+                     "epoch": lambda v: readers._is_int(v) and v >= 0, "args": lambda v: v is None or isinstance(v, dict),
                      "extra": lambda v: v is None or isinstance(v, dict),
                      "optimizer": lambda v: v is None or isinstance(v, dict),
                      "scheduler": lambda v: v is None or isinstance(v, dict),
@@ -1702,11 +1703,11 @@ def open_train_log(outdir, start_epoch):
         return None
     path = os.path.join(outdir, "log.tsv")
     if start_epoch > 0 and os.path.isfile(path):
-        rows = [r for r in common.read_train_log(path) if int(r["epoch"]) < start_epoch]
-        text = "".join("\t".join(str(r[c]) for c in common.TRAIN_LOG_COLUMNS) + "\n" for r in rows)
-        header = "\t".join(common.TRAIN_LOG_COLUMNS) + "\n"
+        rows = [r for r in readers.read_train_log(path) if int(r["epoch"]) < start_epoch]
+        text = "".join("\t".join(str(r[c]) for c in readers.TRAIN_LOG_COLUMNS) + "\n" for r in rows)
+        header = "\t".join(readers.TRAIN_LOG_COLUMNS) + "\n"
         write_output(path, "training log", lambda f: f.write((header + text).encode()), append=True)
-    return TSVLog(path, common.TRAIN_LOG_COLUMNS, "training log", append=start_epoch > 0, sync=True)
+    return TSVLog(path, readers.TRAIN_LOG_COLUMNS, "training log", append=start_epoch > 0, sync=True)
 
 
 def log_epoch(log, epoch, epochs, run_start, first_epoch, row):
@@ -1772,7 +1773,7 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
     norms = common.per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
     rows = {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
             "grad_norm": norms.tolist()}
-    log = TSVLog(path, common.GRADNORM_COLUMNS, "gradient norms", inputs=inputs,
+    log = TSVLog(path, readers.GRADNORM_COLUMNS, "gradient norms", inputs=inputs,
                  source=source_of(inputs[0], path) if inputs and inputs[0] else None)
     for i in range(len(probe_idx)):
         log.row(**{k: v[i] for k, v in rows.items()})
@@ -1806,15 +1807,15 @@ def part_files(outfile):
 
 
 def read_rows(path, columns):
-    """The complete lines of a log being resumed, and the byte size they take (common.read_log_prefix)."""
-    return common.read_log_prefix(path, columns)
+    """The complete lines of a log being resumed, and the byte size they take (readers.read_log_prefix)."""
+    return readers.read_log_prefix(path, columns)
 
 
 def resume_columns(outfile, columns):
     """The columns to write: an existing log from before a NEWER_COLUMNS column keeps its own."""
     for path in [outfile] + part_files(outfile):
         if os.path.isfile(path):
-            header = common.read_header(path).split("\t")
+            header = readers.read_header(path).split("\t")
             older = tuple(c for c in columns if c not in NEWER_COLUMNS or c in header)
             return older if header == list(older) else columns
     return columns
@@ -1833,7 +1834,7 @@ def check_resumable(outfile, settings, columns, counts=None):
     sidecar = outfile + ".json"
     common.check(os.path.isfile(sidecar), f"{outfile!r} exists but its settings file {sidecar!r} does not; "
                                           f"pass --overwrite to replace it or choose another --outfile")
-    old = common.read_json_object(sidecar, "settings file of a log")
+    old = readers.read_json_object(sidecar, "settings file of a log")
     for k in ("script", "data"):   # identity: refused when it differs, noted when an older sidecar lacks it
         if k not in old:
             sys.stderr.write(f"note: {sidecar!r} does not record the run's {k} (an older version wrote it); "
@@ -1906,7 +1907,7 @@ def sidecar_claims(outfile):
     sidecar of an older version, with the checkpoint's hash): the log may be resumed or replaced even where
     the folder's record of outputs does not list it (a log copied from another machine)."""
     try:
-        old = common.read_json_object(outfile + ".json", "settings file of a log")
+        old = readers.read_json_object(outfile + ".json", "settings file of a log")
     except common.UserError:
         return False
     if old.get("script", "certify.py") not in ("certify.py", "ddrs.py certify") or "checkpoint_sha256" not in old:
@@ -1915,7 +1916,7 @@ def sidecar_claims(outfile):
     columns = old.get("columns")
     for path in [outfile] + part_files(outfile):
         if os.path.isfile(path) and os.path.getsize(path) > 0 and isinstance(columns, list):
-            header = common.read_header(path)
+            header = readers.read_header(path)
             if header not in ("\t".join(columns), "\t".join(columns[:-1])):   # [:-1]: logs from before nY
                 return False
     return True

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from scipy.special import ndtri   # scipy.stats' norm.ppf, bit for bit, without its import time
 
 import common
+import readers
 import machinery
 for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
     if getattr(module, "PROJECT", None) != "acr-weakness":
@@ -194,7 +195,7 @@ def shared_counts(counts, labels, indices, n, path, device):
     (idx label count n) by rank 0: what train() does around discard_hard and the reweighting estimate."""
     counts = machinery.broadcast(counts.to(device)).cpu()
     if machinery.is_main_process():
-        log = machinery.TSVLog(path, common.PA_COLUMNS, "pA estimates")
+        log = machinery.TSVLog(path, readers.PA_COLUMNS, "pA estimates")
         for i, label, c in zip(torch.as_tensor(indices).tolist(), labels.tolist(), counts.tolist()):
             log.row(idx=i, label=label, count=c, n=n)
         log.close()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import common
+import readers
 import machinery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,48 +26,48 @@ def test_a_number_is_ascii_digits_and_nothing_else(tmp_path, cell):
     path = tmp_path / "log.tsv"
     path.write_text(LOG.format(cell))
     with pytest.raises(common.UserError, match="line 2: radius .* is not a number"):
-        common.read_certification_log(str(path))
+        readers.read_certification_log(str(path))
 
 
 @pytest.mark.parametrize("cell", ["0.5", "-1", "1e-05", "2.5E+3", ".5", "1."])
 def test_numbers_as_the_project_writes_them_still_read(tmp_path, cell):
     path = tmp_path / "log.tsv"
     path.write_text(LOG.format(cell))
-    assert common.read_certification_log(str(path))["radius"][0] == float(cell)
+    assert readers.read_certification_log(str(path))["radius"][0] == float(cell)
 
 
 def test_a_column_twice_is_named_as_such(tmp_path):
     path = tmp_path / "log.tsv"
     path.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\tidx\n0\t1\t1\t0.5\t1\t0:00:01\t0\n")
     with pytest.raises(common.UserError, match="column idx appears more than once"):
-        common.read_certification_log(str(path))
+        readers.read_certification_log(str(path))
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
     path = tmp_path / "log.tsv"
     path.write_bytes(b"\xef\xbb\xbf" + LOG.format("0.5").encode())
-    assert common.read_certification_log(str(path))["idx"].tolist() == [0, 1]
+    assert readers.read_certification_log(str(path))["idx"].tolist() == [0, 1]
 
 
 def test_a_resumed_log_with_a_non_ascii_idx_is_malformed_not_a_crash(tmp_path):
     path = tmp_path / "log.tsv"
     path.write_text("idx\tlabel\n0\t1\n²\t2\n")
     with pytest.raises(common.UserError, match="line 3 is malformed"):
-        common.read_log_prefix(str(path), ("idx", "label"))
+        readers.read_log_prefix(str(path), ("idx", "label"))
 
 
 def test_a_broken_training_log_names_the_training_scripts_way_out_not_certify_flags(tmp_path, monkeypatch, capsys):
     """read_log_prefix serves certify.py (which has --overwrite) and the training runs' log.tsv (which have not):
     each message ends with the reading command's own way out."""
-    (tmp_path / "log.tsv").write_text("\t".join(common.TRAIN_LOG_COLUMNS) + "\n" + "x\n" * 2)
+    (tmp_path / "log.tsv").write_text("\t".join(readers.TRAIN_LOG_COLUMNS) + "\n" + "x\n" * 2)
     with pytest.raises(common.UserError, match="line 2 is malformed") as e:
-        common.read_train_log(str(tmp_path / "log.tsv"))
+        readers.read_train_log(str(tmp_path / "log.tsv"))
     assert "--overwrite" not in str(e.value) and "another --outdir" in str(e.value)
     (tmp_path / "log.tsv").write_bytes(b"epoch\r\n")
-    for read in (common.read_train_log, lambda p: common.read_log_prefix(p, common.TRAIN_LOG_COLUMNS)):
+    for read in (readers.read_train_log, lambda p: readers.read_log_prefix(p, readers.TRAIN_LOG_COLUMNS)):
         with pytest.raises(common.UserError, match="CR LF") as e:
             read(str(tmp_path / "log.tsv"))
-        assert ("--overwrite" in str(e.value)) == (read is not common.read_train_log)
+        assert ("--overwrite" in str(e.value)) == (read is not readers.read_train_log)
 
 
 @pytest.mark.parametrize("flags, named", [(["--batch", "--N"], "lower --batch or --N"), ([], "error: out of memory; ")])
@@ -89,7 +90,7 @@ def test_json_nested_without_end_is_one_line(tmp_path):
     path = tmp_path / "log.tsv.json"
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(common.UserError, match="must be JSON"):
-        common.read_json_object(str(path), "settings file")
+        readers.read_json_object(str(path), "settings file")
     folder = tmp_path / "out"
     folder.mkdir()
     (folder / machinery.RECORD).write_text("{\"a\": " * 100_000 + "1" + "}" * 100_000)

@@ -22,6 +22,7 @@ from scipy.stats import norm
 
 import certify
 import common
+import readers
 import grid
 import machinery
 from helpers import digits_checkpoint, run_main
@@ -377,7 +378,7 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     cells = lambda name: rows[name].split(";")[0].split()   # noqa: E731
     assert cells("certify_N20000")[1:4] == ["20,100"] * 3 and cells("certify_N2000")[1] == "2,100"
     assert rows["certify_N20000"].split(";")[1].split() == ["0", "0", "0"]   # no disagreement with itself
-    draws = [int(n) for n in common.read_table(str(grid), ("N",), ())["N"]]
+    draws = [int(n) for n in readers.read_table(str(grid), ("N",), ())["N"]]
     evals = [100 + n for n in draws]   # N0 + draws
     assert cells("grid")[1] == f"{np.mean(evals):,.0f}"
     assert cells("grid")[7].endswith("x") and cells("certify_N20000")[7] == "1.0x"   # wall time saved
@@ -408,7 +409,7 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
     capsys.readouterr()
     bench.grid_from_logs([str(full), str(small_budget)])
     out = capsys.readouterr().out
-    draws = [int(n) for n in common.read_table(str(small_budget), ("N",), ())["N"]]
+    draws = [int(n) for n in readers.read_table(str(small_budget), ("N",), ())["N"]]
     ran = sum(n == 1_000 for n in draws)
     assert f"    bound of grid_N1000: {ran} examples ({100 * ran / 8:.1f} %) ran to the budget" in out
     share = [line for line in out.splitlines() if line.startswith("    grid_N1000 ") and "points [" not in line]
@@ -760,9 +761,9 @@ def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp
     """tools/bench.py --grid-logs reads untrusted logs: a time cell is H:MM:SS(.f), 'D day(s), H:MM:SS' or seconds;
     anything else is one UserError naming the file and line (was a ValueError traceback)."""
     import bench
-    assert common.log_seconds("0:00:03.617651") == pytest.approx(3.617651)
-    assert common.log_seconds("2 days, 1:00:00") == 2 * 86400 + 3600
-    assert common.log_seconds("3.5") == 3.5
+    assert readers.log_seconds("0:00:03.617651") == pytest.approx(3.617651)
+    assert readers.log_seconds("2 days, 1:00:00") == 2 * 86400 + 3600
+    assert readers.log_seconds("3.5") == 3.5
     source = os.path.join(ROOT, "results", "grid_cpu", "rerun", "sigma0.25")
     for name in ("certify_N100000.tsv", "grid.tsv"):
         for suffix in ("", ".json"):

@@ -1,4 +1,4 @@
-"""Every analysis takes each kind of certification log (common.LOG_KINDS) or refuses it in one line, as it
+"""Every analysis takes each kind of certification log (readers.LOG_KINDS) or refuses it in one line, as it
 declares: one log of each kind, made from one committed certify.py log by the columns and settings that mark
 the kind, through every analysis of analyze.py, tools/bench.py --grid-logs, ddrs.py's report and memory, and the
 scripts that take a log's pA as the truth (tools/beta_curve.py, tools/like_for_like.py)."""
@@ -14,6 +14,7 @@ sys.path.insert(0, ROOT)
 import analyze  # noqa: E402
 import bench  # noqa: E402
 import common  # noqa: E402
+import readers  # noqa: E402
 import ddrs  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -61,11 +62,11 @@ def kinds(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kinds")
     write_kind(str(folder), "CERTIFY", "reference.tsv")
     gradnorm = os.path.join(ROOT, "results", "table2_cpu", "gradnorm_gaussian.tsv")
-    return folder, {kind: write_kind(str(folder), kind) for kind in common.LOG_KINDS}, gradnorm
+    return folder, {kind: write_kind(str(folder), kind) for kind in readers.LOG_KINDS}, gradnorm
 
 
 def test_the_kinds_are_read_from_the_committed_logs_of_each_script():
-    kinds = lambda path: common.log_kinds(common.read_certification_log(path), common.read_sidecar(path))
+    kinds = lambda path: readers.log_kinds(readers.read_certification_log(path), readers.read_sidecar(path))
     at = lambda *parts: os.path.join(ROOT, "results", *parts)
     assert kinds(BASE) == ["CERTIFY"]
     assert kinds(at("grid_cpu", "rerun", "sigma0.25", "grid.tsv")) == ["grid"]
@@ -103,14 +104,14 @@ DECLARED = {**{f"analyze.py {k}": v for k, v in analyze.REFUSED.items()},
 NEEDS_DDRS = ("ddrs.py report", "ddrs.py memory")   # they take ddrs.py's logs only (a sigma column)
 
 
-@pytest.mark.parametrize("kind", common.LOG_KINDS)
+@pytest.mark.parametrize("kind", readers.LOG_KINDS)
 def test_every_analysis_takes_or_refuses_each_kind_as_it_declares(kinds, kind, capsys):
     folder, paths, gradnorm = kinds
     ran = set()
     for name, call in analyses(folder, paths[kind], gradnorm, paths["DDRS"]):
         key = name if name.split()[0].endswith(".py") else f"analyze.py {name}"
         refused = DECLARED[key]
-        assert set(refused) <= set(common.LOG_KINDS), key
+        assert set(refused) <= set(readers.LOG_KINDS), key
         try:
             call()
             error = None

@@ -62,6 +62,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)   # the project's modules, one folder up
 import certify  # noqa: E402
 import common  # noqa: E402
+import readers  # noqa: E402
 import grid  # noqa: E402
 import machinery  # noqa: E402
 for module in (certify, common, machinery):   # a student's module of one of these names is not ours
@@ -670,7 +671,7 @@ def grid_from_logs(paths):
         results[name] = {"idx": cols["idx"][order], "y": log["y"][order], "radius": log["radius"][order],
                          "correct": log["correct"][order],
                          "evals": selection_draws(log) + log["N"][order],
-                         "time": sum(common.log_seconds(t, f"{log['path']} line {line}")
+                         "time": sum(readers.log_seconds(t, f"{log['path']} line {line}")
                                      for t, line in zip(cols["time"], cols["_line"]))}
         if log.get("grid"):
             grid_arms.add(name)
@@ -727,7 +728,7 @@ def selection_draws(log):
     return log["sidecar"].get("N0", 100)
 
 
-# The kinds of log (common.LOG_KINDS) --grid-logs refuses; it counts N0 + N evaluations per example, so it
+# The kinds of log (readers.LOG_KINDS) --grid-logs refuses; it counts N0 + N evaluations per example, so it
 # takes certify.py's CERTIFY (the reference, and arms at other N) and grid logs, with or without r = 0.
 GRID_LOGS_REFUSED = {"PREDICT": "it draws no estimation votes to compare",
                      "label mode": "it draws no selection votes (N0); certify without --label-mode",
@@ -738,7 +739,7 @@ GRID_LOGS_REFUSED = {"PREDICT": "it draws no estimation votes to compare",
 def check_bench_log(log):
     """The logs (g) can count (GRID_LOGS_REFUSED says which not, and why), with their selection draws N0."""
     path, side = log["path"], log["sidecar"]
-    common.check_log_kinds(log, side, GRID_LOGS_REFUSED, "tools/bench.py --grid-logs")
+    readers.check_log_kinds(log, side, GRID_LOGS_REFUSED, "tools/bench.py --grid-logs")
     N0 = side.get("N0", 100)
     common.check(isinstance(N0, int) and not isinstance(N0, bool) and N0 >= 1,
                  f"{path}: its settings file gives N0 {N0!r}; --grid-logs needs the selection draws (an integer)")
@@ -964,7 +965,7 @@ def bench_early_abstain(paths, device, data_dir, N, examples, trust=False):
 def machine_line(device):
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in common.read_lines("/proc/cpuinfo")
+        cpu = next(line.split(":", 1)[1].strip() for line in readers.read_lines("/proc/cpuinfo")
                    if line.startswith("model name"))
     except (common.UserError, StopIteration):
         pass

@@ -21,13 +21,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import common  # noqa: E402
+import readers  # noqa: E402
 import grid  # noqa: E402
 import machinery  # noqa: E402
 
 BETAS = (0.0, 0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 
-# The kinds of log (common.LOG_KINDS) this script refuses as the truth, and why.
+# The kinds of log (readers.LOG_KINDS) this script refuses as the truth, and why.
 STOPPED_EARLY = "its nA / N comes from a run that stopped early, not an estimate of pA to take as the truth"
 PER_INPUT_SIGMA = "its sigma differs per input; the simulation runs at one sigma"
 TRUTH_REFUSED = {"PREDICT": "it has no votes to take as pA", "grid": STOPPED_EARLY,
@@ -39,9 +40,9 @@ TRUTH_REFUSED = {"PREDICT": "it has no votes to take as pA", "grid": STOPPED_EAR
 def read_truth(path):
     """sigma, and per example the true pA (nA / N), whether its class is the label and the log's N, from a
     CERTIFY log."""
-    log = common.read_certification_log(path)
-    sidecar = common.read_sidecar(path, required=("sigma",))
-    common.check_log_kinds(log, sidecar, TRUTH_REFUSED, "beta_curve.py")
+    log = readers.read_certification_log(path)
+    sidecar = readers.read_sidecar(path, required=("sigma",))
+    readers.check_log_kinds(log, sidecar, TRUTH_REFUSED, "beta_curve.py")
     common.check("nA" in log, f"{path}: needs a CERTIFY log with nA and N columns")
     return sidecar["sigma"], log["nA"] / log["N"], log["y"] == log["predict"], log["N"]
 
@@ -281,7 +282,7 @@ def main(argv=None):
         return
     if args.at_pA:
         common.check(all(0 <= q <= 1 for q in args.at_pA), "--at-pA values must lie in [0, 1]")
-        sigma = common.read_sidecar(args.log, required=("sigma",))["sigma"]
+        sigma = readers.read_sidecar(args.log, required=("sigma",))["sigma"]
         md = draws_at(args.at_pA, args.radii, sigma, args.N, args.N0, args.alpha, args.reps, args.seeds)
         print(md)
         if args.out:

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # beta_curve
 import beta_curve  # noqa: E402
 import common  # noqa: E402
+import readers  # noqa: E402
 import grid  # noqa: E402
 import machinery  # noqa: E402
 
@@ -96,15 +97,15 @@ def staged_draws(pA, tau, alpha, beta, stages=STAGES):
     return cost
 
 
-# The kinds of log (common.LOG_KINDS) refused as the truth, and why (a label-mode log's nY is the label's votes).
+# The kinds of log (readers.LOG_KINDS) refused as the truth, and why (a label-mode log's nY is the label's votes).
 TRUTH_REFUSED = {kind: why for kind, why in beta_curve.TRUTH_REFUSED.items() if kind != "label mode"}
 
 
 def rule_draws(log, radius, alpha, reps, seed):
     """One table row per rule for the images of `log`."""
     from scipy.stats import norm
-    data, sidecar = common.read_certification_log(log), common.read_sidecar(log, required=("sigma",))
-    common.check_log_kinds(data, sidecar, TRUTH_REFUSED, "like_for_like.py")
+    data, sidecar = readers.read_certification_log(log), readers.read_sidecar(log, required=("sigma",))
+    readers.check_log_kinds(data, sidecar, TRUTH_REFUSED, "like_for_like.py")
     common.check("nY" in data, f"{log}: needs a CERTIFY log with the true label's votes (nY)")
     sigma = sidecar["sigma"]
     pA, tau, beta = data["nY"] / data["N"], float(norm.cdf(radius / sigma)), alpha / 2

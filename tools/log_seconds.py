@@ -10,6 +10,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import common  # noqa: E402
+import readers  # noqa: E402
 import machinery  # noqa: E402
 
 
@@ -21,8 +22,8 @@ def main(argv=None):
     machinery.set_inputs(args.logs)
     rows = ["| log | images | mean s | median s | total h |", "|---|---|---|---|---|"]
     for path in args.logs:
-        cols = common.read_table(path, ("idx", "time"), ())
-        seconds = np.array([common.log_seconds(t, f"{path} line {line}") for t, line in zip(cols["time"],
+        cols = readers.read_table(path, ("idx", "time"), ())
+        seconds = np.array([readers.log_seconds(t, f"{path} line {line}") for t, line in zip(cols["time"],
                                                                                           cols["_line"])])
         common.check(len(seconds) > 0, f"{path}: no examples (only a header)")
         rows.append(f"| {path} | {len(seconds)} | {seconds.mean():.2f} | {np.median(seconds):.2f} | "

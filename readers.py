@@ -1,0 +1,360 @@
+"""The readers: one per file format the project reads (certification logs, their sidecars, training logs, pA
+estimates, gradient norms, ECDFs), each checking its whole contract: a bad file is one UserError that names the
+file, the line and the field, never a traceback. Every script reads through these."""
+import json
+import math
+import os
+import re
+
+import numpy as np
+from scipy.special import ndtri
+
+import common
+if getattr(common, "PROJECT", None) != "acr-weakness":   # a student's common.py earlier on sys.path is not ours
+    raise ImportError(f"{getattr(common, '__file__', common)} shadows this project's module: rename it")
+
+PROJECT = "acr-weakness"
+
+COHEN_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")   # certification log (Cohen et al.)
+GRADNORM_COLUMNS = ("idx", "label", "pA", "grad_norm")                      # --gradnorm measurements
+PA_COLUMNS = ("idx", "label", "count", "n")                                 # train_ours.py's pA estimates
+TRAIN_LOG_COLUMNS = ("epoch", "time", "lr", "train_loss", "train_acc", "test_loss", "test_acc_noisy", "kept")
+
+
+def read_table(path, required, numeric):
+    """Read a tab-separated file with a header into {column: list of str, or np.array for `numeric` ones}.
+
+    `required` columns must be in the header. A line with the wrong number of fields or a non-numeric value
+    in a numeric column is a common.UserError naming the file and line. Blank lines are skipped; '_line' holds the
+    line number of every row (the header is line 1).
+    """
+    lines = read_lines(path)
+    common.check(lines and lines[0].strip(), f"{path}: empty file (expected a header {' '.join(required)})")
+    sep = "\t" if "\t" in lines[0] else None                  # Cohen's logs are tab-separated
+    header = [h.strip() for h in lines[0].split(sep)]
+    twice = sorted({h for h in header if header.count(h) > 1})
+    common.check(not twice, f"{path}: column {' '.join(twice)} appears more than once in the header; keep one")
+    missing = [c for c in required if c not in header]
+    common.check(not missing, f"{path}: not the expected format: header lacks {' '.join(missing)} "
+                              f"(expected columns {' '.join(required)})")
+    cols, numbers = {h: [] for h in header}, []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        cells = line.split(sep)
+        common.check(len(cells) == len(header), f"{path} line {number}: {len(cells)} fields, the header has "
+                                                 f"{len(header)}")
+        for h, cell in zip(header, cells):
+            cols[h].append(cell.strip())
+        numbers.append(number)
+    for h in numeric:
+        if h in cols:
+            cols[h] = to_numbers(path, h, cols[h], numbers)
+    cols["_line"] = np.array(numbers, dtype=np.int64)
+    return cols
+
+
+def check_regular(path):
+    """A file that can be read without waiting: a missing one, a folder or a FIFO, device or socket (whose
+    reading could block for ever) is a UserError."""
+    common.check(not os.path.isdir(path), f"{path}: is a folder; name a file")
+    common.check(os.path.exists(path), f"{path}: file not found")
+    common.check(os.path.isfile(path), f"{path}: not a regular file (a FIFO, device or socket)")
+
+
+def read_lines(path):
+    """The lines of a text file; a missing, special or unreadable one is a UserError."""
+    check_regular(path)
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:   # a byte-order mark is not a column
+            return f.read().splitlines()
+    except OSError as e:
+        raise common.UserError(f"{path}: cannot read ({e.strerror})") from None
+
+
+# A number as the project writes them: ASCII digits, optional sign, point and exponent, or inf / nan. Python's
+# float() also takes underscores ("0_5" is 5.0) and other scripts' digits; a reader must not.
+NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf|infinity|nan))")
+
+
+def to_numbers(path, column, cells, line_numbers):
+    """Column cells as a float array; the first cell that is not a number (NUMBER) is a common.UserError with its line."""
+    for number, cell in zip(line_numbers, cells):
+        if not NUMBER.fullmatch(cell):
+            raise common.UserError(f"{path} line {number}: {column} {cell!r} is not a number")
+    return np.array(cells, dtype=float)
+
+
+def read_certification_log(path):
+    """A Cohen-format certification log: {'radius', 'correct'} arrays, plus 'nA', 'N' and 'nY' (the true
+    label's votes, certify.py since it records them) when present.
+
+    Contract: a header with Cohen's columns idx label predict radius correct time (tab- or space-separated),
+    one line per example, idx unique; idx, label integers >= 0; predict an integer (-1: abstain); radius a
+    finite number; correct 0 or 1; optional nA, N, nY counts with 0 <= nA, nY <= N, N >= 1; optional sigma > 0
+    (ddrs.py); a `stop` column marks a grid log (certify.py --radii), whose radius is a grid level, not a
+    radius to average (it has no ACR)."""
+    header = (read_lines(path) or [""])[0].split()
+    common.check(not ("radius" not in header and {"idx", "predict", "correct"} <= set(header)),
+          f"{path}: a PREDICT log (no radius column); this needs a CERTIFY log (certify.py without --predict)")
+    cols = read_table(path, COHEN_COLUMNS, ("idx", "label", "predict", "radius", "correct", "nA", "N", "nY",
+                                              "sigma"))
+    common.check(len(cols["radius"]) > 0, f"{path}: no examples (only a header)")
+    for name in ("idx", "label"):
+        check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])) & (cols[name] < 2 ** 53),
+                   f"{name} must be an integer >= 0")
+    seen = {}
+    for idx, line in zip(cols["idx"].astype(np.int64).tolist(), cols["_line"]):   # two writers, or logs pasted
+        common.check(idx not in seen, f"{path} line {line}: idx {idx} again (first on line {seen.get(idx)}); "
+                                      f"each example must appear once: remove the duplicate rows")
+        seen[idx] = line
+    check_rows(cols, path, (cols["predict"] == np.round(cols["predict"])) & (cols["predict"] >= -1) &
+               (cols["predict"] < 2 ** 53), "predict must be a class (an integer >= 0) or -1 (abstain)")
+    check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
+    check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
+    log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool),
+           "idx": cols["idx"].astype(np.int64), "y": cols["label"].astype(np.int64),
+           "predict": cols["predict"].astype(np.int64),
+           "grid": "stop" in cols,   # certify.py --radii: the radius is a certified grid level
+           "label_mode": "candidate" in cols}   # certify.py --label-mode: cA was the true label, not a prediction
+    if "sigma" in cols:                  # ddrs.py certify: each row's own sigma_x
+        check_rows(cols, path, np.isfinite(cols["sigma"]) & (cols["sigma"] > 0), "sigma must be a number > 0")
+        log["sigma_x"] = cols["sigma"]
+    for name in ("nA", "N", "nY"):
+        if name in cols:
+            check_rows(cols, path, (cols[name] >= 0) & (cols[name] == np.round(cols[name])) & (cols[name] < 2 ** 53),
+                       f"{name} must be a count (an integer >= 0)")
+            log[name] = cols[name].astype(np.int64)
+    if "nA" in log:
+        common.check("N" in log, f"{path}: has an nA column but no N column")
+        check_rows(cols, path, (log["nA"] <= log["N"]) & (log["N"] >= 1), "need 0 <= nA <= N and N >= 1")
+    if "nY" in log:
+        common.check("N" in log, f"{path}: has an nY column but no N column")
+        check_rows(cols, path, log["nY"] <= log["N"], "need 0 <= nY <= N")
+    return log
+
+
+def check_rows(cols, path, ok, what):
+    """UserError naming the line of the first row where `ok` (a boolean array over rows) is False."""
+    bad = np.flatnonzero(~ok)
+    common.check(len(bad) == 0, f"{path} line {cols['_line'][bad[0]] if len(bad) else 0}: {what}")
+
+
+# The kinds of certification log the scripts write; each analysis says which it handles (analyze.REFUSED,
+# bench.check_bench_log, ddrs.py's report and memory) and refuses the others in one line.
+LOG_KINDS = ("CERTIFY", "PREDICT", "grid", "grid without r = 0", "label mode", "DDRS", "semi-elastic")
+
+
+def log_kinds(log, sidecar):
+    """The kinds (LOG_KINDS) of a log as read_certification_log returns it, with its settings file
+    (read_sidecar: {} for a log from elsewhere, read as CERTIFY). One of CERTIFY, PREDICT, grid and grid
+    without r = 0 (certify.py --radii without the level 0), then label mode, DDRS or semi-elastic (ddrs.py
+    certify) where they apply."""
+    radii = sidecar.get("radii")
+    kinds = [("grid without r = 0" if isinstance(radii, list) and 0 not in radii else "grid") if log.get("grid")
+             else "PREDICT" if sidecar.get("mode") == "predict" else "CERTIFY"]
+    if log.get("label_mode") or sidecar.get("candidate") == "label":
+        kinds.append("label mode")
+    ddrs = sidecar.get("ddrs")
+    if isinstance(ddrs, dict) and ddrs.get("semi_elastic"):
+        kinds.append("semi-elastic")
+    elif "sigma_x" in log or sidecar.get("script") == "ddrs.py certify":
+        kinds.append("DDRS")
+    return kinds
+
+
+def check_log_kinds(log, sidecar, refused, command):
+    """A common.UserError in one line if the log is of a kind that `command` refuses (refused: {kind: why}), or if a
+    row claims more than its own counts allow (check_radii)."""
+    for kind in log_kinds(log, sidecar):
+        common.check(kind not in refused, f"{log['path']}: a {kind} log, which {command} does not take: {refused.get(kind)}")
+    check_radii(log, sidecar)
+
+
+def check_radii(log, sidecar):
+    """Refuse (common.UserError, one line) a CERTIFY log row whose radius exceeds sigma Phi^-1(CP_lower(nA, N, alpha)),
+    the most its own counts allow, where the log carries nA and N and its settings file sigma and alpha (a
+    radius edited by hand, or a log paired with another run's settings). The TSV's 6 significant digits are
+    allowed for; grid, DDRS and semi-elastic logs bound their radii otherwise and are not checked here."""
+    sigma, alpha = sidecar.get("sigma"), sidecar.get("alpha")
+    if "nA" not in log or "N" not in log or not (common._is_number(sigma) and common._is_number(alpha)) or \
+            set(log_kinds(log, sidecar)) & {"grid", "grid without r = 0", "PREDICT", "DDRS", "semi-elastic"}:
+        return
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bound = np.maximum(sigma * ndtri(common.clopper_pearson_lower(log["nA"], log["N"], alpha)), 0.0)
+    bad = np.flatnonzero(log["radius"] > bound * (1 + 1e-5) + 1e-6)
+    if len(bad):
+        i = bad[0]
+        raise common.UserError(f"{log['path']}: the row of idx {int(log['idx'][i])} has radius {log['radius'][i]:g}, more "
+                        f"than its nA {int(log['nA'][i])} of N {int(log['N'][i])} allow at sigma {sigma:g}, alpha "
+                        f"{alpha:g} ({bound[i]:.6g}); {len(bad)} such row(s): edited by hand, or another run's log")
+
+
+# The sidecar's fields that readers use, with their contract (a field may be missing: older logs lack some).
+SIDECAR_FIELDS = {
+    "script": lambda v: isinstance(v, str),
+    "mode": lambda v: v in ("certify", "predict", "grid", "label"),
+    "dataset": lambda v: v in common.DATASETS, "split": lambda v: v in ("train", "test"),
+    "sigma": lambda v: common._is_number(v) and 0 < v < math.inf,
+    "N": lambda v: _is_int(v) and v >= 1, "N0": lambda v: v is None or (_is_int(v) and v >= 1),
+    "alpha": lambda v: common._is_number(v) and 0 < v < 1, "seed": lambda v: _is_int(v) or v == "random",
+    "sound": lambda v: isinstance(v, bool), "save_counts": lambda v: isinstance(v, bool),
+    "checkpoint": lambda v: isinstance(v, str), "checkpoint_sha256": lambda v: isinstance(v, str),
+    "radii": lambda v: v is None or (isinstance(v, list) and all(common._is_number(r) and r >= 0 for r in v)),
+    "beta": lambda v: v is None or (common._is_number(v) and 0 <= v < 1),
+    "columns": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
+    "data": lambda v: v is None or isinstance(v, str),
+    "candidate": lambda v: v in ("label", "selected"), "seed_value": lambda v: v is None or _is_int(v),
+}
+
+
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def read_json_object(path, what):
+    """A JSON file holding an object (dict); anything else is a common.UserError naming the file and `what` it is."""
+    common.check(not os.path.isdir(path), f"{path}: is a folder, not the {what}")
+    check_regular(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:   # RecursionError: nested too deep
+        raise common.UserError(f"{path}: cannot read the {what} ({type(e).__name__}); it must be JSON") from None
+    common.check(isinstance(obj, dict), f"{path}: the {what} must be a JSON object, not {type(obj).__name__}")
+    return obj
+
+
+def read_sidecar(path, required=()):
+    """The settings certify.py writes beside a log (`<log>.json`, or `<stem>.json`); {} when there is none.
+
+    Contract: a JSON object; each field of SIDECAR_FIELDS that is present has its type and range; the fields
+    in `required` are present. A violation is a common.UserError naming the file and the field."""
+    for candidate in (path + ".json", os.path.splitext(path)[0] + ".json"):
+        if os.path.isfile(candidate):
+            settings = read_json_object(candidate, "settings file of a log")
+            for key, ok in SIDECAR_FIELDS.items():
+                if key in settings and not ok(settings[key]):
+                    raise common.UserError(f"{candidate}: field {key!r} has an invalid value {settings[key]!r}")
+            missing = [k for k in required if k not in settings]
+            common.check(not missing, f"{candidate}: lacks the field(s) {', '.join(missing)}")
+            return settings
+    common.check(not required, f"{path}: its settings file {path}.json is missing (it names {', '.join(required)})")
+    return {}
+
+
+def read_log_prefix(path, columns, restart="pass --overwrite to start again, or choose another output"):
+    """Our own log being resumed (certify.py): its complete data lines and the byte length of that valid prefix.
+
+    A last line without its newline or with the wrong field count is torn (cut off by a kill): it is left out.
+    A file without any complete line counts as empty. A wrong header or a malformed earlier line is a common.UserError
+    that ends with `restart`, the way out with the reading command's own flags.
+    """
+    check_regular(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise common.UserError(f"cannot read {path!r} ({type(e).__name__}); {restart}") from None
+    # byte offsets below are those of the text: a file with CR LF line ends (edited on Windows) is refused
+    common.check(b"\r" not in data, f"{path!r} has Windows line endings (CR LF); convert it back (dos2unix) to "
+                             f"resume, or {restart}")
+    lines = text.split("\n")[:-1]  # the piece after the last newline is torn (or empty)
+    if not lines:
+        return [], 0
+    common.check(lines[0] == "\t".join(columns),
+          f"{path!r} has header {lines[0][:60]!r}, not {' '.join(columns)!r} (another format or setting); "
+          f"{restart}")
+    rows = lines[1:]
+    if rows and len(rows[-1].split("\t")) != len(columns):
+        rows = rows[:-1]
+    for k, row in enumerate(rows):
+        cells = row.split("\t")
+        common.check(len(cells) == len(columns) and cells[0].isascii() and cells[0].isdigit(),
+              f"{path!r} line {k + 2} is malformed; repair it, or {restart}")
+    return rows, len("".join(line + "\n" for line in [lines[0]] + rows).encode("utf-8"))
+
+
+def read_header(path):
+    """The first line of a text file without its newline ('' for an empty file)."""
+    check_regular(path)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.readline().rstrip("\n")
+
+
+def read_train_log(path):
+    """A training run's log.tsv (TRAIN_LOG_COLUMNS): its complete rows as dicts of strings, epochs in order.
+
+    A torn last line (a killed run) is dropped; any other malformed line is a UserError."""
+    rows, _ = read_log_prefix(path, TRAIN_LOG_COLUMNS, "start a new run in another --outdir")
+    return [dict(zip(TRAIN_LOG_COLUMNS, row.split("\t"))) for row in rows]
+
+
+def read_args_json(path):
+    """A run's args.json: a JSON object of its settings, with 'run' (run_identity) in runs since it exists."""
+    args = read_json_object(path, "settings of a run (args.json)")
+    common.check("run" not in args or isinstance(args["run"], dict), f"{path}: field 'run' must be an object")
+    return args
+
+
+NO_NY = "it records no nY (the true label's votes); certify.py --split train without --radii writes it"
+
+
+def read_train_pA(path):
+    """Training-set pA: train_ours.py's estimates (`idx label count n`: count / n) or a certification log of
+    the train split with the true label's votes (nY / N)."""
+    lines = read_lines(path)
+    if lines and lines[0].split("\t")[:4] == ["idx", "label", "count", "n"]:
+        cols = read_table(path, ("idx", "label", "count", "n"), ("count", "n"))
+        common.check(len(cols["n"]) > 0, f"{path}: no examples (only a header)")
+        check_rows(cols, path, (cols["n"] >= 1) & (cols["count"] >= 0) & (cols["count"] <= cols["n"]),
+                   "need 0 <= count <= n and n >= 1")
+        return {"path": path, "pA_all": cols["count"] / cols["n"], "source": "count/n"}
+    log = read_certification_log(path)
+    common.check("nY" in log, f"{path}: neither train_ours.py's pA estimates (idx label count n) nor a "
+                       f"certification log with an nY column: {NO_NY}")
+    return dict(log, pA_all=log["nY"] / log["N"], source="nY/N")
+
+
+def read_gradient_norms(path):
+    """A gradient-norm TSV of the training scripts' --gradnorm mode: {'pA', 'grad_norm'} arrays."""
+    cols = read_table(path, GRADNORM_COLUMNS, ("pA", "grad_norm"))
+    common.check(len(cols["pA"]) > 0, f"{path}: no examples (only a header)")
+    check_rows(cols, path, (cols["pA"] >= 0) & (cols["pA"] <= 1) & (cols["grad_norm"] >= 0),
+               "need 0 <= pA <= 1 and grad_norm >= 0 (finite)")
+    return {"path": path, "idx": cols["idx"], "pA": cols["pA"], "grad_norm": cols["grad_norm"]}
+
+
+LOG_TIME_CELL = re.compile(r"(?:(\d+) days?, )?(\d+):([0-5]\d):([0-5]\d(?:\.\d+)?)")
+
+
+def log_seconds(cell, where="time"):
+    """Seconds of a certification log's time cell: str of a datetime.timedelta ('H:MM:SS.ffffff' or
+    'D day(s), H:MM:SS.ffffff', as certify.py and Cohen et al.'s code write it) or plain seconds; anything
+    else is a common.UserError naming `where`."""
+    match = LOG_TIME_CELL.fullmatch(cell.strip())
+    if match:
+        days, hours, minutes, secs = match.groups()
+        return int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + float(secs)
+    try:
+        seconds = float(cell)
+    except ValueError:
+        seconds = float("nan")
+    common.check(math.isfinite(seconds) and seconds >= 0, f"{where}: time {cell!r} is neither H:MM:SS nor seconds")
+    return seconds
+
+
+def read_ecdf_or_log(path):
+    """budget accepts certification logs and tabulated ECDFs (`x y`, p increasing in [0, 1])."""
+    lines = read_lines(path)
+    if not lines or lines[0].split()[:2] != ["x", "y"]:
+        return read_certification_log(path)
+    cols = read_table(path, ("x", "y"), ("x", "y"))
+    x, y = cols["x"], cols["y"]
+    common.check(len(x) > 0, f"{path}: no points (only a header)")
+    common.check(np.all(np.diff(x) > 0) and x[0] >= 0 and x[-1] <= 1 and np.all((y >= 0) & (y <= 1)),
+                 f"{path}: an ECDF needs x increasing in [0, 1] and y in [0, 1]")
+    return {"path": path, "grid_p": x, "grid_y": y}
