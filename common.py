@@ -1,7 +1,7 @@
 """Shared building blocks of randomized smoothing (RS): models, data, noise, statistics, the training loop.
 
 Everything the paper's numbers rest on lives here exactly once: the architectures of Cohen et al. (2019),
-the datasets and the readers of the project's file formats, the Gaussian noise and the Monte Carlo class
+the datasets, the Gaussian noise and the Monte Carlo class
 counter that CERTIFY and the training-time pA estimates share, the one-sided Clopper-Pearson bound and the
 certified radius (Thm. of Cohen et al.), the adaptive attack on the noise sphere (Alg. 1) and the shared
 training loop. Every function takes arguments and returns values: no argparse, no output files, no process
@@ -29,55 +29,6 @@ INPUT_SHAPE = {"cifar10": (3, 32, 32), "imagenet": (3, 224, 224), "digits": (1, 
 # Normalisation constants of the released checkpoints' code (Cohen et al. and successors).
 MEAN = {"cifar10": (0.4914, 0.4822, 0.4465), "imagenet": (0.485, 0.456, 0.406), "digits": (0.3,)}
 STD = {"cifar10": (0.2023, 0.1994, 0.2010), "imagenet": (0.229, 0.224, 0.225), "digits": (0.38,)}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Errors: bad input is a UserError (a ValueError); the commands turn it into one line and exit code 2
-# ----------------------------------------------------------------------------------------------------------
-
-class UserError(ValueError):
-    """A problem with the user's input; the message names the problem and the fix."""
-
-
-def check(condition, message):
-    """Raise UserError(message) unless condition holds."""
-    if not condition:
-        raise UserError(message)
-
-
-SEPARATORS = {"\t": "a tab", "\n": "a line break", "\r": "a carriage return", "|": "'|'"}
-
-
-def check_cell(text, what):
-    """Refuse (UserError) a label or file name that would break the tables it names: a tab or a line break ends a
-    TSV field or row, '|' a Markdown cell."""
-    found = [name for sep, name in SEPARATORS.items() if sep in text]
-    check(not found, f"{what} {text!r} holds {' and '.join(found)}, which would break the tables it is written into; "
-                     f"rename it (or give --labels)")
-    return text
-
-
-def radius_ceiling(log):
-    """The largest radius a CERTIFY log's rows can hold, sigma Phi^-1(alpha^(1 / N)) at its largest N, from its
-    settings file (log["sidecar"]: sigma, alpha) and N column; infinity where either is unknown, and for a log
-    with a sigma per input (DDRS, semi-elastic), whose radii another bound governs."""
-    side = log.get("sidecar") or {}
-    sigma, alpha, N = side.get("sigma", log.get("sigma")), side.get("alpha"), log.get("N")
-    if "sigma_x" in log or not (_is_number(sigma) and _is_number(alpha) and 0 < alpha < 1 and N is not None
-                                and len(N)):
-        return math.inf
-    return float(sigma * ndtri(alpha ** (1 / float(np.max(N)))))
-
-
-def check_smoothing(sigma, alpha=0.5, **counts):
-    """UserError (a ValueError) naming the argument unless 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
-    for name, value, ok in [("sigma", sigma, 0 < sigma < math.inf), ("alpha", alpha, 0 < alpha < 1)] + \
-            [(name, n, int(n) == n >= 1) for name, n in counts.items()]:
-        check(ok, f"{name} = {value!r} is out of range (sigma > 0 and finite, 0 < alpha < 1, counts integers >= 1)")
-
-
-def _is_number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -467,6 +418,55 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies
     return counts[:, :num_classes].clone()   # a normal tensor: callers may update it outside inference mode
 
 
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Errors: bad input is a UserError (a ValueError); the commands turn it into one line and exit code 2
+# ----------------------------------------------------------------------------------------------------------
+
+class UserError(ValueError):
+    """A problem with the user's input; the message names the problem and the fix."""
+
+
+def check(condition, message):
+    """Raise UserError(message) unless condition holds."""
+    if not condition:
+        raise UserError(message)
+
+
+SEPARATORS = {"\t": "a tab", "\n": "a line break", "\r": "a carriage return", "|": "'|'"}
+
+
+def check_cell(text, what):
+    """Refuse (UserError) a label or file name that would break the tables it names: a tab or a line break ends a
+    TSV field or row, '|' a Markdown cell."""
+    found = [name for sep, name in SEPARATORS.items() if sep in text]
+    check(not found, f"{what} {text!r} holds {' and '.join(found)}, which would break the tables it is written into; "
+                     f"rename it (or give --labels)")
+    return text
+
+
+def radius_ceiling(log):
+    """The largest radius a CERTIFY log's rows can hold, sigma Phi^-1(alpha^(1 / N)) at its largest N, from its
+    settings file (log["sidecar"]: sigma, alpha) and N column; infinity where either is unknown, and for a log
+    with a sigma per input (DDRS, semi-elastic), whose radii another bound governs."""
+    side = log.get("sidecar") or {}
+    sigma, alpha, N = side.get("sigma", log.get("sigma")), side.get("alpha"), log.get("N")
+    if "sigma_x" in log or not (_is_number(sigma) and _is_number(alpha) and 0 < alpha < 1 and N is not None
+                                and len(N)):
+        return math.inf
+    return float(sigma * ndtri(alpha ** (1 / float(np.max(N)))))
+
+
+def check_smoothing(sigma, alpha=0.5, **counts):
+    """UserError (a ValueError) naming the argument unless 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
+    for name, value, ok in [("sigma", sigma, 0 < sigma < math.inf), ("alpha", alpha, 0 < alpha < 1)] + \
+            [(name, n, int(n) == n >= 1) for name, n in counts.items()]:
+        check(ok, f"{name} = {value!r} is out of range (sigma > 0 and finite, 0 < alpha < 1, counts integers >= 1)")
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # ----------------------------------------------------------------------------------------------------------
