@@ -937,9 +937,11 @@ def test_savings_table_reports_each_arm_against_certify_and_the_oracle_consisten
                                                   seed=0, estimates=0))
     arms = [line.split("|")[1:-1] for line in md.splitlines() if line.startswith("| ") and "x |" in line]
     assert [a[0].strip() for a in arms] == ["grid", "single radius 0.5", "r = 0.5 alone"]
-    number = lambda cell: float(cell.strip(" *x").replace(",", ""))   # noqa: E731
+    number = lambda cell: float(cell.split("±")[0].strip(" *x").replace(",", ""))   # noqa: E731
     for arm in arms:
         assert len(arm) == 7
+        for cell in (arm[1], arm[3], arm[5]):   # the rule's, the ratio's and the oracle's standard errors
+            assert 0 < float(cell.split("±")[1].replace(",", "")) < 0.5 * number(cell), cell
         new, new_saving, new_x = map(number, arm[1:4])
         uncut, cut = arm[4].split("(")
         oracle, oracle_saving = number(arm[5]), number(arm[6])
@@ -999,8 +1001,11 @@ def test_budgets_table_runs_the_grid_on_each_budget_against_certify_and_the_run_
     header = next(line for line in md.splitlines() if line.startswith("| N_max"))
     assert "r = 0 " not in header and "r = 0.5" in header
     table = [line.split("|")[1:-1] for line in md.splitlines() if re.match(r"\| \d", line)]
-    number = lambda cell: float(cell.strip(" *x+").replace(",", ""))   # noqa: E731
+    number = lambda cell: float(cell.split("±")[0].strip(" *x+").replace(",", ""))   # noqa: E731
     assert [int(number(r[0])) for r in table] == [8000, 4000, 2000, 500]   # a budget above --N too
+    for r in table:   # evaluations and x the oracle carry their Monte Carlo standard error
+        for cell in (r[1], r[3]):
+            assert 0 < float(cell.split("±")[1].replace(",", "")) < 0.5 * number(cell), cell
     for n_max, evaluations, saving, _, _, _, change in (list(map(number, r)) for r in table):
         assert 100 <= evaluations <= 100 + n_max
         assert saving == pytest.approx((100 + N) / evaluations, abs=0.051 + 0.5 * saving / evaluations)   # rounding
@@ -1024,3 +1029,21 @@ def test_the_exact_beta_oracle_rules_out_at_an_error_of_beta_and_the_ville_one_b
     se = math.sqrt(beta * (1 - beta) / runs)
     rate = lambda b: float(np.mean((path >= b).any(1)))   # noqa: E731
     assert abs(rate(tuned) - beta) <= 3 * se and rate(math.log(1 / beta)) < beta - 3 * se
+
+
+def test_the_simulations_standard_error_is_the_spread_of_their_means_over_seeds():
+    """beta_curve.mean_se from one run's per-run draws agrees with the standard deviation of the mean draws
+    over independent seeds (the examples' pA fixed), within the noise of 30 seeds."""
+    spec = importlib.util.spec_from_file_location("beta_curve", os.path.join(ROOT, "tools", "beta_curve.py"))
+    beta_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(beta_curve)
+    plan = grid.grid_plan([0.25, 0.5], 0.5, 4000, 0.01, 0.2, True)
+    pA, ok = np.array([0.62, 0.75, 0.9, 0.97]), np.ones(4, bool)
+    means, ses = [], []
+    for seed in range(30):
+        mean, se = beta_curve.mean_se(beta_curve.simulate(plan, pA, ok, 40, seed, per_run=True)[0])
+        means.append(mean)
+        ses.append(se)
+    spread = np.std(means, ddof=1)
+    assert 0.7 * spread < np.mean(ses) < 1.4 * spread, (spread, np.mean(ses))
+    assert np.isnan(beta_curve.mean_se(np.ones((3, 1)))[1])   # one run an example: no error to give

@@ -802,7 +802,7 @@ def exact_ruleout_bound(p, tau, beta, N_max, iterations=40):
     return hi
 
 
-def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=2048, exact_beta=False):
+def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=2048, exact_beta=False, per_run=False):
     """The reference of the grid rule: per example of true pA, the mean estimation draws (selection draws not
     included) of the oracle that knows pA and looks after every draw, and the share of its runs cut at N_max.
 
@@ -814,13 +814,14 @@ def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=204
     Each SPRT needs the fewest draws on average at pA of all tests with its error and power (Wald and
     Wolfowitz 1948), so the rule, which does not know pA and looks only at its checks, spends more. With
     exact_beta the rule-out's bound is exact_ruleout_bound (its exact error beta, as the rule's rule-outs), not
-    Ville's 1 / beta: fewer draws, the fairer reference for the rule's rule-outs. Draws are
+    Ville's 1 / beta: fewer draws, the fairer reference for the rule's rule-outs. per_run: each run's draws, an
+    array (examples, runs), instead of each example's mean (for the Monte Carlo error). Draws are
     simulated run by run (`runs` per example); a run still undecided at N_max is counted as N_max, as the rule
     would stop there (the share returned says how often: those are examples whose pA lies next to a threshold).
     """
     rng = np.random.default_rng(seed)
     thresholds = np.asarray(thresholds, float)
-    means, capped = np.zeros(len(pA)), np.zeros(len(pA))
+    means, capped = np.zeros((len(pA), runs) if per_run else len(pA)), np.zeros(len(pA))
     with np.errstate(divide="ignore"):
         for i, p in enumerate(np.asarray(pA, float)):
             below, above = thresholds[thresholds < p], thresholds[thresholds >= p]
@@ -845,7 +846,7 @@ def oracle_draws(pA, thresholds, alpha, beta, N_max, runs=200, seed=0, chunk=204
                     done[j] |= new
                     walk[j] = path[:, -1]
                 drawn += k
-            means[i] = stop.max(0).mean()
+            means[i] = stop.max(0) if per_run else stop.max(0).mean()
             capped[i] = np.mean(~done.all(0))
     return means, capped
 

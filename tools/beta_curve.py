@@ -14,6 +14,7 @@ against beta = 0 (never rule out: every certificate the budget allows).
       --out results/grid_cpu/sigma0.25
 Writes beta_curve.tsv, beta_curve.md and beta_curve.png in --out (when given) and prints the table.
 """
+import math
 import os
 import sys
 
@@ -47,9 +48,10 @@ def read_truth(path):
     return sidecar["sigma"], log["nA"] / log["N"], log["y"] == log["predict"], log["N"]
 
 
-def simulate(plan, p, correct, reps, seed, N0=0, per_example=False, false_certificates=False):
+def simulate(plan, p, correct, reps, seed, N0=0, per_example=False, false_certificates=False, per_run=False):
     """Mean draws and certified accuracy per grid radius of the grid rule on examples with true pA = p
-    (per_example: the mean draws of each example's runs, an array, instead of the overall mean).
+    (per_example: the mean draws of each example's runs, an array, instead of the overall mean; per_run: every
+    run's draws, an array (examples, reps), for the Monte Carlo error: mean_se).
 
     false_certificates: instead of the accuracy, per level j the share of runs that certify a wrong radius
     when every pA = p is a level's worst case: the candidate certified at r_j or more, or any other class
@@ -82,7 +84,23 @@ def simulate(plan, p, correct, reps, seed, N0=0, per_example=False, false_certif
         accuracy = [float(np.mean((~other & (jL >= j)) | (other & (jL >= 0)))) for j in range(len(plan["radii"]))]
     else:
         accuracy = [float(np.mean(ok & (jL >= j))) for j in range(len(plan["radii"]))]
-    return (T.reshape(-1, reps).mean(1) if per_example else float(np.mean(T))), accuracy
+    draws = T.reshape(-1, reps)
+    return (draws if per_run else draws.mean(1) if per_example else float(np.mean(T))), accuracy
+
+
+def mean_se(runs):
+    """The mean of per-run draws (examples, reps) over everything and its Monte Carlo standard error: the
+    examples are fixed (their pA the truth), so the error is the runs' own, sqrt(sum_i var_i / reps) / n from
+    each example's variance over its runs (nan with one run an example)."""
+    runs = np.asarray(runs, float)
+    n, reps = runs.shape
+    se = math.sqrt(runs.var(axis=1, ddof=1).sum() / reps) / n if reps > 1 else math.nan
+    return float(runs.mean()), se
+
+
+def ratio_se(a, se_a, b, se_b):
+    """a / b and its standard error (delta method; a and b from independent runs)."""
+    return a / b, a / b * math.sqrt((se_a / a) ** 2 + (se_b / b) ** 2)
 
 
 def decide(plan, tables, pp, rng):
@@ -156,11 +174,13 @@ def savings(args):
     for name, arm in arms.items():
         plan = grid.grid_plan(arm["radii"], sigma, args.N, args.alpha, grid.DEFAULT_BETA, True,
                               zero_level=arm.get("zero_level", True))
-        each, _ = simulate(plan, pA, correct, args.reps, args.seed, args.N0, per_example=True)
-        evaluations = args.N0 + each.mean()
-        oracle_each, capped = bench.oracle_draws(pA, plan["taus"], args.alpha, grid.DEFAULT_BETA, args.N,
-                                                 runs=args.reps, seed=args.seed)
-        oracle, kept = oracle_each.mean(), capped == 0   # kept: no oracle run of the example reached N_max
+        runs, _ = simulate(plan, pA, correct, args.reps, args.seed, args.N0, per_run=True)
+        each, (draws, draws_se) = runs.mean(1), mean_se(runs)
+        oracle_runs, capped = bench.oracle_draws(pA, plan["taus"], args.alpha, grid.DEFAULT_BETA, args.N,
+                                                 runs=args.reps, seed=args.seed, per_run=True)
+        oracle_each, (oracle, oracle_se) = oracle_runs.mean(1), mean_se(oracle_runs)
+        kept = capped == 0   # kept: no oracle run of the example reached N_max
+        x_oracle, x_se = ratio_se(draws, draws_se, oracle, oracle_se)
         measured = ""
         if args.estimates:   # tools/bench.py's way: the oracle, and which examples it cuts, at an estimate of pA
             rng, ratios = np.random.default_rng(args.seed + 1), []
@@ -170,18 +190,22 @@ def savings(args):
                                              runs=args.reps, seed=args.seed)   # the oracle's noise as above
                 ratios.append(each[cut == 0].mean() / at[cut == 0].mean() if (cut == 0).any() else np.nan)
             measured = f" {np.mean(ratios):.2f} [{np.min(ratios):.2f}, {np.max(ratios):.2f}] |"
-        lines.append(f"| {name} | {evaluations:,.0f} | **{(args.N0 + args.N) / evaluations:.1f}x** | "
-                     f"{(evaluations - args.N0) / oracle:.2f} | "
+        evaluations = args.N0 + draws
+        lines.append(f"| {name} | {evaluations:,.0f} ± {draws_se:,.0f} | **{(args.N0 + args.N) / evaluations:.1f}x** | "
+                     f"{x_oracle:.2f} ± {x_se:.2f} | "
                      f"{each[kept].mean() / oracle_each[kept].mean() if kept.any() else np.nan:.2f} "
                      f"({int((~kept).sum())}) | "
-                     f"{args.N0 + oracle:,.0f} | {(args.N0 + args.N) / (args.N0 + oracle):.1f}x |{measured}\n")
+                     f"{args.N0 + oracle:,.0f} ± {oracle_se:,.0f} | {(args.N0 + args.N) / (args.N0 + oracle):.1f}x |"
+                     f"{measured}\n")
     return (f"Simulated on the {len(pA)} examples of {args.log} (each example's pA: the log's nA / N, taken as the "
             f"truth; {args.reps} runs an example, each selecting its candidate from N0 = {args.N0} votes): mean model "
             f"evaluations per example (N0 included), how many times fewer than CERTIFY at N = {args.N:,} "
             f"(N0 + N = {args.N0 + args.N:,}), and the estimation draws over the oracle's (bench.oracle_draws, Wald's "
             f"SPRTs at each pA, a look after every draw; {args.reps} runs an example). sigma {sigma:g}, N_max "
             f"{args.N:,}, alpha {args.alpha:g}, beta {grid.DEFAULT_BETA:g}; the grid: --radii "
-            f"{' '.join(f'{r:g}' for r in args.radii)}; the rule: {grid.GRID_TEST}.\n\n"
+            f"{' '.join(f'{r:g}' for r in args.radii)}; the rule: {grid.GRID_TEST}. ± gives the Monte Carlo "
+            f"standard error of the simulation (the examples' pA fixed: from each example's variance over its "
+            f"runs; the ratio's by the delta method).\n\n"
             f"The oracle's own evaluations (N0 + its draws) and saving: the reference (per level, no test with the "
             f"same error and power at that pA needs fewer draws on average: Wald and Wolfowitz); its runs undecided at "
             f"N_max are counted as N_max, which only raises its saving; the ratio without the examples of which some oracle "
@@ -207,11 +231,12 @@ def budgets(args):
     for n_max in sorted({args.N, *args.budgets}, reverse=True):
         plan = grid.grid_plan(args.radii, sigma, n_max, args.alpha, grid.DEFAULT_BETA, True,
                                  zero_level=not args.no_zero_level)
-        draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
-        oracle = bench.oracle_draws(pA, plan["taus"], args.alpha, grid.DEFAULT_BETA, n_max, runs=args.reps,
-                                    seed=args.seed)[0].mean()
-        rows.append((n_max, args.N0 + draws, acc, args.N0 + oracle))
-    base = next(acc for n_max, _, acc, _ in rows if n_max == args.N)   # the changes are against the run on --N
+        runs, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0, per_run=True)
+        oracle_runs = bench.oracle_draws(pA, plan["taus"], args.alpha, grid.DEFAULT_BETA, n_max, runs=args.reps,
+                                         seed=args.seed, per_run=True)[0]
+        (draws, se), (oracle, oracle_se) = mean_se(runs), mean_se(oracle_runs)
+        rows.append((n_max, args.N0 + draws, se, acc, args.N0 + oracle, ratio_se(draws, se, oracle, oracle_se)))
+    base = next(acc for n_max, _, _, acc, _, _ in rows if n_max == args.N)   # the changes: against the run on --N
     radii = plan["radii"]
     return (f"certify.py --radii {' '.join(f'{r:g}' for r in args.radii)}"
             f"{' --no-zero-level' if args.no_zero_level else ''} on each budget N_max (sigma {sigma:g}, alpha "
@@ -221,14 +246,15 @@ def budgets(args):
             f"(N0 included), how many times fewer than CERTIFY at N = {args.N:,} (N0 + N = {args.N0 + args.N:,}), "
             f"certified accuracy (%) at each radius and its change (points) against N_max = {args.N:,}, and the "
             f"oracle (bench.oracle_draws: Wald's SPRTs at each pA, a look after every draw, a run undecided at the "
-            f"budget counted there) on the same budget.\n\n"
+            f"budget counted there) on the same budget; ± the simulation's Monte Carlo standard error (the "
+            f"examples' pA fixed; the ratio's by the delta method).\n\n"
             "| N_max | evaluations | saving | x the oracle | oracle: saving | "
             + " | ".join(f"r = {r:g}" for r in radii) + " | " + " | ".join(f"change at r = {r:g}" for r in radii)
             + " |\n|" + "---|" * (5 + 2 * len(radii)) + "\n"
-            + "".join(f"| {n:,} | {e:,.0f} | {(args.N0 + args.N) / e:.1f}x | {(e - args.N0) / (o - args.N0):.2f} | "
+            + "".join(f"| {n:,} | {e:,.0f} ± {se:,.0f} | {(args.N0 + args.N) / e:.1f}x | {x:.2f} ± {x_se:.2f} | "
                       f"{(args.N0 + args.N) / o:.1f}x | " + " | ".join(f"{100 * a:.2f}" for a in acc) + " | "
                       + " | ".join(f"{100 * (a - b):+.2f}" for a, b in zip(acc, base)) + " |\n"
-                      for n, e, acc, o in rows))
+                      for n, e, se, acc, o, (x, x_se) in rows))
 
 
 def main(argv=None):
@@ -292,21 +318,24 @@ def main(argv=None):
     rows, base = [], None
     for beta in BETAS:
         plan = grid.grid_plan(args.radii, sigma, args.N, args.alpha, beta, True)
-        draws, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0)
+        runs, acc = simulate(plan, pA, correct, args.reps, args.seed, args.N0, per_run=True)
+        draws, se = mean_se(runs)
         base = base or (draws, acc)
         lost = max(100 * (b - a) for a, b in zip(acc, base[1]))
-        rows.append([beta, args.N0 + draws, (args.N0 + args.N) / (args.N0 + draws), lost] + [100 * a for a in acc])
+        rows.append([beta, args.N0 + draws, se, (args.N0 + args.N) / (args.N0 + draws), lost] + [100 * a for a in acc])
     radii = plan["radii"]
-    header = ["beta", "evaluations", "x_fewer_than_certify", "max_points_lost"] + [f"acc_r{r:g}" for r in radii]
+    header = ["beta", "evaluations", "evaluations_se", "x_fewer_than_certify", "max_points_lost"] + \
+        [f"acc_r{r:g}" for r in radii]
     tsv = "\n".join(["\t".join(header)] + ["\t".join(f"{v:.6g}" for v in row) for row in rows]) + "\n"
     md = (f"beta of certify.py --radii {' '.join(f'{r:g}' for r in args.radii)} (sigma {sigma:g}, N_max {args.N:,}, "
           f"alpha {args.alpha:g}), simulated on the true pA of the {len(pA)} examples of {args.log} "
           f"({args.reps} runs each): mean model evaluations per example (N0 = {args.N0} included), how many "
           f"times fewer than CERTIFY at N = {args.N:,}, and the largest loss of certified accuracy (points, at "
-          f"any grid radius) against beta = 0.\n\n| beta | evaluations | x fewer | max points lost | " +
+          f"any grid radius) against beta = 0; ± the simulation's Monte Carlo standard error (the examples' pA "
+          f"fixed).\n\n| beta | evaluations | x fewer | max points lost | " +
           " | ".join(f"r = {r:g}" for r in radii) + " |\n|" + "---|" * (4 + len(radii)) + "\n" +
-          "".join(f"| {r[0]:g} | {r[1]:,.0f} | {r[2]:.2f} | {r[3]:.3f} | " + " | ".join(f"{a:.1f}" for a in r[4:])
-                  + " |\n" for r in rows))
+          "".join(f"| {r[0]:g} | {r[1]:,.0f} ± {r[2]:,.0f} | {r[3]:.2f} | {r[4]:.3f} | " +
+                  " | ".join(f"{a:.1f}" for a in r[5:]) + " |\n" for r in rows))
     print(md)
     if args.out:
         machinery.write_text_output(os.path.join(args.out, "beta_curve.tsv"), "beta curve", tsv)
@@ -315,9 +344,9 @@ def main(argv=None):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(5, 3.4), layout="constrained")
-        ax.plot([r[3] for r in rows], [r[2] for r in rows], marker="o")
+        ax.plot([r[4] for r in rows], [r[3] for r in rows], marker="o")
         for r in rows:
-            ax.annotate(f"{r[0]:g}", (r[3], r[2]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(f"{r[0]:g}", (r[4], r[3]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set(xlabel="certified accuracy lost (points, worst radius)", ylabel="x fewer evaluations than CERTIFY",
                title=f"beta of --radii (sigma {sigma:g})")
         ax.grid(alpha=0.3)

@@ -59,8 +59,9 @@ def betting_thresholds(tau, alpha, n_max):
     return lo, hi
 
 
-def betting_draws(pA, tau, alpha, reps, seed, n_max=BETTING_MAX, chunk=4096):
-    """Mean draws per image of the betting sequence (a look after every draw), reps runs an image."""
+def betting_draws(pA, tau, alpha, reps, seed, n_max=BETTING_MAX, chunk=4096, per_run=False):
+    """Mean draws per image of the betting sequence (a look after every draw), reps runs an image (per_run:
+    every run's draws, an array (images, reps))."""
     lo, hi = betting_thresholds(tau, alpha, n_max)
     rng = np.random.default_rng(seed)
     means = []
@@ -76,7 +77,7 @@ def betting_draws(pA, tau, alpha, reps, seed, n_max=BETTING_MAX, chunk=4096):
             votes[idx] = path[:, -1]
             live[idx[first > 0]] = False
             drawn += k
-        means.append(stop.mean())
+        means.append(stop if per_run else stop.mean())
     return np.array(means)
 
 
@@ -110,10 +111,12 @@ def rule_draws(log, radius, alpha, reps, seed):
     sigma = sidecar["sigma"]
     pA, tau, beta = data["nY"] / data["N"], float(norm.cdf(radius / sigma)), alpha / 2
     plan = grid.grid_plan([radius], sigma, CERTIFY_N, alpha, beta, True, zero_level=False)   # label mode: KT
-    draws, _ = beta_curve.simulate(plan, pA, np.ones(len(pA), bool), reps, seed)
-    return sigma, len(pA), sorted({int(n) for n in data["N"]}), {"grid (this rule, r alone, label mode)": draws,
-                            "Voráček: betting confidence sequence": betting_draws(pA, tau, alpha, reps, seed).mean(),
-                            "Horváth et al.: staged Clopper-Pearson": staged_draws(pA, tau, alpha, beta).mean()}
+    runs, _ = beta_curve.simulate(plan, pA, np.ones(len(pA), bool), reps, seed, per_run=True)
+    return sigma, len(pA), sorted({int(n) for n in data["N"]}), {   # (mean, its Monte Carlo standard error)
+        "grid (this rule, r alone, label mode)": beta_curve.mean_se(runs),
+        "Voráček: betting confidence sequence": beta_curve.mean_se(betting_draws(pA, tau, alpha, reps, seed,
+                                                                                 per_run=True)),
+        "Horváth et al.: staged Clopper-Pearson": (float(staged_draws(pA, tau, alpha, beta).mean()), 0.0)}   # exact
 
 
 def main(argv=None):
@@ -133,11 +136,13 @@ def main(argv=None):
     budgets = sorted({n for row in rows for n in row[2]})
     md = (f"Mean draws per image to decide r = {args.radius:g}, label mode, alpha = {args.alpha:g}, beta = alpha / 2, "
           f"on the true pA (nY / N at N = {' or '.join(f'{n:,}' for n in budgets)}) of each image of {', '.join(args.logs)}; simulated rules with "
-          f"{args.reps} runs an image (seed {args.seed}); in brackets, how many times fewer than CERTIFY's "
+          f"{args.reps} runs an image (seed {args.seed}; ± their Monte Carlo standard error, the images' pA "
+          f"fixed; the staged rule's draws are computed exactly); in brackets, how many times fewer than CERTIFY's "
           f"{CERTIFY_N:,} (`python tools/like_for_like.py {' '.join(args.logs)}`; tools/like_for_like.py "
           f"says how each rule is run).\n\n| rule | " +
           " | ".join(f"σ = {s:g} ({n} images)" for s, n, _, _ in rows) + " |\n|---|" + "---|" * len(rows) + "\n" +
-          "".join(f"| {name} | " + " | ".join(f"{r[name]:,.0f} ({CERTIFY_N / r[name]:.1f}x)" for _, _, _, r in rows)
+          "".join(f"| {name} | " + " | ".join(f"{r[name][0]:,.0f}{f' ± {r[name][1]:,.0f}' if r[name][1] else ''} "
+                                              f"({CERTIFY_N / r[name][0]:.1f}x)" for _, _, _, r in rows)
                   + " |\n" for name in names))
     print(md)
     if args.out:
