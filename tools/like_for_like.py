@@ -7,7 +7,7 @@ The examples: the pA of the true label of each image of a CERTIFY log at N = 100
 truth; each rule's mean draws per image (exact, or simulated with `--reps` runs an image), and how many
 times fewer than CERTIFY's 100,000:
 - this rule: grid.grid_plan([r], --no-zero-level, label mode's KT prior, N_max 100,000), simulated with
-  scripts/beta_curve.simulate (the integer tables of the real rule);
+  tools/beta_curve.simulate (the integer tables of the real rule);
 - Voráček's betting confidence sequence (his Alg. 2): the KT mixture's wealth against Phi(r / sigma),
   alpha / 2 on each side, a look after every draw, undecided after 131,100 draws; simulated;
 - Horváth et al.'s staged Clopper-Pearson: fresh stages of 1,000 / 10,000 / 125,000 draws, certified when
