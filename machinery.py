@@ -1579,7 +1579,7 @@ def _set_rng_state(state):
         return
     torch.set_rng_state(state["torch"].cpu())
     numpy_state = state["numpy"]
-    if isinstance(numpy_state, dict):   # ours since checkpoints hold tensors only; before: numpy's legacy tuple
+    if isinstance(numpy_state, dict):   # its key saved as a tensor (checkpoints hold tensors only); a tuple as is
         numpy_state = dict(numpy_state, state=dict(numpy_state["state"],
                                                    key=numpy_state["state"]["key"].cpu().numpy().astype(np.uint32)))
     np.random.set_state(numpy_state)

@@ -505,3 +505,43 @@ def test_every_shell_script_prints_its_header_on_help_and_runs_nothing(flag, tmp
     ("earlier epochs' batches", False), ("the rule's rule-outs", False)])
 def test_the_narrative_scan_knows_the_class_of_history_lines(line, is_history):
     assert bool(NARRATIVE.search(line)) == is_history, line
+
+
+def test_the_root_reads_as_the_paper_short_functions_and_a_short_certify():
+    """The root holds the paper's scripts and modules: no function there over 80 lines, certify.py within 700
+    (CERTIFY and PREDICT first after the imports), the research tools in tools/ and only shell drivers in
+    scripts/."""
+    import ast
+    long = []
+    for name in sorted(os.listdir(ROOT)):
+        if name.endswith(".py"):
+            with open(os.path.join(ROOT, name)) as f:
+                tree = ast.parse(f.read())
+            long += [f"{name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(tree)
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and node.end_lineno - node.lineno + 1 > 80]
+    assert not long, long
+    with open(os.path.join(ROOT, "certify.py")) as f:
+        source = f.read()
+    assert source.count("\n") <= 700
+    first = [n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))][:2]
+    assert first == ["certify", "predict"], first
+    assert not [n for n in os.listdir(os.path.join(ROOT, "scripts")) if n.endswith(".py")]
+
+
+def test_nothing_but_the_tests_and_ci_names_the_workspace_or_its_specs():
+    """A clone stands alone: outside tests/, .ci/ and the Makefile no file names ../shared or the specs it was
+    built from (DESIGN, BASELINES, ADAPTIVE, SOUND, DDRS .md); what a reader needs is in docs/."""
+    pattern = re.compile(r"\.\./shared|\b(?:DESIGN|BASELINES|ADAPTIVE|SOUND|DDRS)\.md\b")
+    assert pattern.search("see ../shared/data") and pattern.search("(BASELINES.md 0.1)")   # the scan can fail
+    assert not pattern.search("docs/ddrs.md, docs/training.md")
+    found = []
+    for rel in helpers.project_files(ROOT):
+        if rel.startswith(("tests/", ".ci/")) or rel == "Makefile" or not rel.endswith(SCRIPTED_SUFFIXES):
+            continue
+        with open(os.path.join(ROOT, rel), errors="replace") as f:
+            found += [f"{rel}:{k}" for k, line in enumerate(f, 1) if pattern.search(line)]
+    assert not found, found
+
+
+SCRIPTED_SUFFIXES = (".py", ".md", ".sh", ".txt", ".tsv", ".json", ".tex")
