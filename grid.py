@@ -22,8 +22,8 @@ PROJECT = "acr-weakness"   # certify.py checks it: a student's own grid.py earli
 
 # --radii: the level of the upper bound that rules radii out. It never enters the guarantee (ruling out only
 # removes certificates); chosen by measurement (tools/beta_curve.py on results/grid_cpu, docs/certification.md):
-# at 0.2, 21 % fewer evaluations than at beta = alpha for 0.04-0.06 points of certified accuracy (4-6 of 10,000
-# simulated runs, on looks every 25 % more draws).
+# at 0.2, 27-29 % fewer evaluations than at beta = alpha for 0.18-0.20 points of certified accuracy (18-20 of
+# 10,000 simulated runs, results/grid_cpu/sigma*/beta_curve.md).
 DEFAULT_BETA = 0.2
 # --radii: the largest budget N_max (5,232 looks; a prior's tables, with their exact rule-out levels, then take
 # 10-30 s on a CPU core, about 1 s at the paper's 100,000)
