@@ -257,6 +257,13 @@ def budgets(args):
                       for n, e, se, acc, o, (x, x_se) in rows))
 
 
+def emit(args, name, md):
+    """Print a mode's Markdown and, with --out, write it there as `name`."""
+    print(md)
+    if args.out:
+        machinery.write_text_output(os.path.join(args.out, name), "beta curve", md)
+
+
 def main(argv=None):
     p = machinery.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("log", help="a CERTIFY log at a large N (its nA / N is taken as the true pA of cA)")
@@ -295,25 +302,14 @@ def main(argv=None):
     machinery.set_inputs([args.log, args.log + ".json"])
     if args.budgets:
         common.check(all(n >= 1 for n in args.budgets), "--budgets values must be >= 1")
-        md = budgets(args)
-        print(md)
-        if args.out:
-            machinery.write_text_output(os.path.join(args.out, "budgets.md"), "beta curve", md)
-        return
+        return emit(args, "budgets.md", budgets(args))
     if args.savings:
-        md = savings(args)
-        print(md)
-        if args.out:
-            machinery.write_text_output(os.path.join(args.out, "savings.md"), "beta curve", md)
-        return
+        return emit(args, "savings.md", savings(args))
     if args.at_pA:
         common.check(all(0 <= q <= 1 for q in args.at_pA), "--at-pA values must lie in [0, 1]")
         sigma = readers.read_sidecar(args.log, required=("sigma",))["sigma"]
-        md = draws_at(args.at_pA, args.radii, sigma, args.N, args.N0, args.alpha, args.reps, args.seeds)
-        print(md)
-        if args.out:
-            machinery.write_text_output(os.path.join(args.out, "draws_at_pA.md"), "beta curve", md)
-        return
+        return emit(args, "draws_at_pA.md", draws_at(args.at_pA, args.radii, sigma, args.N, args.N0, args.alpha,
+                                                      args.reps, args.seeds))
     sigma, pA, correct, _ = read_truth(args.log)
     rows, base = [], None
     for beta in BETAS:
