@@ -1633,6 +1633,33 @@ def side_groups(logs):
     return groups
 
 
+def own_best_rows(ga, gb, own_a, own_b, radii, values, variances, a):
+    """Best-over-sigma rows when the sides' sigmas differ: at each radius, max over B's own sigmas of its
+    certified accuracy minus max over A's own. Each sigma's level gets an interval (row_interval against a
+    side of zeros, Bonferroni: a split over the sides' sigmas), and max_s b_s - max_t a_t lies between
+    max_s low(b_s) - max_t high(a_t) and max_s high(b_s) - max_t low(a_t) when every level interval holds.
+    Radii where neither side certifies anything are left out. Rows (name, a, b, d, low, high)."""
+    out, k = [], len(own_a) + len(own_b)
+    for r in radii:
+        name = f"certified accuracy r={r:g}"
+        levels = {}
+        for side, groups, sigmas in (("A", ga, own_a), ("B", gb, own_b)):
+            for s in sigmas:
+                f = np.stack([values[id(log)][name] for log in groups[s]])
+                zero = np.zeros((1, f.shape[1]))
+                v = (np.zeros_like(zero), np.stack([variances[id(log)][name] for log in groups[s]])) \
+                    if variances is not None else (None, None)
+                _, low, high, _ = row_interval(zero, f, True, True, a / k, *v)
+                levels.setdefault(side, []).append((float(f.mean()), max(low, 0.0), min(high, 1.0)))
+        ba, bb = max(x[0] for x in levels["A"]), max(x[0] for x in levels["B"])
+        if ba == 0 and bb == 0:
+            continue
+        low = max(x[1] for x in levels["B"]) - max(x[2] for x in levels["A"])
+        high = max(x[2] for x in levels["B"]) - max(x[1] for x in levels["A"])
+        out.append((f"best over σ r={r:g}", ba, bb, bb - ba, max(low, -1.0), min(high, 1.0)))
+    return out
+
+
 def compare_scope(side_a, side_b):
     """What two sides can be compared on: each side's logs by sigma, the sigmas both have, and whether there
     are ACR rows (no grid log) and pA rows (every log has nY)."""
@@ -1710,7 +1737,11 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     claims = names if family is None else [n for n in names if n in family]
     common.check(family is None or set(family) <= set(names), f"--family names rows these logs do not have: "
                  f"{sorted(set(family or ()) - set(names))}; the rows are {', '.join(names)}")
-    m = len(claims) * len(sigmas)
+    own_a, own_b = [s for s in ga if s is not None], [s for s in gb if s is not None]
+    # sigmas on one side only: best-over-sigma rows over each side's own sigmas, from per-side level intervals
+    # that take their own share of the error (own_best_rows); with the same sigmas, the hull below needs none
+    own = set(own_a) != set(own_b) and own_a and own_b and max(len(own_a), len(own_b)) > 1
+    m = len(claims) * len(sigmas) + (len(radii) if own and family is None else 0)
     stack = lambda group, store, name: np.stack([store[id(log)][name] for log in group])
     ceiling = max(common.radius_ceiling(log) for log in logs)   # no ACR difference beyond +-ceiling
     out, per_sigma, crits, roles, pvalues, clamped = [], {}, [], {}, {}, []
@@ -1733,7 +1764,12 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
             if (" r=" in name or name == "ACR") and fa.mean() == 0 and fb.mean() == 0:
                 continue                 # tested (counted in m), not shown: both sides certify nothing there
             out.append((prefix + name, float(fa.mean()), float(fb.mean()), d, low, high))
-    if len(sigmas) > 1:
+    if own:
+        share = (1 - level) / (m if family is None else 1)
+        for row in own_best_rows(ga, gb, own_a, own_b, radii, values, variances if votes else None, share):
+            out.append(row)
+            roles[row[0]] = "claim" if family is None else "exploratory"
+    elif len(sigmas) > 1:
         for r in radii:
             name = f"certified accuracy r={r:g}"
             best = lambda g: max(float(stack(g[s], values, name).mean()) for s in sigmas)
@@ -1810,8 +1846,8 @@ def compare_words(rows, facts, labels, level):
         lines.append(f"- Left out: certified accuracy at r = {', '.join(f'{r:g}' for r in facts['undecided'])}, "
                      f"which a grid log (--radii) did not decide.")
     if facts["one_side"]:
-        lines.append(f"- σ on one side only, not compared: {', '.join(facts['one_side'])}; best-over-σ rows are "
-                     f"over the σ both sides have.")
+        lines.append(f"- σ on one side only, not compared σ by σ: {', '.join(facts['one_side'])}; best-over-σ rows "
+                     f"are over each side's own σ (each σ's certified accuracy bounded on its own, Bonferroni).")
     seeds = facts["seeds"]
     one = [labels[i] for i in (0, 1) if max(seeds[i].values()) == 1]
     k = "; ".join(f"{labels[i]}: {', '.join(f'{n} at σ={fmt_sigma(s)}' for s, n in seeds[i].items())}"

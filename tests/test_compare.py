@@ -554,3 +554,37 @@ def test_a_sigma_on_one_side_only_is_said(tmp_path):
     extra = dict(certify_log(rng, latent(rng, 100), "b1.tsv"), sigma=1.0)
     _, facts = analyze.compare_sides([a], [b, extra], RADII, 0.95)
     assert facts["one_side"] == ["1.0"]
+
+
+def sigma_log(rng, pY, sigma, path):
+    """certify_log's log as if certified at `sigma`: the same votes, radius sigma Phi^-1(pA_lower)."""
+    log = certify_log(rng, pY, path)
+    return dict(log, sigma=sigma, radius=log["radius"] * sigma / SIGMA)
+
+
+def test_best_over_sigma_takes_each_sides_own_sigmas_and_covers_the_truth():
+    """Sides certified at different sigmas (A: 0.25, 0.5; B: 0.5, 1.0): the best-over-sigma row is max over B's
+    own sigmas minus max over A's own, not over the shared 0.5 alone, and its interval covers the population's
+    value; the report says so."""
+    rng = np.random.default_rng(31)
+    sides = lambda pY, n: ([sigma_log(rng, pY, s, f"a{s}_{n}.tsv") for s in (0.25, 0.5)],   # noqa: E731
+                           [sigma_log(rng, shifted(rng, pY, 0.05), s, f"b{s}_{n}.tsv") for s in (0.5, 1.0)])
+    big = sides(latent(rng, 100_000), "pop")
+    acc = lambda log, r: float(np.mean(log["correct"] & (log["radius"] >= r)))   # noqa: E731
+    truth = {f"best over σ r={r:g}": max(acc(b, r) for b in big[1]) - max(acc(a, r) for a in big[0]) for r in RADII}
+    assert truth["best over σ r=1"] > 0.05   # B's sigma 1.0 certifies far more at r = 1 than anything of A's
+    sims, covered = 60, 0
+    for k in range(sims):
+        a, b = sides(latent(rng, 300), k)
+        rows, facts = analyze.compare_sides(a, b, RADII, 0.95)
+        best = {m: (va, vb, lo, hi) for m, va, vb, d, lo, hi, v in rows if m.startswith("best over σ")}
+        assert set(best) <= set(truth) and best
+        for m, (va, vb, lo, hi) in best.items():
+            r = float(m.split("r=")[1])
+            assert va == max(acc(x, r) for x in a) and vb == max(acc(x, r) for x in b)
+        covered += all(lo <= truth[m] <= hi for m, (_, _, lo, hi) in best.items())
+    assert covered / sims >= 0.95 - 3 * np.sqrt(0.05 * 0.95 / sims), covered
+    assert facts["one_side"] == ["0.25", "1.0"]
+    assert "over each side's own σ" in analyze.compare_words(rows, facts, ("A", "B"), 0.95)
+    _, facts = analyze.compare_sides(a, b, RADII, 0.95, family=["ACR"])   # not in the claim: exploratory
+    assert {facts["roles"][m] for m in facts["roles"] if m.startswith("best over σ")} == {"exploratory"}
