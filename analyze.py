@@ -1633,6 +1633,20 @@ def side_groups(logs):
     return groups
 
 
+def hull_best_rows(ga, gb, sigmas, radii, values, per_sigma):
+    """Best-over-sigma rows when both sides have the same sigmas: max_s b_s - max_s a_s lies between the smallest
+    and the largest b_s - a_s, so the hull of the per-sigma intervals holds with them (no share of the error)."""
+    out = []
+    for r in radii:
+        name = f"certified accuracy r={r:g}"
+        best = lambda g: max(float(np.stack([values[id(log)][name] for log in g[s]]).mean()) for s in sigmas)  # noqa: E731
+        ba, bb = best(ga), best(gb)
+        if ba or bb:   # left out where neither side certifies anything
+            out.append((f"best over σ r={r:g}", ba, bb, bb - ba, min(per_sigma[(s, name)][1] for s in sigmas),
+                        max(per_sigma[(s, name)][2] for s in sigmas)))
+    return out
+
+
 def own_best_rows(ga, gb, own_a, own_b, radii, values, variances, a):
     """Best-over-sigma rows when the sides' sigmas differ: at each radius, max over B's own sigmas of its
     certified accuracy minus max over A's own. Each sigma's level gets an interval (row_interval against a
@@ -1765,19 +1779,12 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
                 continue                 # tested (counted in m), not shown: both sides certify nothing there
             out.append((prefix + name, float(fa.mean()), float(fb.mean()), d, low, high))
     if own:
-        share = (1 - level) / (m if family is None else 1)
-        for row in own_best_rows(ga, gb, own_a, own_b, radii, values, variances if votes else None, share):
-            out.append(row)
-            roles[row[0]] = "claim" if family is None else "exploratory"
-    elif len(sigmas) > 1:
-        for r in radii:
-            name = f"certified accuracy r={r:g}"
-            best = lambda g: max(float(stack(g[s], values, name).mean()) for s in sigmas)
-            ba, bb = best(ga), best(gb)
-            if ba == 0 and bb == 0:
-                continue
-            out.append((f"best over σ r={r:g}", ba, bb, bb - ba, min(per_sigma[(s, name)][1] for s in sigmas),
-                        max(per_sigma[(s, name)][2] for s in sigmas)))
+        best = own_best_rows(ga, gb, own_a, own_b, radii, values, variances if votes else None,
+                             (1 - level) / (m if family is None else 1))
+        roles.update({row[0]: "claim" if family is None else "exploratory" for row in best})
+    else:
+        best = hull_best_rows(ga, gb, sigmas, radii, values, per_sigma) if len(sigmas) > 1 else []
+    out += best
     rejected = {list(pvalues)[i] for i in holm(list(pvalues.values()), 1 - level)}
     verdict = lambda name, d, lo, hi: "fixed" if lo == hi == d else \
         ("higher" if d > 0 else "lower") if (name in rejected if name in pvalues else lo > 0 or hi < 0) else \
