@@ -1751,9 +1751,7 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     claims = names if family is None else [n for n in names if n in family]
     common.check(family is None or set(family) <= set(names), f"--family names rows these logs do not have: "
                  f"{sorted(set(family or ()) - set(names))}; the rows are {', '.join(names)}")
-    own_a, own_b = [s for s in ga if s is not None], [s for s in gb if s is not None]
-    # sigmas on one side only: best-over-sigma rows over each side's own sigmas, from per-side level intervals
-    # that take their own share of the error (own_best_rows); with the same sigmas, the hull below needs none
+    own_a, own_b = [s for s in ga if s is not None], [s for s in gb if s is not None]   # own_best_rows: a share each
     own = set(own_a) != set(own_b) and own_a and own_b and max(len(own_a), len(own_b)) > 1
     m = len(claims) * len(sigmas) + (len(radii) if own and family is None else 0)
     stack = lambda group, store, name: np.stack([store[id(log)][name] for log in group])
