@@ -62,6 +62,7 @@ for module in (common, grid, machinery):   # a student's module of one of these 
 
 PROJECT = "acr-weakness"   # ddrs.py and tools/bench.py check it: a student's own certify.py is not this one
 
+
 # ----------------------------------------------------------------------------------------------------------
 # CERTIFY and PREDICT on one input (Cohen et al. 2019, Alg. "certify" and "predict")
 # ----------------------------------------------------------------------------------------------------------

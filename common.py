@@ -418,8 +418,6 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies
     return counts[:, :num_classes].clone()   # a normal tensor: callers may update it outside inference mode
 
 
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Errors: bad input is a UserError (a ValueError); the commands turn it into one line and exit code 2
 # ----------------------------------------------------------------------------------------------------------
@@ -811,5 +809,3 @@ def per_example_grad_norms(model, loss_fn, x, y, idx=None):
     finally:
         net.train(was_training)
     return torch.tensor(norms, dtype=torch.float64)
-
-

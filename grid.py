@@ -175,7 +175,6 @@ def kt_interval(A, t, alpha_low, beta_up, prior=KT_PRIOR):
     return float(L), float(U)
 
 
-
 # ----------------------------------------------------------------------------------------------------------
 # Anytime-valid certification at a grid of radii (Voráček 2024; Horváth et al. 2022)
 # ----------------------------------------------------------------------------------------------------------
@@ -446,4 +445,3 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=
                 start += k
             active = [job for job in active if not job.done]
     return [job.result() for job in jobs]
-

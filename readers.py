@@ -208,8 +208,6 @@ SIDECAR_FIELDS = {
 }
 
 
-
-
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 
