@@ -10,12 +10,13 @@ import pytest
 from scipy.stats import t as student_t
 
 import analyze
+import compare
 import certify
 import common
 from helpers import digits_checkpoint, run_main
 
 N, ALPHA, SIGMA, RADII = 1000, 0.001, 0.5, [0.25, 0.5, 0.75, 1.0]
-Z = analyze.z_table(N, ALPHA)
+Z = compare.z_table(N, ALPHA)
 
 
 def latent(rng, n):
@@ -39,7 +40,7 @@ def certify_log(rng, pY, path="sim.tsv"):
 
 
 def verdicts(a, b, over="images"):
-    rows, facts = analyze.compare_sides(a, b, RADII, 0.95, None if over == "images" else analyze.test_set_votes())
+    rows, facts = compare.compare_sides(a, b, RADII, 0.95, None if over == "images" else compare.test_set_votes())
     return {m: (d, lo, hi, v) for m, _, _, d, lo, hi, v in rows}, facts
 
 
@@ -94,11 +95,11 @@ def test_tango_interval_is_the_set_where_the_score_statistic_stays_within_z():
 
 
 def test_satterthwaite_degrees_of_freedom():
-    assert analyze.satterthwaite([(1.0, 4), (1.0, 4)]) == pytest.approx(8)      # two equal terms add up
-    assert analyze.satterthwaite([(1.0, 1), (0.0, 1)]) == pytest.approx(1)
-    assert analyze.satterthwaite([(1.0, np.inf)]) == np.inf
+    assert compare.satterthwaite([(1.0, 4), (1.0, 4)]) == pytest.approx(8)      # two equal terms add up
+    assert compare.satterthwaite([(1.0, 1), (0.0, 1)]) == pytest.approx(1)
+    assert compare.satterthwaite([(1.0, np.inf)]) == np.inf
     # never below the smallest term's degrees of freedom
-    assert analyze.satterthwaite([(0.3, 1), (2.0, 499), (0.5, 2)]) >= 1
+    assert compare.satterthwaite([(0.3, 1), (2.0, 499), (0.5, 2)]) >= 1
 
 
 def test_seed_layout_separates_the_seed_spread_from_the_interaction():
@@ -106,21 +107,21 @@ def test_seed_layout_separates_the_seed_spread_from_the_interaction():
     interaction's share sigma_c^2 / (n k) read off the residual mean square."""
     rng = np.random.default_rng(0)
     k, n, tau, omega = 5, 4000, 0.3, 1.0
-    reps = [analyze.seed_layout(rng.normal(0, tau, (k, 1)) + rng.normal(0, 1, (1, n)) + rng.normal(0, omega, (k, n)))
+    reps = [compare.seed_layout(rng.normal(0, tau, (k, 1)) + rng.normal(0, 1, (1, n)) + rng.normal(0, omega, (k, n)))
             for _ in range(300)]
     e, df, c = np.mean(reps, axis=0)
     assert df == k - 1
     assert e == pytest.approx((tau ** 2 + omega ** 2 / n) / k, rel=0.12)
     assert c == pytest.approx(omega ** 2 / (n * k), rel=0.02)
-    assert analyze.seed_layout(np.zeros((1, 10))) == (0.0, 0, 0.0)
+    assert compare.seed_layout(np.zeros((1, 10))) == (0.0, 0, 0.0)
 
 
 def pooled_satterthwaite(fa, fb, a):
     """The construction the seed interval does not use: one t at the pooled Welch-Satterthwaite df."""
-    (ea, dfa, ca), (eb, dfb, cb) = analyze.seed_layout(fa), analyze.seed_layout(fb)
+    (ea, dfa, ca), (eb, dfb, cb) = compare.seed_layout(fa), compare.seed_layout(fb)
     ma, mb = fa.mean(0), fb.mean(0)
     terms = [(max(np.var(mb - ma, ddof=1) / len(ma) - ca - cb, 0), len(ma) - 1), (ea, dfa), (eb, dfb)]
-    half = student_t.isf(a / 2, analyze.satterthwaite(terms)) * np.sqrt(sum(v for v, _ in terms))
+    half = student_t.isf(a / 2, compare.satterthwaite(terms)) * np.sqrt(sum(v for v, _ in terms))
     return fb.mean() - fa.mean() - half, fb.mean() - fa.mean() + half
 
 
@@ -135,7 +136,7 @@ def test_the_seed_interval_keeps_its_error_where_a_pooled_satterthwaite_t_does_n
     for _ in range(reps):
         fa = rng.normal(0, 1, (k, 1)) + rng.normal(0, 0.5 * np.sqrt(n / k), n) + rng.normal(0, 1, (k, n))
         fb = rng.normal(0, 1, (k, 1)) + rng.normal(0, 0.5 * np.sqrt(n / k), n) + rng.normal(0, 1, (k, n))
-        d, lo, hi, _ = analyze.row_interval(fa, fb, False, True, a)
+        d, lo, hi, _ = compare.row_interval(fa, fb, False, True, a)
         misses += not lo <= 0 <= hi
         lo, hi = pooled_satterthwaite(fa, fb, a)
         pooled += not lo <= 0 <= hi
@@ -173,12 +174,12 @@ def test_the_fast_calibration_holds_its_targets_and_a_too_narrow_interval_is_cau
         r = cal.run_scenario(name, cal.SCENARIOS[name], runs, 0)
         assert r["null"]["any_flag"] / runs <= NOMINAL(runs), name
         assert 1 - r["alternative"]["any_miss"] / runs >= 0.95 - 3 * np.sqrt(0.05 * 0.95 / runs), name
-    real = analyze.row_interval
+    real = compare.row_interval
 
     def narrow(*args, **kwargs):
         d, lo, hi, c = real(*args, **kwargs)
         return d, d - 0.4 * (d - lo), d + 0.4 * (hi - d), c
-    monkeypatch.setattr(analyze, "row_interval", narrow)
+    monkeypatch.setattr(compare, "row_interval", narrow)
     r = cal.run_scenario("cifar paired", cal.SCENARIOS["cifar paired"], 40, 0)
     assert 1 - r["alternative"]["any_miss"] / 40 < 0.8
 
@@ -206,10 +207,10 @@ def test_logs_that_share_one_image_are_refused_in_one_line(tmp_path, capsys):
     a, b = certify_log(rng, latent(rng, 1), "a.tsv"), certify_log(rng, latent(rng, 1), "b.tsv")
     a2, b2 = dict(a, radius=a["radius"] + 1e-3, path="a2.tsv"), dict(b, radius=b["radius"] + 1e-3, path="b2.tsv")
     with pytest.raises(common.UserError, match="at least 2"):
-        analyze.compare_sides([a, a2], [b, b2], RADII)
+        compare.compare_sides([a, a2], [b, b2], RADII)
     b["idx"] = b["idx"] + 5
     with pytest.raises(common.UserError, match="at least 2"):
-        analyze.compare_sides([a], [b], RADII)
+        compare.compare_sides([a], [b], RADII)
 
 
 def test_over_test_set_the_band_covers_the_expectation_on_these_images():
@@ -218,7 +219,7 @@ def test_over_test_set_the_band_covers_the_expectation_on_these_images():
     pB = shifted(rng, pY, 0.05)
     truth = {}
     for _ in range(300):                  # the expectation on these images: the mean over many certifications
-        rows, _ = analyze.compare_sides([certify_log(rng, pY)], [certify_log(rng, pB)], RADII, 0.95)
+        rows, _ = compare.compare_sides([certify_log(rng, pY)], [certify_log(rng, pB)], RADII, 0.95)
         for m, _, _, d, *_ in rows:
             truth[m] = truth.get(m, 0) + d / 300
     sims, covered = 60, 0
@@ -231,7 +232,7 @@ def test_over_test_set_the_band_covers_the_expectation_on_these_images():
 def population_truth(rng, share, n=200_000):
     """The expected difference of every metric under the shift (a population of n images, one count each)."""
     pY = latent(rng, n)
-    rows, _ = analyze.compare_sides([certify_log(rng, pY)], [certify_log(rng, shifted(rng, pY, share))], RADII)
+    rows, _ = compare.compare_sides([certify_log(rng, pY)], [certify_log(rng, shifted(rng, pY, share))], RADII)
     return {m: d for m, _, _, d, *_ in rows}
 
 
@@ -265,9 +266,9 @@ def test_training_seeds_widen_the_interval_and_one_seed_is_called_a_statement_ab
     only_one = verdicts(a[1:2], b[1:2])[0]
     assert width(many, "clean accuracy") > width(only_one, "clean accuracy")
     assert facts["critical"] > facts["z"]             # t with the seeds' few degrees of freedom
-    text = analyze.compare_words(list((m, 0, 0, *v) for m, v in one.items()), facts1, ["a", "b"], 0.95)
+    text = compare.compare_words(list((m, 0, 0, *v) for m, v in one.items()), facts1, ["a", "b"], 0.95)
     assert "about these models, not their training methods" in text
-    text = analyze.compare_words(list((m, 0, 0, *v) for m, v in many.items()), facts, ["a", "b"], 0.95)
+    text = compare.compare_words(list((m, 0, 0, *v) for m, v in many.items()), facts, ["a", "b"], 0.95)
     assert "Welch-Satterthwaite" in text
 
 
@@ -278,7 +279,7 @@ def test_two_seeds_a_side_say_that_few_seeds_conclude_little():
     b = [certify_log(rng, shifted(rng, pY, share)) for share in (0.02, 0.06)]
     rows, facts = verdicts(a, b)
     assert facts["critical"] > 2 * facts["z"]
-    assert "Few seeds" in analyze.compare_words([(m, 0, 0, *v) for m, v in rows.items()], facts, ["a", "b"], 0.95)
+    assert "Few seeds" in compare.compare_words([(m, 0, 0, *v) for m, v in rows.items()], facts, ["a", "b"], 0.95)
 
 
 def test_unpaired_logs_are_compared_apart_and_say_so():
@@ -287,7 +288,7 @@ def test_unpaired_logs_are_compared_apart_and_say_so():
     b["idx"] = b["idx"] + 1000
     rows, facts = verdicts([a], [b])
     assert not facts["paired"] and facts["n"] == {"A": 300, "B": 400}
-    assert "Unpaired" in analyze.compare_words([(m, 0, 0, *v) for m, v in rows.items()], facts, ["a", "b"], 0.95)
+    assert "Unpaired" in compare.compare_words([(m, 0, 0, *v) for m, v in rows.items()], facts, ["a", "b"], 0.95)
 
 
 def test_a_missing_or_relabelled_row_keeps_the_pairing_and_is_counted(tmp_path, capsys):
@@ -304,7 +305,7 @@ def test_a_missing_or_relabelled_row_keeps_the_pairing_and_is_counted(tmp_path, 
     assert facts["paired"] and facts["n"] == 498 and facts["left"] == {"a.tsv": 2, "b.tsv": 1}
     width = lambda r: r["clean accuracy"][2] - r["clean accuracy"][1]
     assert width(rows) == pytest.approx(width(full), rel=0.1)
-    analyze.compare_report([a], [cut], ["a", "b"], RADII, 0.95, "images", str(tmp_path))
+    compare.compare_report([a], [cut], ["a", "b"], RADII, 0.95, "images", str(tmp_path))
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "3 rows of 2 logs" in err
     assert "are left out" in (tmp_path / "compare.md").read_text()
@@ -412,11 +413,11 @@ def digits_logs(tmp_path_factory):
     return logs
 
 
-@pytest.mark.parametrize("over", analyze.COMPARE_OVER)
+@pytest.mark.parametrize("over", compare.COMPARE_OVER)
 def test_one_digits_model_certified_with_two_seeds_is_within_noise(digits_logs, over):
     logs = analyze.load_logs([str(digits_logs["seed0"]), str(digits_logs["seed1"])])
-    votes = None if over == "images" else analyze.test_set_votes()
-    rows, facts = analyze.compare_sides(logs[:1], logs[1:], analyze.DEFAULT_RADII[1:], 0.95, votes)
+    votes = None if over == "images" else compare.test_set_votes()
+    rows, facts = compare.compare_sides(logs[:1], logs[1:], analyze.DEFAULT_RADII[1:], 0.95, votes)
     assert facts["paired"]
     flagged = [m for m, *_, v in rows if v != "within noise"]
     assert len(flagged) <= 1, flagged
@@ -424,7 +425,7 @@ def test_one_digits_model_certified_with_two_seeds_is_within_noise(digits_logs, 
 
 def test_a_barely_trained_digits_model_has_lower_clean_accuracy_beyond_noise(digits_logs):
     logs = analyze.load_logs([str(digits_logs["seed0"]), str(digits_logs["weak"])])
-    rows, _ = analyze.compare_sides(logs[:1], logs[1:], analyze.DEFAULT_RADII[1:], 0.95)
+    rows, _ = compare.compare_sides(logs[:1], logs[1:], analyze.DEFAULT_RADII[1:], 0.95)
     clean = next(r for r in rows if r[0] == "clean accuracy")
     assert clean[-1] == "lower", clean
 
@@ -472,19 +473,19 @@ FAMILY = ["ACR", "P(pA≥0.99)", "P(pA<0.5)", "clean accuracy"]
 
 
 def test_holm_rejects_in_order_and_stops_at_the_first_that_fails():
-    assert analyze.holm([0.01, 0.04, 0.03, 0.005], 0.05) == {3, 0}          # 0.005 <= .0125, .01 <= .0167, .03 > .025
-    assert analyze.holm([0.001, 0.012, 0.02, 0.04], 0.05) == {0, 1, 2, 3}   # each under 0.05 / (4 - k)
-    assert analyze.holm([0.2, 0.001], 0.05) == {1}
-    assert analyze.holm([], 0.05) == set()
+    assert compare.holm([0.01, 0.04, 0.03, 0.005], 0.05) == {3, 0}          # 0.005 <= .0125, .01 <= .0167, .03 > .025
+    assert compare.holm([0.001, 0.012, 0.02, 0.04], 0.05) == {0, 1, 2, 3}   # each under 0.05 / (4 - k)
+    assert compare.holm([0.2, 0.001], 0.05) == {1}
+    assert compare.holm([], 0.05) == set()
 
 
 def test_a_row_pvalue_is_where_its_own_interval_first_excludes_zero():
     rng = np.random.default_rng(21)
     pY = latent(rng, 400)
     a, b = certify_log(rng, pY, "a.tsv"), certify_log(rng, np.clip(pY + 0.002, 0, 1), "b.tsv")
-    fa, fb = (np.stack([analyze.image_values(x, RADII, True, True)["ACR"]]) for x in (a, b))
-    interval = lambda err: analyze.row_interval(fa, fb, False, True, err)[1:3]
-    p = analyze.row_pvalue(interval)
+    fa, fb = (np.stack([compare.image_values(x, RADII, True, True)["ACR"]]) for x in (a, b))
+    interval = lambda err: compare.row_interval(fa, fb, False, True, err)[1:3]
+    p = compare.row_pvalue(interval)
     assert 1e-12 < p < 0.05
     lo, hi = interval(p * 1.01)
     assert lo > 0 or hi < 0
@@ -496,8 +497,8 @@ def test_a_declared_family_spends_the_error_on_its_rows_alone_and_marks_the_rest
     rng = np.random.default_rng(22)
     pY = latent(rng, 500)
     a, b = certify_log(rng, pY, "a.tsv"), certify_log(rng, np.clip(pY + 0.05, 0, 1), "b.tsv")
-    everything, facts_all = analyze.compare_sides([a], [b], RADII, 0.95)
-    claimed, facts = analyze.compare_sides([a], [b], RADII, 0.95, family=FAMILY)
+    everything, facts_all = compare.compare_sides([a], [b], RADII, 0.95)
+    claimed, facts = compare.compare_sides([a], [b], RADII, 0.95, family=FAMILY)
     assert facts["m"] == 4 and facts_all["m"] == len(facts_all["roles"]) > 4
     assert {m for m, r in facts["roles"].items() if r == "claim"} == set(FAMILY)
     width = lambda rows: {m: hi - lo for m, _, _, _, lo, hi, _ in rows}
@@ -507,7 +508,7 @@ def test_a_declared_family_spends_the_error_on_its_rows_alone_and_marks_the_rest
     assert set(facts["pvalues"]) == set(FAMILY)
     for m, *_, v in claimed:   # a claim verdict is Holm's on the rows' p-values
         if m in FAMILY:
-            rejected = {FAMILY[i] for i in analyze.holm([facts["pvalues"][f] for f in FAMILY], 0.05)}
+            rejected = {FAMILY[i] for i in compare.holm([facts["pvalues"][f] for f in FAMILY], 0.05)}
             assert (v != "within noise") == (m in rejected), m
 
 
@@ -515,9 +516,9 @@ def test_an_unknown_family_row_and_the_same_log_twice_are_refused():
     rng = np.random.default_rng(23)
     a, b = certify_log(rng, latent(rng, 50), "a.tsv"), certify_log(rng, latent(rng, 50), "b.tsv")
     with pytest.raises(common.UserError, match="--family names rows"):
-        analyze.compare_sides([a], [b], RADII, family=["ACR", "accuracy"])
+        compare.compare_sides([a], [b], RADII, family=["ACR", "accuracy"])
     with pytest.raises(common.UserError, match="same log twice"):
-        analyze.compare_sides([a, dict(a, path="copy.tsv")], [b, certify_log(rng, latent(rng, 50))], RADII)
+        compare.compare_sides([a, dict(a, path="copy.tsv")], [b, certify_log(rng, latent(rng, 50))], RADII)
 
 
 def test_intervals_never_reach_past_what_a_row_can_take():
@@ -526,7 +527,7 @@ def test_intervals_never_reach_past_what_a_row_can_take():
     pY = latent(rng, 300)
     side = lambda shift, k: [certify_log(rng, np.clip(pY + shift + rng.normal(0, 0.1), 0, 1), f"s{shift}{j}.tsv")
                              for j in range(k)]
-    rows, facts = analyze.compare_sides(side(0.0, 2), side(0.05, 2), RADII, 0.95)
+    rows, facts = compare.compare_sides(side(0.0, 2), side(0.05, 2), RADII, 0.95)
     ceiling = SIGMA * float(analyze.ndtri(ALPHA ** (1 / N)))
     for m, _, _, d, lo, hi, _ in rows:
         bound = ceiling if m == "ACR" else 1.0
@@ -538,11 +539,11 @@ def test_test_set_rows_that_cannot_change_are_fixed_and_grid_radii_never_decided
     rng = np.random.default_rng(25)
     pY = np.where(rng.uniform(size=200) < 0.5, 0.0, 1.0)   # every vote certain: no row can change
     a, b = certify_log(rng, pY, "a.tsv"), certify_log(rng, pY[::-1].copy(), "b.tsv")
-    rows, facts = analyze.compare_sides([a], [b], RADII, 0.95, analyze.test_set_votes())
+    rows, facts = compare.compare_sides([a], [b], RADII, 0.95, compare.test_set_votes())
     verdict = {m: v for m, *_, v in rows}
     assert verdict["clean accuracy"] == "fixed"
     grid = dict(b, grid=True, sidecar={"alpha": ALPHA, "radii": [0.0, 0.25, 0.5]})
-    rows, facts = analyze.compare_sides([dict(a, grid=True, sidecar={"alpha": ALPHA, "radii": [0.0, 0.25, 0.5]})],
+    rows, facts = compare.compare_sides([dict(a, grid=True, sidecar={"alpha": ALPHA, "radii": [0.0, 0.25, 0.5]})],
                                         [grid], RADII, 0.95)
     assert facts["undecided"] == [0.75, 1.0] and not [m for m, *_ in rows if "r=0.75" in m or "r=1" in m]
 
@@ -552,7 +553,7 @@ def test_a_sigma_on_one_side_only_is_said(tmp_path):
     a = certify_log(rng, latent(rng, 100), "a.tsv")
     b = certify_log(rng, latent(rng, 100), "b.tsv")
     extra = dict(certify_log(rng, latent(rng, 100), "b1.tsv"), sigma=1.0)
-    _, facts = analyze.compare_sides([a], [b, extra], RADII, 0.95)
+    _, facts = compare.compare_sides([a], [b, extra], RADII, 0.95)
     assert facts["one_side"] == ["1.0"]
 
 
@@ -576,7 +577,7 @@ def test_best_over_sigma_takes_each_sides_own_sigmas_and_covers_the_truth():
     sims, covered = 60, 0
     for k in range(sims):
         a, b = sides(latent(rng, 300), k)
-        rows, facts = analyze.compare_sides(a, b, RADII, 0.95)
+        rows, facts = compare.compare_sides(a, b, RADII, 0.95)
         best = {m: (va, vb, lo, hi) for m, va, vb, d, lo, hi, v in rows if m.startswith("best over σ")}
         assert set(best) <= set(truth) and best
         for m, (va, vb, lo, hi) in best.items():
@@ -585,6 +586,6 @@ def test_best_over_sigma_takes_each_sides_own_sigmas_and_covers_the_truth():
         covered += all(lo <= truth[m] <= hi for m, (_, _, lo, hi) in best.items())
     assert covered / sims >= 0.95 - 3 * np.sqrt(0.05 * 0.95 / sims), covered
     assert facts["one_side"] == ["0.25", "1.0"]
-    assert "over each side's own σ" in analyze.compare_words(rows, facts, ("A", "B"), 0.95)
-    _, facts = analyze.compare_sides(a, b, RADII, 0.95, family=["ACR"])   # not in the claim: exploratory
+    assert "over each side's own σ" in compare.compare_words(rows, facts, ("A", "B"), 0.95)
+    _, facts = compare.compare_sides(a, b, RADII, 0.95, family=["ACR"])   # not in the claim: exploratory
     assert {facts["roles"][m] for m in facts["roles"] if m.startswith("best over σ")} == {"exploratory"}

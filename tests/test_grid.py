@@ -389,7 +389,7 @@ def test_bench_table_from_logs_counts_evaluations_and_disagreements(digits_model
                              out).groups()
     assert float(saves) == pytest.approx(20_100 / (100 + int(needs.replace(",", ""))), abs=0.051 + 0.01 * float(saves))
     # one seed for every log: said as the paired design, and each arm's difference from the reference with its
-    # interval (analyze.compare_sides), over the grid's radii for the grid
+    # interval (compare.compare_sides), over the grid's radii for the grid
     assert "noise paired: every arm seed 0:" in out
     lines = [line.split() for line in out.splitlines() if line.startswith(("    certify_N2000 ", "    grid "))
              and "points [" in line]

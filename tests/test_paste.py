@@ -24,11 +24,11 @@ import copy_size  # noqa: E402
 BUDGETS = {"certify:certify": 80, "certify:predict": 70, "grid:grid_certify": 300, "train_ours:ours_loss": 80,
            "train_ours:discard_hard": 100, "train_ours:radius_weights": 40, "train_baselines:smoothadv_loss": 100,
            "train_baselines:macer_loss": 60, "train_baselines:consistency_loss": 50,
-           "train_baselines:smoothmix_loss": 110, "train_baselines:catrs_loss": 110, "analyze:compare_sides": 300,
+           "train_baselines:smoothmix_loss": 110, "train_baselines:catrs_loss": 110, "compare:compare_sides": 300,
            "ddrs:optimize_sigma": 80}
 # the other blocks a student looks for: pure too, no budget
 MORE_BLOCKS = ["common:sphere_pgd", "ddrs:semi_elastic_radius", "analyze:acr", "analyze:certified_accuracy",
-               "analyze:ecdf", "grid:grid_plan", "readers:read_certification_log", "analyze:test_set_votes"]
+               "analyze:ecdf", "grid:grid_plan", "readers:read_certification_log", "compare:test_set_votes"]
 
 
 def pasted(roots):
@@ -129,7 +129,7 @@ a = smoothadv_loss(net.train(), images[:4], labels[:4], None, sigma=0.5, m=2, T=
 b = macer_loss(net, images[:4], labels[:4], None, sigma=0.5, m=2, beta=16.0, gamma=8.0, lbd=12.0)["loss"].item()
 result = [a, b]
 """),
-    "compare_sides": (["analyze:compare_sides", "readers:read_certification_log", "analyze:acr",
+    "compare_sides": (["compare:compare_sides", "readers:read_certification_log", "analyze:acr",
                        "analyze:certified_accuracy", "analyze:ecdf"], """
 rng = np.random.default_rng(0)
 logs = []

@@ -649,6 +649,7 @@ def grid_from_logs(paths):
     budget N (the reference), the others CERTIFY at another N or certify.py --radii runs. Certification logs
     resume, so a benchmark too long for one sitting (scripts/grid_cpu.sh) is built from them."""
     import analyze
+    import compare
     names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -657,7 +658,7 @@ def grid_from_logs(paths):
     logs = analyze.load_logs(paths)
     for log in logs:   # every log first, before any work: the kinds this comparison can count
         check_bench_log(log)
-    analyze.check_same_images(logs)   # one model on one set of images, where the settings files say so
+    compare.check_same_images(logs)   # one model on one set of images, where the settings files say so
     named = [log for log in logs if log["sidecar"].get("checkpoint_sha256")]
     for log in named[1:]:
         common.check(log["sidecar"]["checkpoint_sha256"] == named[0]["sidecar"]["checkpoint_sha256"],
@@ -747,20 +748,20 @@ def check_bench_log(log):
 
 def arm_intervals(results, reference, grid_arms, radii, noise):
     """Per arm: its certified accuracy minus the reference's at each radius it decides (grid_arms: {name: its
-    radii}; other arms: radii), with 95 % intervals that hold together over those radii (analyze.compare_sides
+    radii}; other arms: radii), with 95 % intervals that hold together over those radii (compare.compare_sides
     over the test images, paired by image): the row farthest from 0 and the verdict."""
-    import analyze
+    import compare
     as_log = lambda name: {"path": name, "grid": name in grid_arms, "label_mode": False,   # noqa: E731
                            "radius": np.maximum(np.array(results[name]["radius"]), 0.0),
                            "correct": np.array(results[name]["correct"]) & (np.array(results[name]["radius"]) >= 0),
                            "idx": np.array(results[name]["idx"]), "y": np.array(results[name]["y"]),
                            "predict": np.zeros(len(results[name]["idx"]), np.int64)}
     print(f"    certified accuracy of each arm minus the reference's ({noise} noise), 95 % intervals over the test "
-          f"images holding together at every radius (analyze.compare_sides): the row farthest from 0")
+          f"images holding together at every radius (compare.compare_sides): the row farthest from 0")
     for name in results:
         if name == reference:
             continue
-        rows, _ = analyze.compare_sides([as_log(reference)], [as_log(name)], grid_arms.get(name, radii))
+        rows, _ = compare.compare_sides([as_log(reference)], [as_log(name)], grid_arms.get(name, radii))
         rows = [r for r in rows if r[0].startswith("certified accuracy")]
         worst = max(rows, key=lambda r: abs(r[3]))
         print(f"    {name:24s} {worst[0]}: {100 * worst[3]:+.1f} points [{100 * worst[4]:+.1f}, "

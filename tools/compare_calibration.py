@@ -24,6 +24,7 @@ from scipy.stats import binom
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import analyze  # noqa: E402
+import compare  # noqa: E402
 import common  # noqa: E402
 import machinery  # noqa: E402
 
@@ -97,13 +98,13 @@ def expected_rows(pA, N, counts, z, rng=None):
     for name, t in thresholds.items():
         out[name] = float(np.mean(np.where(right, binom.sf(t - 1, N, pA), 0.0)))
     if rng is None:
-        out["ACR"] = float(np.sum(analyze.radius_moments(pA[right], N, z, SIGMA)[0])) / len(pA)
+        out["ACR"] = float(np.sum(compare.radius_moments(pA[right], N, z, SIGMA)[0])) / len(pA)
     else:
         out["ACR"] = float(np.mean(np.where(right, SIGMA * np.maximum(z[rng.binomial(N, pA)], 0.0), 0.0)))
     if counts:
         for name, test in analyze.SHARES:
-            t = analyze.count_threshold(test, N) if not name.startswith("P(pA<") else \
-                analyze.count_threshold(lambda p: ~test(p), N)
+            t = compare.count_threshold(test, N) if not name.startswith("P(pA<") else \
+                compare.count_threshold(lambda p: ~test(p), N)
             above = binom.sf(t - 1, N, pA)
             out[name] = float(np.mean(1 - above if name.startswith("P(pA<") else above))
     return out
@@ -131,7 +132,7 @@ def truth(spec, z, rng, images=None):
 
 
 def one_run(spec, z, rng, s, images, family=None):
-    """analyze.compare_sides on one simulated pair of sides; {row: (low, high, verdict)} of the family's rows (all
+    """compare.compare_sides on one simulated pair of sides; {row: (low, high, verdict)} of the family's rows (all
     rows without one: the rows outside a family are exploratory, not part of what is calibrated)."""
     p0_name, paired, counts, N, k, n, over, tau, omega, shift = spec
     p0a = images if images is not None else scenario_p0(p0_name, rng, n)
@@ -140,10 +141,10 @@ def one_run(spec, z, rng, s, images, family=None):
     idx_b = idx_a if paired else idx_a + n
     side_a = [certify_log(pA_of(p0a, 0.0, tau, omega, rng), N, counts, rng, z, idx_a, f"a{j}") for j in range(k)]
     side_b = [certify_log(pA_of(p0b, s, tau, omega, rng), N, counts, rng, z, idx_b, f"b{j}") for j in range(k)]
-    names = [m for m, *_ in analyze.compare_sides(side_a[:1], side_a[:1], RADII, LEVEL)[0]] if family else None
+    names = [m for m, *_ in compare.compare_sides(side_a[:1], side_a[:1], RADII, LEVEL)[0]] if family else None
     claim = None if family is None else [m for m in family if m in names or m == "ACR"]   # rows these logs have
-    rows, facts = analyze.compare_sides(side_a, side_b, RADII, LEVEL,
-                                        None if over == "images" else analyze.test_set_votes(), claim)
+    rows, facts = compare.compare_sides(side_a, side_b, RADII, LEVEL,
+                                        None if over == "images" else compare.test_set_votes(), claim)
     return {m: (lo, hi, v) for m, _, _, _, lo, hi, v in rows if facts["roles"].get(m) != "exploratory" or not family}
 
 
@@ -152,7 +153,7 @@ def run_scenario(name, spec, runs, seed, family=None):
     (a verdict of the true sign on a row whose true difference is not 0), under both hypotheses."""
     rng = np.random.default_rng(seed)
     N, over = spec[3], spec[6]
-    z = analyze.z_table(N, ALPHA)
+    z = compare.z_table(N, ALPHA)
     images = scenario_p0(spec[0], rng, spec[5]) if over == "test-set" else None
     true = truth(spec, z, rng, images)
     result = {}
@@ -254,7 +255,7 @@ def main(argv=None):
     p.add_argument("--family", nargs="+", metavar="ROW", help="calibrate compare --family with these rows (e.g. ACR "
                    "'P(pA>=0.99)' 'P(pA<0.5)' 'clean accuracy'): Holm's verdicts, the other rows exploratory")
     args = p.parse_args(argv)
-    family = analyze.family_names(args.family)
+    family = compare.family_names(args.family)
     common.check(args.runs >= 1 and args.heavy_runs >= 1, f"--runs and --heavy-runs must be >= 1 (got {args.runs}, "
                                                           f"{args.heavy_runs})")
     common.check(1 <= args.jobs <= 64, f"--jobs must lie in [1, 64] (got {args.jobs})")

@@ -18,6 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import analyze  # noqa: E402
+import compare  # noqa: E402
 import machinery  # noqa: E402
 
 LOW_P_MAX = 0.75                      # "low pA": p in [0.5, 0.75] (App. B.3: Gaussian is best up to ~0.65-0.75)
@@ -48,7 +49,7 @@ def summarise(log):
             "hard": float(np.mean(log["pA_all"] < 0.5)) if "pA_all" in log else None}
 
 
-def compare(s, ref):
+def against_reference(s, ref):
     """s against the reference at the same sigma: analyze.py compare's rows (ref = side A), and the ECDF's order
     and its largest drop at low pA (point estimates, described, not judged)."""
     low = analyze.ECDF_GRID <= LOW_P_MAX + 1e-12
@@ -56,7 +57,7 @@ def compare(s, ref):
     worst = int(np.argmin(gap))
     compared = analyze.ECDF_GRID <= PMAX + 1e-12
     better, _ = analyze.dominance({s["label"]: s["ecdf"][compared], ref["label"]: ref["ecdf"][compared]})
-    rows, _ = analyze.compare_sides([ref["log"]], [s["log"]], RADII[1:], 0.95)
+    rows, _ = compare.compare_sides([ref["log"]], [s["log"]], RADII[1:], 0.95)
     rows = {m: (d, lo, hi, v) for m, _, _, d, lo, hi, v in rows}
     return {"rows": rows, "acr_up": rows["ACR"][3] == "higher", "clean_down": rows["clean accuracy"][3] == "lower",
             "hard_up": rows.get("P(pA<0.5)", (0, 0, 0, ""))[3] == "higher",
@@ -135,7 +136,7 @@ def report(logs, reference, claim_label, seconds):
     for s in stats:
         ref = refs.get(s["sigma"])
         if s["label"] != reference and ref is not None:
-            c = compare(s, ref)
+            c = against_reference(s, ref)
             lines.append(comparison_line(s, ref, c))
             if s["label"] == claim_label and claim is None:
                 claim, claim_ref, claim_cmp = s, ref, c
