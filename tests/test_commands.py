@@ -232,7 +232,7 @@ def test_the_readme_is_a_front_door():
         text = f.read()
     assert len(text) < 20_000
     screen = "".join(text.splitlines(True)[:40])
-    assert all(step in screen for step in ("python train_ours.py --sigma 0.5 --Et 70 --pt 0.4\x20",
+    assert all(step in screen for step in ("python train_ours.py --sigma 0.5 --Et 70 --pt 0.4 ",
                                            "python certify.py ", "python analyze.py ")), screen
     assert "```\nmake demo\nmake test\n```" in text
     assert all(f"]({page})" in text for page in DOCS[1:])
