@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLACEHOLDER = re.compile(r"\bCKPT\b|\bDATA\b|DATA_DIR=/|acr-weakness/data|scripts/table\d")
+PLACEHOLDER = re.compile(r"\bCKPT\b|\bDATA\b|DATA_DIR=/|scripts/table\d")
 COVERED_ELSEWHERE = ("make demo", "make gpu-check")
 PAGES = sorted(f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md") and f != "python.md")
 
