@@ -12,7 +12,7 @@ JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0
 install:
 	@$(PYTHON) -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('torch', \
 		'torchvision', 'numpy', 'scipy', 'matplotlib', 'sklearn', 'pandas', 'pytest', 'hypothesis', 'xdist')))" \
-		|| $(PYTHON) -m pip install -r requirements.txt
+		|| $(PYTHON) -m pip install -r requirements.txt -c constraints.txt
 
 test: install
 	$(PYTHON) -m pytest -q -n $(JOBS) --dist worksteal tests

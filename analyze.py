@@ -53,6 +53,9 @@ FULL_GRID = np.linspace(0.0, 1.0, 1001)             # the whole range of pA (Fig
 SHARES = (("P(pA<0.1)", lambda p: p < 0.1), ("P(pA<0.5)", lambda p: p < 0.5), ("P(pA≥0.9)", lambda p: p >= 0.9),
           ("P(pA≥0.99)", lambda p: p >= 0.99))
 SUMMARY_P = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0]
+# A model whose clean accuracy is below twice chance (2 / classes) has collapsed: its training failed, so its
+# pA describes that failure, not its method. §4.3's sentence flags it and gives no verdict for it.
+COLLAPSE_FLOOR = 2.0
 PARTS = ("discard", "weight", "attack")             # Table 5: §5.1, §5.2, §5.3
 
 
@@ -943,8 +946,8 @@ def full_range_report(logs, baseline, out, name):
         base = next((log for log in group if log["label"].lower() == baseline.lower()), None)
         for log in group:
             log["shares"] = [float(np.mean(test(log["pA_all"]))) for _, test in SHARES]
-            rows.append([fmt_sigma(sigma), log["label"], str(len(log["pA_all"]))] +
-                        [fmt_percent(v) for v in log["shares"]])
+            rows.append([fmt_sigma(sigma), log["label"] + (" (collapsed)" if collapsed(log) else ""),
+                         str(len(log["pA_all"]))] + [fmt_percent(v) for v in log["shares"]])
             points = ecdf_band_rows(FULL_GRID, ecdf(log["pA_all"], FULL_GRID), len(log["pA_all"]))
             write_text(out, f"{name}_full_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y", "low", "high"],
                                                                                        points))
@@ -957,13 +960,36 @@ def full_range_report(logs, baseline, out, name):
         md += (f"\n\n§4.3 (more mass than {baseline} near pA = 0 and near pA = 1, beyond noise? Intervals "
                f"simultaneous over the two shares at 95 %; `analyze.py compare` gives every metric):\n\n" +
                "\n".join(sentences))
+    if any(collapsed(log) for log in full):
+        md += (f"\n\nCollapsed: clean accuracy below {COLLAPSE_FLOOR:g} times chance (1 / the classes of the "
+               f"dataset its settings file names), a training that failed; its shares are shown, not judged.")
     return md + ("\n\n" + note if note else "")
+
+
+def collapse_floor(log):
+    """The clean accuracy below which the log's model has collapsed: COLLAPSE_FLOOR / classes, the classes of
+    the dataset its sidecar names; None where it names none we know (then no model is called collapsed)."""
+    dataset = log.get("sidecar", {}).get("dataset")
+    classes = common.NUM_CLASSES.get(dataset) if isinstance(dataset, str) else None
+    return None if classes is None else COLLAPSE_FLOOR / classes
+
+
+def collapsed(log):
+    """True when the log's clean accuracy (its share of correct rows) is below collapse_floor(log)."""
+    floor = collapse_floor(log)
+    return floor is not None and float(np.mean(log["correct"])) < floor
 
 
 def mass_sentence(log, base):
     """One sentence: does `log` have more mass than `base` near 0 (pA < 0.1) and near 1 (pA >= 0.99), beyond
     noise? Each difference gets an interval, simultaneous over the two at 95 % (Bonferroni, normal
-    approximation): paired over images when both logs certified the same ones, else unpaired."""
+    approximation): paired over images when both logs certified the same ones, else unpaired. No verdict where
+    either model collapsed (collapsed)."""
+    gone = [g for g in (log, base) if collapsed(g)]
+    if gone:
+        return f"{log['label']} vs {base['label']}: no verdict: " + "; ".join(
+            f"{g['label']} collapsed (clean accuracy {fmt_percent(np.mean(g['correct']))} %, below "
+            f"{fmt_percent(collapse_floor(g))} %)" for g in gone)
     parts, more = [], []
     for k, where in ((0, "near 0"), (3, "near 1")):
         d, lo, hi = share_difference(log, base, SHARES[k][1])

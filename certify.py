@@ -19,8 +19,7 @@ Fig. 3). --save-counts also keeps every class's votes, one row per example, in <
 such a log gives certified accuracy, not predictions. --seed random draws the seed from the OS's entropy
 when the run starts (recorded as seed_value in the sidecar): a certificate with a published seed holds only
 for a model that does not depend on that noise; the default fixed seed is for reproducible experiments.
-The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line; a log
-written before nY existed resumes in its own columns.
+The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line.
 Speed (docs/speed.md; measured by tools/bench.py): channels-last and folded BatchNorm by default, --precision bf16,
 --compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
 

@@ -222,10 +222,11 @@ def code_weight_floor(N, alpha, p_min):
     return ndtri(common.clopper_pearson_lower(np.floor(N * p_min), N, alpha))
 
 
-def radius_weights(counts, N, alpha, p_min, formula="paper"):
-    """§5.2 sampling weight of each example from k = counts correct noisy copies out of N.
+def radius_weights(counts, N, alpha, p_min, formula):
+    """§5.2 sampling weight of each example from k = counts correct noisy copies out of N, by one of two
+    formulas (the caller names it: they differ, and neither is the obvious one):
 
-    paper (the default, §5.2's formula): w = max(1, Phi^-1(CP_lower(k, N, alpha)) / Phi^-1(p_min)).
+    paper (§5.2's formula): w = max(1, Phi^-1(CP_lower(k, N, alpha)) / Phi^-1(p_min)).
     code (the authors' released code, train_ours.py's --weights default, which the paper's numbers come from):
     k' = max(k, floor(N p_min)), w = Phi^-1(CP_lower(k', N, alpha)) / the same at k' = floor(N p_min), so hard
     examples weigh 1 in both; the two differ in how fast w grows with k (docs/training.md)."""

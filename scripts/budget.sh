@@ -4,7 +4,7 @@
 #
 # Usage: bash scripts/budget.sh                  (or: make budget; after make table3 SIGMA=1.0; without our
 #                                                logs, the published ones in $PUBLISHED where present)
-#        ROOT=acr-weakness/data N=1000 ALPHA=0.001 bash scripts/budget.sh
+#        ROOT=acr-weakness N=1000 ALPHA=0.001 bash scripts/budget.sh
 # ROOT holds certify/cifar10/<method>/noise_1.0.tsv (default $RUNS). Writes $RUNS/figures/budget_N<N>/.
 # Other settings: scripts/lib.sh.
 source "$(dirname "$0")/lib.sh"

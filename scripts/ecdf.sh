@@ -4,7 +4,7 @@
 #
 # Usage: bash scripts/ecdf.sh                  (or: make ecdf; after make table3 SIGMA=0.25, 0.5 and 1.0;
 #                                               without our logs, the published ones in $PUBLISHED if there)
-#        ROOT=acr-weakness/data bash scripts/ecdf.sh     (the paper's published logs instead of ours)
+#        ROOT=acr-weakness bash scripts/ecdf.sh          (the paper's published logs instead of ours)
 # ROOT holds certify/cifar10/<method>/noise_<sigma>.tsv (default $RUNS); missing logs are left out. Writes
 # $RUNS/figures/ecdf_cifar10/ (Figures 3 and 9: every method and sigma) and $RUNS/figures/figure7/ (sigma 1.0:
 # Gaussian, Consistency, CAT-RS, ours). Other settings: scripts/lib.sh.

@@ -1,5 +1,6 @@
 """analyze.py against the paper's own numbers (§4.1, §4.2, App. B.1), hand-computed tables, the App. B
 conversions in both directions, bad input, and (when ../shared is present) the paper's published logs."""
+import json
 import os
 import subprocess
 import sys
@@ -587,6 +588,34 @@ def test_section_4_3_sentence_says_whether_a_method_has_more_mass_near_0_and_1(t
     assert "macer vs gaussian: no more mass near 0 or near 1 beyond noise" in out
     assert "one vs gaussian: no more mass near 0 or near 1 beyond noise" in out
     assert "P(pA≥0.99) 5.0 vs 0.0 %, +5.0" in out and out.count("within noise") >= 4
+
+
+def test_a_collapsed_model_is_flagged_and_gets_no_verdict_of_its_method(tmp_path, capsys):
+    """Figure 3's MACER at CPU scale (18 % clean on CIFAR-10): below twice chance, 2 / 10 classes, the model is
+    flagged and §4.3's sentence gives no verdict for it. At the floor it is judged; so is a log whose settings
+    name no dataset (the floor is unknown); a collapsed baseline gives no verdict to anyone."""
+    N = 100
+
+    def log(name, correct, dataset="cifar10"):   # 20 images of class 1; wrong rows predict 2 with pA = 0
+        path = write_full_log(tmp_path / f"{name}_sigma0.5.tsv", 1, [1] * correct + [2] * (20 - correct),
+                              [100] * 20, [100] * correct + [0] * (20 - correct), N)
+        if dataset:
+            (tmp_path / f"{name}_sigma0.5.tsv.json").write_text(json.dumps({"dataset": dataset}))
+        return path
+
+    g = log("gaussian", 20)
+    low, at, unknown = log("low", 3), log("at", 4), log("unknown", 3, dataset=None)
+    code, out, _ = run_main(["ecdf", g, low, at, unknown], capsys)
+    assert code == 0
+    assert "low vs gaussian: no verdict: low collapsed (clean accuracy 15.0 %, below 20.0 %)" in out
+    assert "| 0.5 | low (collapsed) | 20 |" in out and "| 0.5 | at | 20 |" in out
+    assert "at vs gaussian: more mass near 0 only" in out          # 20 % is not below the floor
+    assert "unknown vs gaussian: more mass near 0 only" in out     # no dataset named: not judged collapsed
+    assert "Collapsed: clean accuracy below 2 times chance" in out
+    code, out, _ = run_main(["ecdf", low, at, "--baseline", "low"], capsys)
+    assert code == 0 and "at vs low: no verdict: low collapsed" in out
+    code, out, _ = run_main(["ecdf", g, at], capsys)               # nothing collapsed: no floor sentence
+    assert code == 0 and "collapsed" not in out.lower()
 
 
 def test_logs_without_true_label_votes_fall_back_to_the_upper_half_with_a_note(tmp_path, capsys):

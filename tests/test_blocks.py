@@ -72,7 +72,7 @@ KEPT = [
                                        "result = [net.training, net[1].training, net[0].training]"),
     ("certify keeps every module's mode", f"net.train(); net[1].eval(); certify(net, images[0], 0.5, 20, 50, 0.01, 50,"
                                           f" 10, {G}); result = [net.training, net[1].training]"),
-    ("radius_weights default is the paper's", "result = radius_weights([12, 15, 16], 16, 0.1, 0.75).tolist()"),
+    ("radius_weights paper formula", "result = radius_weights([12, 15, 16], 16, 0.1, 0.75, 'paper').tolist()"),
 ]
 
 DRIVER = """
@@ -141,5 +141,5 @@ def test_what_a_block_must_keep_holds_imported_and_pasted(name, code, from_paste
     result = eval(mine[1])
     if name == "frozen BatchNorm stays in eval" or name == "certify keeps every module's mode":
         assert result[:2] == [True, False]
-    if name == "radius_weights default is the paper's":
+    if name == "radius_weights paper formula":
         assert result[0] == 1.0 and abs(result[1] - 1.134) < 1e-3 and abs(result[2] - 1.642) < 1e-3

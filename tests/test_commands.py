@@ -1,6 +1,7 @@
 """Every documented command parses: the experiment scripts (scripts/*.sh, dry run), the Makefile's experiment
 targets and each `python ...`, `make ...` and `bash scripts/...` line in the README's code blocks go through
 the parse_args of the script they call, so a renamed flag cannot silently break the documentation."""
+import json
 import os
 import re
 import shlex
@@ -226,10 +227,14 @@ def test_every_link_and_named_file_of_the_docs_exists():
 
 
 def test_the_readme_is_a_front_door():
-    """Under 20,000 characters, with the two set-up commands and a link to every page of docs/."""
+    """Under 20,000 characters, with the paper's method end to end on its first screen (40 lines: train, certify,
+    analyse; tests/test_docs.py runs them), the two set-up commands and a link to every page of docs/."""
     with open(os.path.join(ROOT, "README.md")) as f:
         text = f.read()
     assert len(text) < 20_000
+    screen = "".join(text.splitlines(True)[:40])
+    assert all(step in screen for step in ("python train_ours.py --sigma 0.5 --Et 70 --pt 0.4 ",
+                                           "python certify.py ", "python analyze.py ")), screen
     assert "```\nmake demo\nmake test\n```" in text
     assert all(f"]({page})" in text for page in DOCS[1:])
 
@@ -400,7 +405,9 @@ def test_no_committed_text_names_an_absolute_path_of_a_machine():
 
 NARRATIVE = re.compile(r"\bsessions? \d+|\bsession \d|\bissue #?\d+|\(#\d+\)|\bissue:|\bthis session\b|"
                        r"\bearlier (rules?|code|versions?)\b|\b(previous|current|old) rule\b|\bin git history\b|"
-                       r"\bof that time\b|\bcommit [0-9a-f]{7,40}\b|\btargets? it was given\b", re.I)
+                       r"\bof that time\b|\bcommit [0-9a-f]{7,40}\b|\btargets? it was given\b|\bused before\b|"
+                       r"\bthis folder used\b|\bbefore `?\w+`? existed\b|\bin the OCR\b|\bquestion, answered\b|"
+                       r"\bbefore (the )?seeds( \d+ and \d+)? were run\b|\bbefore any run\b", re.I)
 SCANNED = (".py", ".md", ".sh", ".txt", ".tsv", ".json", ".tex", "Makefile")
 
 
@@ -422,6 +429,32 @@ def test_the_project_speaks_of_itself_as_it_is_now():
     """No history of its own making in code, docs or results: no session numbers, no issue numbers."""
     found = narrative_lines(ROOT)
     assert not found, found
+
+
+def test_the_published_logs_folder_has_one_name():
+    """README: the data/ folder of the paper's repository is linked as ./acr-weakness (`--root acr-weakness`,
+    `ROOT=acr-weakness`); no file names acr-weakness/data, a folder that does not exist."""
+    found = []
+    for rel in helpers.project_files(ROOT):
+        if rel.endswith(SCANNED) and not rel.startswith("tests/"):
+            with open(os.path.join(ROOT, rel), errors="replace") as f:
+                found += [rel] if "acr-weakness/data" in f.read() else []
+    assert not found, found
+
+
+def test_every_committed_sidecar_names_its_script_data_and_environment():
+    """Each log under results/ says what made it (docs/certification.md): the script, the data's fingerprint and
+    the environment, beside its settings."""
+    sidecars = [rel for rel in helpers.project_files(ROOT) if rel.startswith("results/") and rel.endswith(".tsv.json")]
+    assert len(sidecars) >= 80
+    lacking = {}
+    for rel in sidecars:
+        with open(os.path.join(ROOT, rel)) as f:
+            settings = json.load(f)
+        missing = [k for k in ("script", "data", "environment") if not settings.get(k)]
+        if missing:
+            lacking[rel] = missing
+    assert not lacking, lacking
 
 
 def test_a_virtual_environment_inside_a_clone_is_neither_scanned_nor_shown_by_git(tmp_path):
@@ -502,7 +535,13 @@ def test_every_shell_script_prints_its_header_on_help_and_runs_nothing(flag, tmp
     ("its logs are in git " + "history", True), ("models of that " + "time", True),
     ("σ = 0.25: com" + "mit 50f9930", True), ("the speed targets it was " + "given", True),
     ("against the cur" + "rent rule", True), ("an earlier run still holds the lock", False),
-    ("earlier epochs' batches", False), ("the rule's rule-outs", False)])
+    ("earlier epochs' batches", False), ("the rule's rule-outs", False),
+    ("the pooled bootstrap this fol" + "der used bef" + "ore", True), ("a log written before `nY` ex" + "isted", True),
+    ("its step was lost in the O" + "CR", True), ("The README's question, ans" + "wered", True),
+    ("declared before seeds 3 and 4 were r" + "un", True), ("declared before the seeds were r" + "un", True),
+    ("declared here before any r" + "un", True), ("the seed used for the run", False),
+    ("a fixed seed for experiments you rerun", False), ("declared before its rows are seen", False),
+    ("the data it was run before", False), ("written before the TSV's", False)])
 def test_the_narrative_scan_knows_the_class_of_history_lines(line, is_history):
     assert bool(NARRATIVE.search(line)) == is_history, line
 

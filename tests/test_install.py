@@ -79,3 +79,14 @@ def test_a_cpu_build_of_another_version_would_be_replaced(tmp_path):
     python = environment_with(tmp_path, installed)
     code, _, err = pip_would(python, readme_install_lines()[1].split()[2:], tmp_path)
     assert code != 0 and "torch" in err, err
+
+
+def test_make_install_installs_the_constrained_versions():
+    """`make install` (run by make demo and make test where a requirement is missing) pins what the README's
+    second line pins: the versions of constraints.txt."""
+    done = subprocess.run(["make", "-n", "install", "PYTHON=python3"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    installs = [line for line in done.stdout.splitlines() if "pip install" in line]
+    assert len(installs) == 1 and installs[0].split("pip install", 1)[1].split() == \
+        readme_install_lines()[1].split()[2:], installs

@@ -121,7 +121,7 @@ result = [out["loss"].item(), int(out["correct"]), out["total"], net[0].weight.g
     "discard_hard": (["train_ours:discard_hard", "train_ours:radius_weights"], """
 torch.manual_seed(4)
 kept, counts, got = discard_hard(net, torch.utils.data.TensorDataset(images, labels), 0.25, 20, 0.1, batch=40)
-result = [kept, counts, got, radius_weights(counts, 20, 0.1, 0.75)]
+result = [kept, counts, got, radius_weights(counts, 20, 0.1, 0.75, "paper")]
 """),
     "smoothadv_loss": (["train_baselines:smoothadv_loss", "train_baselines:macer_loss"], """
 torch.manual_seed(5)

@@ -1,5 +1,7 @@
 """Unit tests of the training parts: the sphere attack (Alg. 1), discarding, reweighting, the sampler,
 per-example gradient norms. CPU, synthetic tensors, a few seconds."""
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -185,6 +187,13 @@ def test_paper_weights_clip_the_weight_at_one():
     w = train_ours.radius_weights(np.arange(17), N=16, alpha=0.1, p_min=0.75, formula="paper")
     assert np.allclose(w[:15].numpy(), 1.0)
     assert w[15].item() == pytest.approx(1.134, abs=1e-3) and w[16].item() == pytest.approx(1.642, abs=1e-3)
+
+
+def test_radius_weights_has_no_default_formula_and_the_command_defaults_to_the_released_code(monkeypatch):
+    with pytest.raises(TypeError, match="formula"):
+        train_ours.radius_weights([12, 16], 16, 0.1, 0.75)
+    monkeypatch.setattr(sys, "argv", ["train_ours.py", "--sigma", "0.5"])
+    assert train_ours.parse_args().weights == "code"
 
 
 # ---------------------------------------------------------------- the epoch sampler
