@@ -176,6 +176,8 @@ class TensorImages(torch.utils.data.Dataset):
 
 def random_crop_flip(x, padding=4):
     """CIFAR training augmentation on one (C, H, W) tensor: random crop with zero padding, random h-flip."""
+    check_tensor("x", x, "C H W")
+    check_int("padding", padding, 0)
     _, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding))
     i, j = torch.randint(0, 2 * padding + 1, (2,)).tolist()
@@ -563,7 +565,9 @@ def check_batch(model, x, y, sigma=1.0, **counts):
     check_type("model", model, callable)
     check_tensor("x", x, "B C H W")
     check_tensor("y", y, "B", "int", B=len(x))
-    if not isinstance(sigma, torch.Tensor):   # DDRS's, one per image: optimize_sigma keeps them in bounds
+    if isinstance(sigma, torch.Tensor):   # DDRS's, one per image: optimize_sigma keeps them in bounds
+        check(sigma.is_floating_point() and sigma.numel() == len(x), f"sigma holds {sigma.numel()} values, not 1 per image")
+    else:
         check_float("sigma", sigma, gt=0)
     for name, n in counts.items():
         check_int(name, n)
@@ -675,7 +679,7 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def autocast(device_type, precision="fp32"):
     """The autocast context of a precision: fp32 is a no-op, bf16/fp16 run matmuls and convolutions in it."""
-    dtype = PRECISIONS[precision]
+    dtype = PRECISIONS[check_choice("precision", precision, tuple(PRECISIONS))]
     return torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
@@ -694,6 +698,8 @@ class InPrecision(nn.Module):
 
 def in_precision(model, precision):
     """model as it is for fp32, else InPrecision(model, precision)."""
+    check_type("model", model, callable)
+    check_choice("precision", precision, tuple(PRECISIONS))
     return model if precision == "fp32" else InPrecision(model, precision)
 
 
@@ -770,12 +776,21 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
 
 def make_optimizer(model, lr=0.1, momentum=0.9, weight_decay=1e-4):
     """Plain SGD with momentum, as in every official RS training script."""
+    check_type("model", model, torch.nn.Module)
+    check_float("lr", lr, gt=0)
+    check_float("momentum", momentum, ge=0)
+    check_float("weight_decay", weight_decay, ge=0)
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def make_scheduler(optimizer, lr_step, gamma=0.1, milestones=None):
     """lr x gamma every lr_step epochs, or at each of the epochs in `milestones` when given; stepped once at
     the end of each epoch (so the first decay applies from epoch lr_step, or milestones[0], on)."""
+    check_type("optimizer", optimizer, torch.optim.Optimizer)
+    check_int("lr_step", lr_step)
+    check_float("gamma", gamma, gt=0, le=1)
+    if milestones is not None and len(milestones):
+        check_array("milestones", milestones, ndim=1, integral=True, ge=1)
     if milestones:
         return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=sorted(milestones), gamma=gamma)
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=lr_step, gamma=gamma)
@@ -808,6 +823,15 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
     'bf16'/'fp16' autocast of loss_fn (mixed precision, --amp); fp16 scales the loss (a GradScaler per
     epoch, so a run resumed at an epoch boundary repeats the uninterrupted one).
     """
+    check_type("model", model, torch.nn.Module)
+    check_type("optimizer", optimizer, torch.optim.Optimizer)
+    check_type("loss_fn", loss_fn, callable)
+    check_int("chunks", chunks)
+    check_type("device", device, torch.device)
+    check_type("progress", progress, None, callable)
+    if max_batches is not None:
+        check_int("max_batches", max_batches)
+    check_choice("precision", precision, tuple(PRECISIONS))
     model.train()
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None  # bf16 has fp32's range
     loss_sum = torch.zeros((), device=device)
@@ -863,6 +887,10 @@ def evaluate_noisy(model, loader, sigma, device, generator=None):
     generator: the noise's own torch.Generator on `device` (seed it from (seed, epoch)): then the noise
     depends neither on the loader's workers nor on what ran before, and a resumed run logs what an
     uninterrupted one logs."""
+    check_type("model", model, torch.nn.Module)
+    check_float("sigma", sigma, ge=0)   # 0: the clean accuracy
+    check_type("device", device, torch.device)
+    check_type("generator", generator, None, torch.Generator)
     model.eval()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)

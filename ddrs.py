@@ -162,7 +162,7 @@ def optimize_sigma(model, x, sigma0, K, M, lr, generators, clamp=(0.02, 0.98), b
         common.check_float("sigma0", sigma0, gt=0)
     common.check_int("K", K, 0)
     common.check_int("M", M)
-    common.check_float("lr", lr, gt=0)
+    common.check_float("lr", lr, ge=0)
     common.check(isinstance(generators, (list, tuple)) and len(generators) == B and
                  all(isinstance(g, torch.Generator) for g in generators), "generators: one torch.Generator per input")
     common.check(isinstance(bounds, (list, tuple)) and len(bounds) == 2, f"bounds must be (low, high or None), "

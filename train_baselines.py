@@ -720,6 +720,8 @@ def settings(args):
     s["outdir"] = args.outdir or f"runs/train_{args.method}_{args.dataset}_sigma{args.sigma}"
     common.check(all(s[k] is None or s[k] >= 0 for k in ("T", "eps", "warmup", "lbd", "eta", "alpha", "mix_step")),
                  "--T, --eps, --warmup, --lbd, --eta, --alpha and --mix_step must be >= 0")
+    common.check(all(s.get(k) is None or s[k] > 0 for k in ("beta", "gamma", "maxnorm")),
+                 "--beta, --gamma and --maxnorm must be > 0")
     common.check(s["epochs"] >= 0 and s["batch"] >= 1 and s["lr_step"] >= 1 and args.workers >= 0,
                  "--epochs, --workers must be >= 0 and --batch, --lr_step >= 1")
     common.check(all(e >= 1 for e in args.lr_milestones or []), "--lr_milestones must be epochs >= 1")
