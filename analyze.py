@@ -336,7 +336,7 @@ def log_budget(log, N_flag, alpha_flag):
 # ACR and certified accuracy (§3, Tables 3-5)
 # ----------------------------------------------------------------------------------------------------------
 
-def check_radii(radius, correct):
+def check_radius_correct(radius, correct):
     """One radius (>= 0) and one correct (0/1 or bool) per example: two float64 arrays of one length."""
     radius = common.check_array("radius", radius, ndim=1, ge=0)
     correct = common.check_array("correct", correct, ndim=1, integral=True, bools=True, ge=0, le=1)
@@ -346,13 +346,13 @@ def check_radii(radius, correct):
 
 def acr(radius, correct):
     """Average certified radius: the mean over all examples of radius * 1[correct] (abstentions count 0)."""
-    radius, correct = check_radii(radius, correct)
+    radius, correct = check_radius_correct(radius, correct)
     return float(np.mean(np.where(correct, radius, 0.0)))
 
 
 def certified_accuracy(radius, correct, radii):
     """Share of examples with correct = 1 and radius >= r, for each r in radii (an array like radii)."""
-    radius, correct = check_radii(radius, correct)
+    radius, correct = check_radius_correct(radius, correct)
     radii = common.check_array("radii", radii, ndim=1)
     radius = np.where(correct, radius, -np.inf)
     return np.array([np.mean(radius >= r) for r in radii])

@@ -72,7 +72,8 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, s
     """CERTIFY of Cohen et al. (2019): cA from N0 noisy copies of x (C, H, W), pA bounded on N fresh ones; with
     probability >= 1 - alpha the radius is a true l2 robustness radius of the smoothed classifier at x. Returns
     {predict: cA or -1 (abstain), radius, pA_lower, nA, N, counts}. sample: the vote counter (sampler_of); candidate:
-    the class to certify, no selection (--label-mode). Eval mode, each module handed back; bad arguments: ValueError."""
+    the class to certify, no selection (--label-mode). Eval mode, each module handed back; a bad argument: a
+    TypeError or ValueError naming it."""
     common.check_smoothed(model, x, generator)
     common.check_smoothing(sigma, alpha, N=N, batch=batch, num_classes=num_classes, N0=N0 if candidate is None else 1)
     common.check_type("sample", sample, callable)

@@ -361,12 +361,16 @@ def certified_radius(pA_lower, sigma):
 
 
 def check_counts(nA, N, alpha):
-    """The Clopper-Pearson bounds' arguments as float64 arrays: 0 <= nA <= N elementwise (numbers, or arrays of one
-    shape), N >= 1 whole, 0 <= alpha < 1 (0: the trivial bound)."""
+    """The Clopper-Pearson bounds' arguments as float64 arrays: 0 <= nA <= N elementwise (numbers, or arrays that
+    broadcast together), N >= 1 whole, 0 <= alpha < 1 (0: the trivial bound)."""
     nA, N = check_array("nA", nA, ge=0), check_array("N", N, integral=True, ge=1)
     alpha = check_array("alpha", alpha, ge=0, lt=1)
-    check(len({nA.shape, N.shape, alpha.shape} - {()}) <= 1 and np.all(nA <= N),
-          f"nA must lie in 0..N elementwise (shapes {nA.shape}, {N.shape}, {alpha.shape}: numbers or one shape)")
+    try:
+        np.broadcast_shapes(nA.shape, N.shape, alpha.shape)
+        ok = bool(np.all(nA <= N))
+    except ValueError:   # shapes that do not broadcast together
+        ok = False
+    check(ok, f"nA must lie in 0..N elementwise (shapes {nA.shape}, {N.shape}, {alpha.shape} that broadcast)")
     return nA, N, alpha
 
 
