@@ -347,22 +347,30 @@ def check_property(ns, block, make, name, kind, project_files, examples):
     prop()
 
 
-def run_all(ns, project_files, examples):
-    """{'block:argument': None or the failure} over the catalogue: the fixed values first, then the property;
-    and {'block:argument:i': outcome} of the fixed values, to compare between import and paste."""
+def check_argument(ns, block, make, name, kind, project_files, examples):
+    """(None or the first failure, {i: outcome of the i-th fixed value}): the fixed values, then the property."""
+    problem, outcomes = None, {}
+    for i, value in enumerate(fixed_bad(kind)):
+        found = None if problem else refusal(ns, block, make, name, value, project_files)
+        problem = problem or (found and f"{block}({name}={value!r:.60}): {found}")
+        outcomes[i] = outcome(ns, block, make, name, value)
+    if problem is None:
+        try:
+            check_property(ns, block, make, name, kind, project_files, examples)
+        except AssertionError as e:
+            problem = str(e).splitlines()[0]
+    return problem, outcomes
+
+
+def run_all(ns, project_files, examples, only=None):
+    """{'block:argument': None or the failure} over the catalogue (only: these blocks), and
+    {'block:argument:i': outcome} of the fixed values, to compare between import and paste."""
     torch.set_num_threads(1)
     failures, outcomes = {}, {}
     for block, make, kinds in catalogue(ns):
         for name, kind in kinds.items():
-            key, problem = f"{block}:{name}", None
-            for i, value in enumerate(fixed_bad(kind)):
-                found = None if problem else refusal(ns, block, make, name, value, project_files)
-                problem = problem or (found and f"{block}({name}={value!r:.60}): {found}")
-                outcomes[f"{key}:{i}"] = outcome(ns, block, make, name, value)
-            if problem is None:
-                try:
-                    check_property(ns, block, make, name, kind, project_files, examples)
-                except AssertionError as e:
-                    problem = str(e).splitlines()[0]
-            failures[key] = problem
+            if only is None or block in only:
+                key = f"{block}:{name}"
+                failures[key], theirs = check_argument(ns, block, make, name, kind, project_files, examples)
+                outcomes.update({f"{key}:{i}": o for i, o in theirs.items()})
     return failures, outcomes
