@@ -316,13 +316,24 @@ def log_budget(log, N_flag, alpha_flag):
 # ACR and certified accuracy (§3, Tables 3-5)
 # ----------------------------------------------------------------------------------------------------------
 
+def check_radius_correct(radius, correct):
+    """One radius (>= 0) and one correct (0/1 or bool) per example: two float64 arrays of one length."""
+    radius = common.check_array("radius", radius, ndim=1, ge=0)
+    correct = common.check_array("correct", correct, ndim=1, integral=True, bools=True, ge=0, le=1)
+    common.check(len(radius) == len(correct), f"radius has {len(radius)} rows, correct {len(correct)}")
+    return radius, correct
+
+
 def acr(radius, correct):
     """Average certified radius: the mean over all examples of radius * 1[correct] (abstentions count 0)."""
+    radius, correct = check_radius_correct(radius, correct)
     return float(np.mean(np.where(correct, radius, 0.0)))
 
 
 def certified_accuracy(radius, correct, radii):
     """Share of examples with correct = 1 and radius >= r, for each r in radii (an array like radii)."""
+    radius, correct = check_radius_correct(radius, correct)
+    radii = common.check_array("radii", radii, ndim=1)
     radius = np.where(correct, radius, -np.inf)
     return np.array([np.mean(radius >= r) for r in radii])
 
@@ -339,6 +350,7 @@ def fine_radii(logs):
 
 def radius_of_count(nA, N, alpha, sigma):
     """The radius CERTIFY gives when the top class gets nA of N votes: sigma * Phi^-1(CP_lower(nA, N, alpha))."""
+    common.check_float("sigma", sigma, gt=0)
     return common.certified_radius(common.clopper_pearson_lower(nA, N, alpha), sigma)
 
 
@@ -347,6 +359,8 @@ def min_count(radius, N, alpha, sigma):
 
     Bisection on nA: the radius grows with nA. Elementwise on arrays (evaluated once per distinct radius).
     """
+    common.check_array("radius", radius, finite=False)   # inf: never certified; below 0: any count
+    common.check_smoothing(sigma, alpha, N=N)
     values, inverse = np.unique(np.asarray(radius, dtype=float), return_inverse=True)
     lo = np.zeros(len(values), dtype=np.int64)
     hi = np.full(len(values), N + 1, dtype=np.int64)        # the answer lies in [lo, hi]; N + 1: never
@@ -374,6 +388,9 @@ def pA_from_radius(radius, N, alpha, sigma):
 
 def ecdf(pA, ps):
     """P(pA >= p) for each p: the share of all rows whose pA is at least p (rows with -inf never count)."""
+    pA = common.check_array("pA", pA, ndim=1, finite=False, le=1)
+    common.check(np.all((pA >= 0) | (pA == -np.inf)), "pA must lie in [0, 1] (or be -inf: a row that never counts)")
+    common.check_array("ps", ps, ge=0, le=1)
     ordered = np.sort(pA)
     return (len(ordered) - np.searchsorted(ordered, ps, side="left")) / len(ordered)
 
@@ -385,6 +402,8 @@ def dkw_halfwidth(n, level=ECDF_LEVEL):
     """Dvoretzky-Kiefer-Wolfowitz (Massart's constant): with probability >= level the ECDF of n independent
     draws lies within this distance of the true distribution at every p at once. Here the draws are the
     images' estimates (nA / N or nY / N, not pA itself); the test sample's noise, not the Monte Carlo noise."""
+    common.check_int("n", n)
+    common.check_float("level", level, gt=0, lt=1)
     return math.sqrt(math.log(2 / (1 - level)) / (2 * n))
 
 
@@ -398,12 +417,16 @@ def ecdf_band_rows(ps, values, n):
 def ecdf_lookup(grid_p, grid_y, ps):
     """P(pA >= p) from a tabulated ECDF: the value at the smallest grid point >= p (exact on the grid, a lower
     bound between grid points); 0 beyond the grid."""
+    grid_p, grid_y = common.check_array("grid_p", grid_p, ndim=1), common.check_array("grid_y", grid_y, ndim=1)
+    common.check(len(grid_p) == len(grid_y) and np.all(np.diff(grid_p) > 0), "grid_p must rise, one grid_y each")
+    common.check_array("ps", ps)
     i = np.searchsorted(grid_p, ps, side="left")
     return np.where(i < len(grid_p), np.asarray(grid_y)[np.minimum(i, len(grid_p) - 1)], 0.0)
 
 
 def budget_accuracy(ecdf_at, radii, N, alpha, sigma):
     """App. B.1: expected certified accuracy at each radius under (N, alpha) = P(pA >= smallest certifying pA)."""
+    common.check_type("ecdf_at", ecdf_at, callable)
     p_needed = min_pA(radii, N, alpha, sigma)
     return np.where(np.isfinite(p_needed), ecdf_at(np.minimum(p_needed, 1.0)), 0.0)
 
@@ -411,6 +434,9 @@ def budget_accuracy(ecdf_at, radii, N, alpha, sigma):
 def dominance(curves):
     """App. B.3: pairs (a, b) where a's ECDF is >= b's at every p and higher at some p, and the pairs where
     neither holds (incomparable). curves: {label: ECDF values on one p grid}."""
+    common.check_type("curves", curves, dict)
+    values = [common.check_array(f"curves[{k!r}]", v, ndim=1, ge=0, le=1) for k, v in curves.items()]
+    common.check(len({len(v) for v in values}) <= 1, "curves must hold values on one p grid (one length)")
     better, incomparable = [], []
     names = list(curves)
     for i, a in enumerate(names):
@@ -431,6 +457,7 @@ def dominance(curves):
 
 def max_radius(N, alpha, sigma):
     """§4.2: the largest radius CERTIFY can give with N samples, sigma * Phi^-1(alpha ** (1 / N)) (pA = 1)."""
+    common.check_smoothing(sigma, alpha, N=N)
     return float(radius_of_count(N, N, alpha, sigma))
 
 
@@ -441,11 +468,15 @@ def trivial_acr(N, alpha, sigma):
 
 def constant_pA_acr(pA, N, alpha, sigma):
     """§4.1, the paper's numbers: ACR when every input has pA and CERTIFY sees nA = pA N (as in App. B)."""
+    common.check_float("pA", pA, ge=0, le=1)
+    common.check_smoothing(sigma, alpha, N=N)
     return max(0.0, float(radius_of_count(pA * N, N, alpha, sigma)))
 
 
 def expected_constant_pA_acr(pA, N, alpha, sigma):
     """The same classifier with Monte Carlo counts: E[radius] over nA ~ Binomial(N, pA) (abstaining gives 0)."""
+    common.check_float("pA", pA, ge=0, le=1)
+    common.check_smoothing(sigma, alpha, N=N)
     from scipy.stats import binom   # here: scipy.stats takes seconds to import
     lo, hi = binom.ppf(1e-15, N, pA), binom.isf(1e-15, N, pA)     # the counts that carry any weight
     nA = np.arange(int(lo), int(hi) + 1)
@@ -454,6 +485,8 @@ def expected_constant_pA_acr(pA, N, alpha, sigma):
 
 def order_flips(Ns, a, b):
     """The N at which the sign of a - b changes from the previous N (ties never flip)."""
+    Ns, a, b = (common.check_array(name, v, ndim=1) for name, v in (("Ns", Ns), ("a", a), ("b", b)))
+    common.check(len(Ns) == len(a) == len(b), f"Ns, a and b must be of one length (got {len(Ns)}, {len(a)}, {len(b)})")
     sign = np.sign(np.asarray(a) - np.asarray(b))
     flips, last = [], 0
     for N, s in zip(Ns, sign):
@@ -466,6 +499,8 @@ def order_flips(Ns, a, b):
 def radius_curve(ps, N, alpha, sigma):
     """Figure 2: r(pA) = sigma Phi^-1(CP_lower(pA N, N, alpha)) (0 when it would abstain) and dr/dpA (central
     differences of one count, 1 / N)."""
+    ps = common.check_array("ps", ps, ge=0, le=1)
+    common.check_smoothing(sigma, alpha, N=N)
     r = lambda p: np.maximum(radius_of_count(np.clip(p, 0, 1) * N, N, alpha, sigma), 0.0)
     h = 1.0 / N
     lo, hi = np.clip(ps - h, 0, 1), np.clip(ps + h, 0, 1)

@@ -71,8 +71,13 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, s
     """CERTIFY of Cohen et al. (2019): cA from N0 noisy copies of x (C, H, W), pA bounded on N fresh ones; with
     probability >= 1 - alpha the radius is a true l2 robustness radius of the smoothed classifier at x. Returns
     {predict: cA or -1 (abstain), radius, pA_lower, nA, N, counts}. sample: the vote counter (sampler_of); candidate:
-    the class to certify, no selection (--label-mode). Eval mode, each module handed back; bad arguments: ValueError."""
+    the class to certify, no selection (--label-mode). Eval mode, each module handed back; a bad argument: a
+    TypeError or ValueError naming it."""
+    common.check_smoothed(model, x, generator)
     common.check_smoothing(sigma, alpha, N=N, batch=batch, num_classes=num_classes, N0=N0 if candidate is None else 1)
+    common.check_type("sample", sample, callable)
+    if candidate is not None:   # a class of the model's: -1 would index the last one
+        common.check_int("candidate", candidate, 0, num_classes - 1)
     with common.eval_mode(model):
         if candidate is None:   # first class on ties, as numpy's argmax in Cohen's code
             candidate = int(sample(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator)[0].argmax())
@@ -88,7 +93,9 @@ def predict(model, x, sigma, N, alpha, batch, num_classes, generator=None, sampl
     """PREDICT of Cohen et al. (2019): the top class of N noisy copies of x (C, H, W), or -1 (abstain) unless a
     two-sided binomial test tells it from the runner-up at level alpha: wrong with probability at most alpha.
     Returns predict, nA (the top class's votes), N, pvalue, counts. sample, eval mode and checks: as certify's."""
+    common.check_smoothed(model, x, generator)
     common.check_smoothing(sigma, alpha, N=N, batch=batch, num_classes=num_classes)
+    common.check_type("sample", sample, callable)
     with common.eval_mode(model):
         counts = sample(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0].cpu()
     order = np.argsort(-counts.numpy(), kind="stable")  # ties: the lower class first

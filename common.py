@@ -176,6 +176,8 @@ class TensorImages(torch.utils.data.Dataset):
 
 def random_crop_flip(x, padding=4):
     """CIFAR training augmentation on one (C, H, W) tensor: random crop with zero padding, random h-flip."""
+    check_tensor("x", x, "C H W")
+    check_int("padding", padding, 0)
     _, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding))
     i, j = torch.randint(0, 2 * padding + 1, (2,)).tolist()
@@ -337,7 +339,7 @@ class WithIndex(torch.utils.data.Dataset):
 
 def clopper_pearson_lower(nA, N, alpha):
     """One-sided (1 - alpha) Clopper-Pearson lower bound, elementwise: Beta(nA, N - nA + 1)'s alpha-quantile, 0 at 0."""
-    nA, N = np.asarray(nA, dtype=float), np.asarray(N, dtype=float)
+    nA, N, alpha = check_counts(nA, N, alpha)
     with np.errstate(invalid="ignore"):
         bound = betaincinv(np.maximum(nA, 1), N - nA + 1, alpha)
     bound = np.where(nA > 0, bound, 0.0)
@@ -346,7 +348,7 @@ def clopper_pearson_lower(nA, N, alpha):
 
 def clopper_pearson_upper(nA, N, alpha):
     """One-sided (1 - alpha) Clopper-Pearson upper bound: the (1 - alpha)-quantile of Beta(nA + 1, N - nA); 1 at nA == N."""
-    nA, N = np.asarray(nA, dtype=float), np.asarray(N, dtype=float)
+    nA, N, alpha = check_counts(nA, N, alpha)
     with np.errstate(invalid="ignore"):
         bound = betaincinv(nA + 1, np.maximum(N - nA, 1), 1 - alpha)
     bound = np.where(nA < N, bound, 1.0)
@@ -355,7 +357,21 @@ def clopper_pearson_upper(nA, N, alpha):
 
 def certified_radius(pA_lower, sigma):
     """Certified l2 radius sigma * Phi^-1(pA_lower) of Cohen et al.'s Theorem 1 (negative below 1/2)."""
-    return sigma * ndtri(pA_lower)
+    return check_float("sigma", sigma, gt=0) * ndtri(check_array("pA_lower", pA_lower, ge=0, le=1))
+
+
+def check_counts(nA, N, alpha):
+    """The Clopper-Pearson bounds' arguments as float64 arrays: 0 <= nA <= N elementwise (numbers, or arrays that
+    broadcast together), N >= 1 whole, 0 <= alpha < 1 (0: the trivial bound)."""
+    nA, N = check_array("nA", nA, ge=0), check_array("N", N, integral=True, ge=1)
+    alpha = check_array("alpha", alpha, ge=0, lt=1)
+    try:
+        np.broadcast_shapes(nA.shape, N.shape, alpha.shape)
+        ok = bool(np.all(nA <= N))
+    except ValueError:   # shapes that do not broadcast together
+        ok = False
+    check(ok, f"nA must lie in 0..N elementwise (shapes {nA.shape}, {N.shape}, {alpha.shape} that broadcast)")
+    return nA, N, alpha
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -364,7 +380,8 @@ def certified_radius(pA_lower, sigma):
 
 def example_generator(seed, idx, device="cpu"):
     """A torch.Generator seeded by (seed, idx): example idx gets the same noise in any run, subset or shard."""
-    state = np.random.SeedSequence([int(seed), int(idx)]).generate_state(2, dtype=np.uint32)
+    seeds = [check_int("seed", seed, 0), check_int("idx", idx, 0)]
+    state = np.random.SeedSequence(seeds).generate_state(2, dtype=np.uint32)
     g = torch.Generator(device=device)
     g.manual_seed(int(state[0]) << 32 | int(state[1]))
     return g
@@ -373,6 +390,9 @@ def example_generator(seed, idx, device="cpu"):
 def gaussian_copies(x, k, sigma, generator=None):
     """k copies x + sigma N(0, I) of each x (B, C, H, W) in x's dtype, (k * B, C, H, W), copy j of b at j * B + b;
     and which draws failed: None, a Gaussian draw never fails (sound_copies' can)."""
+    check_tensor("x", x, "B C H W")
+    check_smoothing(sigma, k=k)
+    check_type("generator", generator, None, torch.Generator)
     noise = sigma * torch.randn((k, *x.shape), device=x.device, generator=generator,   # half types: drawn in fp32
                                 dtype=x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32)
     return (x.unsqueeze(0) + noise).to(x.dtype).flatten(0, 1), None
@@ -380,6 +400,8 @@ def gaussian_copies(x, k, sigma, generator=None):
 
 def pass_sizes(n, per_pass):
     """Split n draws into ceil(n / per_pass) passes of (nearly) equal size: no nearly empty last pass."""
+    check_int("n", n, 0)
+    check_int("per_pass", per_pass)
     passes = -(-n // per_pass)
     q, r = divmod(n, max(passes, 1))
     return [q + 1] * r + [q] * (passes - r) if passes > 0 else []
@@ -399,6 +421,10 @@ def eval_mode(model):
 def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies=gaussian_copies, stop=None):
     """Votes (int64 (B, num_classes), x's device) on n noisy copies of each x (B, C, H, W), about `batch` inputs a pass,
     noise by copies (sound_copies' failed draws vote for none) from generator; stop(counts, drawn) -> True ends."""
+    check_smoothed(model, x, generator, "B C H W")
+    check_smoothing(sigma, n=n, batch=batch, num_classes=num_classes)
+    check_type("copies", copies, callable)
+    check_type("stop", stop, None, callable)
     B = x.shape[0]
     with torch.inference_mode():
         counts = torch.zeros(B, num_classes + 1, dtype=torch.long, device=x.device)   # + failed draws
@@ -432,6 +458,73 @@ def check(condition, message):
         raise UserError(message)
 
 
+# The blocks' argument checks: a wrong type is a TypeError, a wrong value a UserError (a ValueError), each naming
+# the argument; they run before any work, so a bad argument never reaches torch or numpy.
+RANGES = {"ge": (">=", np.greater_equal), "gt": (">", np.greater), "le": ("<=", np.less_equal), "lt": ("<", np.less)}
+
+
+def check_array(name, values, ndim=None, integral=False, finite=True, bools=False, **bounds):
+    """values (numbers: one, or a list, array or tensor; not empty) as a float64 array of ndim dimensions (if given),
+    finite (else not NaN), whole if integral, within bounds (ge: >=, gt: >, le: <=, lt: <); strings, bools: TypeError."""
+    try:
+        a = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values)
+    except ValueError:   # a ragged list
+        a = np.asarray(None)
+    if a.dtype.kind not in "iuf" + "b" * bools:
+        raise TypeError(f"{name} must be numbers, not {values!r:.40} (a {type(values).__name__})")
+    check(a.size > 0 and ndim in (None, a.ndim), f"{name} has shape {a.shape}, not {ndim} dimensions, none empty")
+    a = a.astype(np.float64)
+    ok = (np.isfinite(a) if finite else ~np.isnan(a)) & ((a == np.round(a)) | (not integral))
+    for key, bound in bounds.items():
+        ok = ok & RANGES[key][1](a, bound)
+    check(np.all(ok), f"{name} = {values if a.ndim == 0 else a[~ok][:1]} is out of range: {name} must be "
+                      f"{'finite' if finite else 'a number'}{', whole' * integral}" +
+                      "".join(f" and {RANGES[k][0]} {b}" for k, b in bounds.items()))
+    return a
+
+
+def check_float(name, value, **bounds):
+    """value as a float, finite and within check_array's bounds; a bool or a string is a TypeError."""
+    return float(check_array(name, value, ndim=0, **bounds))
+
+
+def check_int(name, value, low=1, high=None):
+    """value as an int in [low, high] (high None: no bound); a bool, a float (even 100.0) or a string is a TypeError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int (got {value!r:.40}, a {type(value).__name__})")
+    check(low <= value and (high is None or value <= high),
+          f"{name} = {value!r}, out of range: {name} >= {low}" + ("" if high is None else f" and <= {high}"))
+    return int(value)
+
+
+def check_choice(name, value, choices):
+    """value, one of choices (a string switch's names), else a UserError listing them."""
+    check(isinstance(value, str) and value in choices, f"{name} must be one of {', '.join(choices)}, not {value!r:.40}")
+    return value
+
+
+def check_type(name, value, *types):
+    """value if an instance of one of types (None: may be None; callable: any function or module), else a TypeError."""
+    if not any(t(value) if t is callable else isinstance(value, type(None) if t is None else t) for t in types):
+        names = " or ".join(getattr(t, "__name__", "None") for t in types)
+        raise TypeError(f"{name} must be {names}, not {value!r:.40}")
+    return value
+
+
+def check_tensor(name, x, shape, kind="float", **sizes):
+    """x a torch tensor of `shape` ("C H W": one input, "B C H W": a batch, None: any; sizes fix some, e.g. B=len(x)),
+    no dimension empty, of a floating (kind "float") or integer ("int") dtype, else a TypeError."""
+    if not isinstance(x, torch.Tensor) or x.is_floating_point() != (kind == "float") or x.is_complex() or \
+            x.dtype == torch.bool:
+        raise TypeError(f"{name} must be a torch tensor of a {kind} dtype, not {getattr(x, 'dtype', type(x))} (" +
+                        (f"8-bit images: {name}.float() / 255)" if kind == "float" else f"labels: {name}.long())"))
+    dims = shape.split() if shape else [f"d{i}" for i in range(x.dim())]
+    check(x.dim() == len(dims) and all(n >= 1 and n == sizes.get(d, n) for d, n in zip(dims, x.shape)),
+          f"{name} has shape {tuple(x.shape)}; expected ({', '.join(dims)}), none empty" +
+          "".join(f", {d} = {n}" for d, n in sizes.items()))
+    return x
+
+
 SEPARATORS = {"\t": "a tab", "\n": "a line break", "\r": "a carriage return", "|": "'|'"}
 
 
@@ -457,10 +550,31 @@ def radius_ceiling(log):
 
 
 def check_smoothing(sigma, alpha=0.5, **counts):
-    """UserError (a ValueError) naming the argument unless 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
-    for name, value, ok in [("sigma", sigma, 0 < sigma < math.inf), ("alpha", alpha, 0 < alpha < 1)] + \
-            [(name, n, int(n) == n >= 1) for name, n in counts.items()]:
-        check(ok, f"{name} = {value!r} is out of range (sigma > 0 and finite, 0 < alpha < 1, counts integers >= 1)")
+    """check_float / check_int of RS's settings: 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
+    check_float("sigma", sigma, gt=0)
+    check_float("alpha", alpha, gt=0, lt=1)
+    for name, n in counts.items():
+        check_int(name, n)
+
+
+def check_smoothed(model, x, generator, shape="C H W"):
+    """The model, input and noise generator of a smoothing block (check_type, check_tensor)."""
+    check_type("model", model, callable)
+    check_tensor("x", x, shape)   # a uint8 image is refused: the noise would be cast away
+    check_type("generator", generator, None, torch.Generator)
+
+
+def check_batch(model, x, y, sigma=1.0, **counts):
+    """A loss's model, x (B, C, H, W) floating point, y (B,) integer labels, sigma > 0 and counts (ints >= 1)."""
+    check_type("model", model, callable)
+    check_tensor("x", x, "B C H W")
+    check_tensor("y", y, "B", "int", B=len(x))
+    if isinstance(sigma, torch.Tensor):   # DDRS's, one per image: optimize_sigma keeps them in bounds
+        check(sigma.is_floating_point() and sigma.numel() == len(x), f"sigma holds {sigma.numel()} values, not 1 per image")
+    else:
+        check_float("sigma", sigma, gt=0)
+    for name, n in counts.items():
+        check_int(name, n)
 
 
 def _is_number(v):
@@ -523,6 +637,8 @@ def grid_levels(x, levels=GRID_LEVELS):
 
     An input off the grid (|levels x - a| >= 1e-3 anywhere) is a UserError: the sound sampler certifies only
     inputs on the grid (ToTensor of 8-bit images; our datasets)."""
+    check_tensor("x", x, None)
+    check_int("levels", levels)
     scaled = x.double() * levels
     a = scaled.round()
     on_grid = ((scaled - a).abs().max() < 1e-3) & (a.min() >= 0) & (a.max() <= levels)   # one host sync, not three
@@ -536,6 +652,9 @@ def sound_noisy_inputs(a, k, sigma, generator=None, Q=SOUND_Q, levels=GRID_LEVEL
     a: int32 levels (B, C, H, W) (grid_levels). J: the rounded Gaussian drawn with integer thresholds on a's
     device. Returns (z (k, B, C, H, W) float32, failed (k, B) bool: a draw with any failed coordinate).
     """
+    check_tensor("a", a, None, "int")   # (B, C, H, W), or any (B, ...)
+    check_smoothing(sigma, k=k, Q=Q, levels=levels)
+    check_type("generator", generator, None, torch.Generator)
     S, L = _table_on(sigma, a.device, Q, levels)
     U = torch.randint(0, Q, (k, *a.shape), dtype=torch.int64, device=a.device, generator=generator)
     index = torch.searchsorted(S, U, right=True, out_int32=True)  # bin of U; len(S) means past the last one
@@ -547,6 +666,8 @@ def sound_noisy_inputs(a, k, sigma, generator=None, Q=SOUND_Q, levels=GRID_LEVEL
 def sound_copies(levels=GRID_LEVELS):
     """The `copies` of sample_counts for inputs on the grid x = a / levels: sound_noisy_inputs' exact
     integer noise (certify.py --sound). Its failed draws vote for no class."""
+    check_int("levels", levels)
+
     def copies(x, k, sigma, generator=None):
         z, failed = sound_noisy_inputs(grid_levels(x, levels), k, sigma, generator, levels=levels)
         return z.flatten(0, 1).to(x.dtype), failed.flatten()   # a cast of the grid point: part of the classifier
@@ -562,7 +683,7 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def autocast(device_type, precision="fp32"):
     """The autocast context of a precision: fp32 is a no-op, bf16/fp16 run matmuls and convolutions in it."""
-    dtype = PRECISIONS[precision]
+    dtype = PRECISIONS[check_choice("precision", precision, tuple(PRECISIONS))]
     return torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
@@ -581,6 +702,8 @@ class InPrecision(nn.Module):
 
 def in_precision(model, precision):
     """model as it is for fp32, else InPrecision(model, precision)."""
+    check_type("model", model, callable)
+    check_choice("precision", precision, tuple(PRECISIONS))
     return model if precision == "fp32" else InPrecision(model, precision)
 
 
@@ -614,7 +737,12 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
     its norm after each step. A draw keeps its first misclassified iterate, else the last (T = 0: delta). The model
     runs under frozen_eval (weights and BatchNorm statistics kept). Returns a new detached tensor like delta.
     """
-    check(norm_type in ("l2", "linf"), f"norm_type must be 'l2' or 'linf' (got {norm_type!r})")
+    check_batch(model, x, y)
+    check_tensor("delta", delta, "m B C H W", B=len(x))
+    check(delta.shape[2:] == x.shape[1:], f"delta's draws have shape {tuple(delta.shape[2:])}, x's {tuple(x.shape)}")
+    check_int("T", T, 0)
+    check_float("eps", eps, ge=0)
+    check_choice("norm_type", norm_type, ("l2", "linf"))
     if T == 0:
         return delta.detach().clone()
     model = unwrap(model)  # under DDP: attack the plain module, no gradient synchronisation
@@ -652,12 +780,21 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
 
 def make_optimizer(model, lr=0.1, momentum=0.9, weight_decay=1e-4):
     """Plain SGD with momentum, as in every official RS training script."""
+    check_type("model", model, torch.nn.Module)
+    check_float("lr", lr, gt=0)
+    check_float("momentum", momentum, ge=0)
+    check_float("weight_decay", weight_decay, ge=0)
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def make_scheduler(optimizer, lr_step, gamma=0.1, milestones=None):
     """lr x gamma every lr_step epochs, or at each of the epochs in `milestones` when given; stepped once at
     the end of each epoch (so the first decay applies from epoch lr_step, or milestones[0], on)."""
+    check_type("optimizer", optimizer, torch.optim.Optimizer)
+    check_int("lr_step", lr_step)
+    check_float("gamma", gamma, gt=0, le=1)
+    if milestones is not None and len(milestones):
+        check_array("milestones", milestones, ndim=1, integral=True, ge=1)
     if milestones:
         return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=sorted(milestones), gamma=gamma)
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=lr_step, gamma=gamma)
@@ -669,6 +806,9 @@ def split_chunks(batch, m):
     Each chunk is replicated with m noise draws and gets its own optimizer step, so every step sees about
     B noisy inputs. Leftover examples of a batch not divisible by m are dropped, as in the official code.
     """
+    check(isinstance(batch, (list, tuple)) and batch and all(isinstance(t, torch.Tensor) and len(t) == len(batch[0])
+                                                            for t in batch), "batch must be tensors of one length")
+    check_int("m", m)
     b = batch[0].shape[0] // m
     if b == 0:
         return [batch]  # a batch smaller than m (tiny last batch): train on it whole
@@ -687,6 +827,15 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
     'bf16'/'fp16' autocast of loss_fn (mixed precision, --amp); fp16 scales the loss (a GradScaler per
     epoch, so a run resumed at an epoch boundary repeats the uninterrupted one).
     """
+    check_type("model", model, torch.nn.Module)
+    check_type("optimizer", optimizer, torch.optim.Optimizer)
+    check_type("loss_fn", loss_fn, callable)
+    check_int("chunks", chunks)
+    check_type("device", device, torch.device)
+    check_type("progress", progress, None, callable)
+    if max_batches is not None:
+        check_int("max_batches", max_batches)
+    check_choice("precision", precision, tuple(PRECISIONS))
     model.train()
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None  # bf16 has fp32's range
     loss_sum = torch.zeros((), device=device)
@@ -727,6 +876,7 @@ def gaussian_loss(model, x, y, sigma, m):
 
     x: (b, C, H, W), y: (b,). Returns the loss_fn dict of train_epoch.
     """
+    check_batch(model, x, y, sigma, m=m)
     noisy = (x.unsqueeze(0) + sigma * torch.randn(m, *x.shape, device=x.device, dtype=x.dtype)).flatten(0, 1)
     logits = model(noisy)
     targets = y.repeat(m)
@@ -741,6 +891,10 @@ def evaluate_noisy(model, loader, sigma, device, generator=None):
     generator: the noise's own torch.Generator on `device` (seed it from (seed, epoch)): then the noise
     depends neither on the loader's workers nor on what ran before, and a resumed run logs what an
     uninterrupted one logs."""
+    check_type("model", model, torch.nn.Module)
+    check_float("sigma", sigma, ge=0)   # 0: the clean accuracy
+    check_type("device", device, torch.device)
+    check_type("generator", generator, None, torch.Generator)
     model.eval()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)
@@ -772,6 +926,12 @@ def count_correct(model, dataset, indices, sigma, n, batch, workers=0):
     model in eval mode (handed back as it came), the examples as `dataset` yields them (with its augmentation,
     as the official code), noise from the global generator. Returns int64 counts (len(indices),) and the
     labels, both on the CPU."""
+    check_type("model", model, torch.nn.Module)
+    check(hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and len(dataset) > 0,
+          f"dataset must be a non-empty dataset (got a {type(dataset).__name__})")
+    indices = check_array("indices", indices, ndim=1, integral=True, ge=0, lt=len(dataset)).astype(np.int64)
+    check_smoothing(sigma, n=n, batch=batch)
+    check_int("workers", workers, 0)
     net = unwrap(model)
     device = next(net.parameters()).device
     subset = torch.utils.data.Subset(dataset, [int(i) for i in indices])
@@ -796,6 +956,9 @@ def per_example_grad_norms(model, loss_fn, x, y, idx=None):
     statistics and an example's gradient does not depend on the rest of its batch. x: (B, C, H, W);
     y, idx: (B,). Returns a float64 tensor (B,) on CPU; the parameters' .grad fields are not touched.
     """
+    check_batch(model, x, y)
+    check_type("model", model, torch.nn.Module)
+    check_type("loss_fn", loss_fn, callable)
     net = unwrap(model)
     was_training = net.training
     net.eval()

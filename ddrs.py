@@ -68,7 +68,8 @@ CLASS_STREAM = 2   # and so is the noise that picks the class sigma_x is optimis
 
 def sigma_generator(seed, idx, device, stream=SIGMA_STREAM):
     """The generator of input idx's optimisation noise: seeded by (seed, idx, stream) alone."""
-    state = np.random.SeedSequence([int(seed), int(idx), stream]).generate_state(2, dtype=np.uint32)
+    seeds = [common.check_int("seed", seed, 0), common.check_int("idx", idx, 0), common.check_int("stream", stream, 0)]
+    state = np.random.SeedSequence(seeds).generate_state(2, dtype=np.uint32)
     g = torch.Generator(device=device)
     g.manual_seed(int(state[0]) << 32 | int(state[1]))
     return g
@@ -82,6 +83,10 @@ def radius_proxy(model, x, s, e, cA=None, clamp=(0.02, 0.98)):
     E_B = the largest other entry, both clamped to `clamp` (a clamped value has zero gradient).
     Returns (radius (B,), E (B, K)).
     """
+    check_proxy(model, x, cA, clamp)
+    common.check_tensor("s", s, "B", B=len(x))
+    common.check_tensor("e", e, "M B C H W", B=len(x))
+    common.check(e.shape[2:] == x.shape[1:], f"e's draws have shape {tuple(e.shape[2:])}, x's {tuple(x.shape)}")
     M, B = e.shape[:2]
     z = x.unsqueeze(0) + s.view(1, B, *[1] * (x.dim() - 1)) * e                  # (M, B, C, H, W)
     E = F.softmax(model(z.flatten(0, 1)).float(), 1).view(M, B, -1).mean(0)      # (B, K)
@@ -91,6 +96,16 @@ def radius_proxy(model, x, s, e, cA=None, clamp=(0.02, 0.98)):
     lo, hi = clamp
     gap = torch.special.ndtri(E_A.clamp(lo, hi)) - torch.special.ndtri(E_B.clamp(lo, hi))
     return s / 2 * gap, E
+
+
+def check_proxy(model, x, cA, clamp):
+    """The arguments radius_proxy and optimize_sigma share: TypeError or ValueError naming the argument."""
+    common.check_type("model", model, callable)
+    common.check_tensor("x", x, "B C H W")
+    if cA is not None:
+        common.check_tensor("cA", cA, "B", "int", B=len(x))
+    clamp = common.check_array("clamp", clamp, ndim=1, gt=0, lt=1)
+    common.check(len(clamp) == 2 and clamp[0] < clamp[1], f"clamp = {clamp!r}: (low, high) with low < high")
 
 
 # smoothed_class: rounds of CLASS_DRAWS hard votes at sigma_0 until the top two classes are told apart (two-sided
@@ -107,6 +122,13 @@ def smoothed_class(model, x, sigma0, num_classes, generator, batch=1000, precisi
     smoothed classifier is then near a tie between the two). The noise comes from `generator` (CLASS_STREAM
     of the input), apart from the certification noise, so CERTIFY's guarantee at the resulting sigma_x is
     that of any sigma chosen before its draws. Returns (class, draws made)."""
+    common.check_smoothed(model, x, generator)
+    common.check_float("sigma0", sigma0, gt=0)
+    common.check_float("alpha", alpha, gt=0, lt=1)
+    common.check_int("num_classes", num_classes, 2)   # the test tells the top two classes apart
+    for name, n in (("batch", batch), ("draws", draws), ("max_draws", max_draws)):
+        common.check_int(name, n)
+    common.check_choice("precision", precision, tuple(common.PRECISIONS))
     from scipy.stats import binomtest
     counts, drawn = None, 0
     while True:
@@ -130,13 +152,32 @@ def optimize_sigma(model, x, sigma0, K, M, lr, generators, clamp=(0.02, 0.98), b
     as the official code. keep_best: return the iterate with
     the best proxy (s_0 included), measured at each step. K = 0 returns sigma0 exactly. Returns (B,) sigmas.
     """
+    if cA is not None:
+        cA = torch.as_tensor(common.check_array("cA", cA, ndim=1, integral=True, ge=0), dtype=torch.long)
+    check_proxy(model, x, cA, clamp)
     B = x.shape[0]
+    if isinstance(sigma0, torch.Tensor):   # one per input: ddrs.py train's stored sigmas, kept within bounds
+        common.check_tensor("sigma0", sigma0, "B", B=B)
+    else:
+        common.check_float("sigma0", sigma0, gt=0)
+    common.check_int("K", K, 0)
+    common.check_int("M", M)
+    common.check_float("lr", lr, ge=0)
+    common.check(isinstance(generators, (list, tuple)) and len(generators) == B and
+                 all(isinstance(g, torch.Generator) for g in generators), "generators: one torch.Generator per input")
+    common.check(isinstance(bounds, (list, tuple)) and len(bounds) == 2, f"bounds must be (low, high or None), "
+                                                                        f"not {bounds!r:.40}")
+    lo, hi = bounds
+    common.check_float("bounds[0]", lo, gt=0)
+    if hi is not None:
+        common.check_float("bounds[1]", hi, gt=lo)
+    common.check_type("fixed_cA", fixed_cA, bool)
+    common.check_type("keep_best", keep_best, bool)
     s = torch.as_tensor(sigma0, dtype=torch.float32, device=x.device).expand(B).clone()   # a float or (B,)
     if K == 0:
         return s
     best, best_value = s.clone(), torch.full((B,), -math.inf, device=x.device)
-    cA = None if cA is None or not fixed_cA else torch.as_tensor(cA, device=x.device).view(B)
-    lo, hi = bounds
+    cA = None if cA is None or not fixed_cA else cA.to(x.device)
     with common.frozen_eval(model):
         for _ in range(K):
             e = torch.stack([torch.randn((M, *x.shape[1:]), device=x.device, generator=g) for g in generators], 1)
@@ -166,6 +207,11 @@ def knn_distance(train, x, k, chunk=8192):
 
     Each order statistic of the distances is 1-Lipschitz in x, so their mean is: sigma(x) = sigma_b
     exp(r (rho_k(x) - m)) then satisfies |ln sigma(a) - ln sigma(b)| <= r ||a - b|| (r-semi-elastic)."""
+    common.check_tensor("train", train, "n d")
+    common.check_tensor("x", x, None)
+    common.check(x.numel() == train.shape[1], f"x has {x.numel()} values, train's rows {train.shape[1]}")
+    common.check_int("k", k, 1, len(train))
+    common.check_int("chunk", chunk)
     x = x.flatten().double()
     d = torch.cat([(train[i:i + chunk].double() - x).norm(dim=1) for i in range(0, len(train), chunk)])
     return float(d.topk(k, largest=False).values.mean())
@@ -179,6 +225,11 @@ def worst_class_b(d, sigma0, sigma1, pA_lower, dim):
     noise, ||z - c||^2 / sigma0^2 is noncentral chi-square (dim degrees, noncentrality L0), under x1's
     (L1). sigma1 < sigma0: B fills the ball of x's probability 1 - pA_lower; sigma1 > sigma0: its outside.
     Class A is guaranteed at x1 iff the result is < 1/2. Arrays broadcast (sigma1 != sigma0, d > 0)."""
+    common.check_array("d", d, gt=0)
+    common.check_float("sigma0", sigma0, gt=0)
+    common.check_array("sigma1", sigma1, gt=0)
+    common.check_array("pA_lower", pA_lower, ge=0, le=1)
+    common.check_int("dim", dim)
     from scipy.stats import ncx2
     d, s0, s1 = np.asarray(d, float), float(sigma0), np.asarray(sigma1, float)
     L0 = s0 ** 2 * d ** 2 / (s0 ** 2 - s1 ** 2) ** 2
@@ -204,6 +255,11 @@ def semi_elastic_radius(pA_lower, sigma, r, dim, scan=32, bisect=40, verify=8):
     radius], then bisection; the result is then verified on a grid of d' and of interior sigmas, and lowered
     until it passes. Never above Cohen's radius sigma Phi^-1(pA_lower) (r = 0: exactly Cohen's); 0 below 1/2.
     """
+    common.check_float("pA_lower", pA_lower, ge=0, le=1)
+    common.check_float("sigma", sigma, gt=0)
+    common.check_float("r", r, ge=0)
+    for name, n in (("dim", dim), ("scan", scan), ("bisect", bisect), ("verify", verify)):
+        common.check_int(name, n)
     from scipy.stats import norm
     if pA_lower <= 0.5:
         return 0.0
@@ -256,6 +312,11 @@ def memory_step(memory, x, c, r, rule="paper"):
     An abstention (c = ABSTAIN, r = 0) outside every foreign ball is stored as a point of its own class.
     Invariant kept: balls of different classes are disjoint (||x_i - x_j|| >= r_i + r_j).
     """
+    common.check_type("memory", memory, list)
+    common.check_tensor("x", x, None)
+    common.check_int("c", c, ABSTAIN)
+    common.check_float("r", r, ge=0)
+    common.check_choice("rule", rule, ("paper", "code"))
     x = x.flatten().double()
     if memory:
         centers = torch.stack([m[0] for m in memory])

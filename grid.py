@@ -160,6 +160,11 @@ def crossing_probability(lower, checks, p, drop=1e-15):
 def kt_interval(A, t, alpha_low, beta_up, prior=KT_PRIOR):
     """[L, U]: the p the betting sequence with mixture `prior` has not rejected after t draws with A votes, at
     level alpha_low below A / t and beta_up above (log W_t(p) <= 0 at A / t, rising away: one root per end)."""
+    common.check_int("t", t, 0)
+    common.check_int("A", A, 0, t)
+    common.check_float("alpha_low", alpha_low, ge=0, lt=1)
+    common.check_float("beta_up", beta_up, ge=0, lt=1)
+    common.check_array("prior", prior, ndim=1, gt=0)
     from scipy.optimize import brentq
     if t == 0:
         return 0.0, 1.0
@@ -195,6 +200,9 @@ def look_schedule(N_max, first=LOOK_FIRST, growth=LOOK_GROWTH, max_gap=LOOK_MAX_
 
     Counted in draws, not in passes: an easy example stops after tens of draws whatever --batch is, since
     the model still evaluates full batches of draws packed from several examples (grid_certify_many)."""
+    for name, n in (("N_max", N_max), ("first", first), ("max_gap", max_gap)):
+        common.check_int(name, n)
+    common.check_float("growth", growth, gt=1)
     looks, t = [], first
     while t < N_max:
         looks.append(int(t))
@@ -235,13 +243,14 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, zero_level
     alone).
     beta defaults to DEFAULT_BETA, final_look to True (certify.py's defaults).
     """
-    beta = DEFAULT_BETA if beta is None else beta
+    beta = DEFAULT_BETA if beta is None else common.check_float("beta", beta, ge=0, lt=1)
+    radii = common.check_array("radii", radii, ndim=1, ge=0).tolist()
     common.check_smoothing(sigma, alpha, N_max=N_max)
-    common.check(0 <= beta < 1, f"beta must lie in [0, 1) (got {beta})")
-    common.check(all(0 <= float(r) < math.inf for r in radii), f"radii must be finite, >= 0 (got {list(radii)})")
-    radii = sorted({0.0, *map(float, radii)} if zero_level else set(map(float, radii)))
-    common.check(len(radii) > 0, "--radii needs at least one radius")
-    checks = look_schedule(N_max) if looks is None else [int(t) for t in looks]
+    common.check_type("final_look", final_look, bool)
+    common.check_type("zero_level", zero_level, bool)
+    radii = sorted({0.0, *radii} if zero_level else set(radii))
+    checks = look_schedule(N_max) if looks is None else \
+        common.check_array("looks", looks, ndim=1, integral=True, ge=1, le=N_max).astype(int).tolist()
     common.check(checks[-1] == N_max and all(np.diff(checks) > 0), "looks must rise and end at N_max")
     plan = dict(radii=radii, sigma=float(sigma), taus=ndtr(np.array(radii) / sigma), checks=checks,
                 position={t: i for i, t in enumerate(checks)}, alpha=alpha, alpha_seq=alpha, beta=beta,
@@ -415,8 +424,18 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=
     next level is out of reach (curtailed) or at N_max (budget, with the final look); whatever the stopping, its
     radius is wrong with probability <= alpha (grid_plan). Returns per item predict (-1: none), radius, nA, N, stop,
     prior, counts, pA_certified. sigma must be the plan's own; copies: gaussian_copies or sound_copies."""
+    common.check_type("plan", plan, dict)
+    common.check_smoothing(sigma, batch=batch, num_classes=num_classes)
+    common.check_int("N0", N0, 0)   # 0: no selection draws (the candidates given)
     common.check(plan.get("sigma") == float(sigma), f"sigma {sigma} is not its plan's {plan.get('sigma')} (grid_plan)")
-    common.check(int(batch) == batch >= 1 and int(N0) == N0 >= 0, f"batch >= 1, N0 >= 0 integers (got {batch}, {N0})")
+    common.check_type("copies", copies, callable)
+    common.check(isinstance(items, (list, tuple)) and len(items) > 0 and
+                 all(isinstance(item, (list, tuple)) and len(item) == 3 for item in items),
+                 "items must be a non-empty list of (x, generator, candidate) triples")
+    for item in items:
+        common.check_smoothed(model, item[0], item[1])
+        if item[2] is not None:   # a class of the model's: -1 would index the last one
+            common.check_int("candidate", item[2], 0, num_classes - 1)
     jobs = [GridJob(x, g, c, N0, batch, num_classes, plan) for x, g, c in items]
     active = list(jobs)
     with torch.inference_mode(), common.eval_mode(model):

@@ -109,11 +109,10 @@ CHUNKED = {"smoothadv": True, "macer": False, "consistency": True, "smoothmix": 
 
 def draw_noise(x, sigma, m, noise=None):
     """m Gaussian draws (m, b, C, H, W) in x's dtype, as common.gaussian_loss draws them; a given `noise` (scaled
-    by sigma) is returned as is. Every baseline's loss draws here: a bad sigma or m is a ValueError here (a
-    tensor of per-input sigmas, DDRS's, is its optimiser's to check: reading it here would wait for the GPU)."""
-    if not ((torch.is_tensor(sigma) or 0 < sigma < math.inf) and int(m) == m >= 1):
-        raise ValueError(f"need sigma > 0 and m >= 1 (got sigma {sigma}, m {m})")
+    by sigma, of that shape) is returned as is. Each loss checks its arguments (common.check_batch) first."""
     if noise is not None:
+        common.check_type("noise", noise, torch.Tensor)
+        common.check(noise.shape == (m, *x.shape), f"noise has shape {tuple(noise.shape)}, not (m, *x.shape)")
         return noise
     return sigma * torch.randn(m, *x.shape, device=x.device, dtype=x.dtype)
 
@@ -247,6 +246,11 @@ def smoothadv_loss(model, x, y, idx, *, sigma, m, T, eps, warm=1.0, attack=smoot
     (the step 2 eps / T follows it); with m = 1 the attack is plain PGD on CE(f(x + e + n)). attack:
     smoothadv_attack (PGD), or ddn_attack (Salman et al.'s ImageNet sigma = 0.25 model).
     """
+    common.check_batch(model, x, y, sigma, m=m)
+    common.check_int("T", T, 0)
+    common.check_float("eps", eps, ge=0)
+    common.check_float("warm", warm, ge=0, le=1)
+    common.check_type("attack", attack, callable)
     noise = draw_noise(x, sigma, m, noise)
     x_adv = attack(model, x, y, noise, T, warm * eps)
     logits = model(add_noise(x_adv, noise)).float()                           # (m*b, K)
@@ -265,6 +269,10 @@ def macer_loss(model, x, y, idx, *, sigma, m, beta, gamma, lbd, noise=None):
     top two of q = mean softmax(beta * logits). Only images with top-1 of q equal to y and finite d <= gamma
     enter the hinge (masks are constants; gradients flow through q1, q2 and Phi^-1).
     """
+    common.check_batch(model, x, y, sigma, m=m)
+    common.check_float("beta", beta, gt=0)
+    common.check_float("gamma", gamma, gt=0)
+    common.check_float("lbd", lbd, ge=0)
     noise = draw_noise(x, sigma, m, noise)
     b = len(y)
     logits = model(add_noise(x, noise)).float()                               # (m*b, K)
@@ -291,6 +299,9 @@ def macer_loss(model, x, y, idx, *, sigma, m, beta, gamma, lbd, noise=None):
 
 def consistency_loss(model, x, y, idx, *, sigma, m, lbd, eta, noise=None):
     """Consistency: mean CE + lbd * mean_{x,i} KL(pbar || p_i) + eta * mean_x H(pbar); pbar is not detached."""
+    common.check_batch(model, x, y, sigma, m=m)
+    common.check_float("lbd", lbd, ge=0)
+    common.check_float("eta", eta, ge=0)
     noise = draw_noise(x, sigma, m, noise)
     b = len(y)
     logits = model(add_noise(x, noise)).float()                               # (m*b, K)
@@ -346,6 +357,14 @@ def smoothmix_loss(model, x, y, idx, *, sigma, m, T, alpha, eta, mix_step, warm,
     warm = min(1, (epoch + 1) / warmup) scales both the mixup term and the one-step radius. The same m noises
     serve the attack and both train-mode forwards; mask = 1[argmax pbar == y], pbar the clean-side average.
     """
+    common.check_batch(model, x, y, sigma, m=m)
+    common.check_int("T", T, 0)
+    common.check_int("mix_step", mix_step, 0)
+    for name, value in (("alpha", alpha), ("eta", eta), ("warm", warm)):
+        common.check_float(name, value, ge=0)
+    common.check(warm <= 1, f"warm = {warm!r}, out of range: warm must be <= 1")
+    if maxnorm is not None:
+        common.check_float("maxnorm", maxnorm, gt=0)
     noise = draw_noise(x, sigma, m, noise)
     b = len(y)
     u_init, x_adv = smoothmix_attack(model, x, y, noise, T, alpha, mix_step, warm, maxnorm)
@@ -416,9 +435,18 @@ def catrs_loss(model, x, y, idx, *, sigma, m, T, eps, lbd, target, confidence_ma
     target: (N_train, K) precomputed soft labels pb, indexed by idx. K ~ Binomial(m, phat), clamped to >= 1, with
     phat the fraction of the m Gaussian copies classified correctly (pb_y with confidence_mask).
     """
+    common.check_batch(model, x, y, sigma, m=m)
+    common.check_int("T", T, 0)
+    common.check_float("eps", eps, ge=0)
+    common.check_float("lbd", lbd, ge=0)
+    common.check_tensor("target", target, "N K")
+    common.check_tensor("idx", idx, "B", "int", B=len(x))
+    idx = idx.to(target.device)
+    common.check(bool((idx >= 0).all() and (idx < len(target)).all()), f"idx must index target's {len(target)} rows")
+    common.check_type("confidence_mask", confidence_mask, bool)
     delta = draw_noise(x, sigma, m, noise)
     b = len(y)
-    pb = target[idx.to(target.device)].to(x.device)                          # (b, K)
+    pb = target[idx].to(x.device)                          # (b, K)
     targets = y.repeat(m)
     logits = model(add_noise(x, delta)).float()                               # Gaussian forward (m*b, K)
     ce = F.cross_entropy(logits, targets, reduction="none").view(m, b)
@@ -440,6 +468,8 @@ def catrs_loss(model, x, y, idx, *, sigma, m, T, eps, lbd, target, confidence_ma
 
 def stability_loss(model, x, y, idx, *, sigma, lbd, noise=None):
     """Stability: CE(f(x), y) + lbd * mean_x CE(S(f(x)) -> S(f(x + delta))), two forwards, target not detached."""
+    common.check_batch(model, x, y, sigma)
+    common.check_float("lbd", lbd, ge=0)
     delta = draw_noise(x, sigma, 1, noise)[0]
     clean = model(x).float()
     noisy = model(x + delta).float()
@@ -690,6 +720,8 @@ def settings(args):
     s["outdir"] = args.outdir or f"runs/train_{args.method}_{args.dataset}_sigma{args.sigma}"
     common.check(all(s[k] is None or s[k] >= 0 for k in ("T", "eps", "warmup", "lbd", "eta", "alpha", "mix_step")),
                  "--T, --eps, --warmup, --lbd, --eta, --alpha and --mix_step must be >= 0")
+    common.check(all(s.get(k) is None or s[k] > 0 for k in ("beta", "gamma", "maxnorm")),
+                 "--beta, --gamma and --maxnorm must be > 0")
     common.check(s["epochs"] >= 0 and s["batch"] >= 1 and s["lr_step"] >= 1 and args.workers >= 0,
                  "--epochs, --workers must be >= 0 and --batch, --lr_step >= 1")
     common.check(all(e >= 1 for e in args.lr_milestones or []), "--lr_milestones must be epochs >= 1")

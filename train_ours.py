@@ -29,7 +29,6 @@ import signal
 if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
-import math
 import os
 import sys
 import time
@@ -148,7 +147,8 @@ def check_settings(s):
                  f"--eps must be > 0 with the attack on (--T {s['T']}), got {s['eps']}")
     common.check(s["Et"] >= 0 and s["N"] >= 1 and s["N_weight"] >= 1 and s["reweight_every"] >= 1,
                  "--Et must be >= 0 and --N, --N_weight, --reweight_every >= 1")
-    common.check(0 < s["alpha"] < 1 and 0 < s["p_min"] < 1, "--alpha and --p_min must lie in (0, 1)")
+    common.check(0 < s["alpha"] < 1 and 0.5 < s["p_min"] < 1, "--alpha must lie in (0, 1), --p_min in (1/2, 1) "
+                                                                "(the weights divide by Phi^-1(p_min) > 0)")
     common.check(s["epochs"] >= 0 and s["workers"] >= 0 and s["batch"] >= 1 and s["lr_step"] >= 1,
                  "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")
     common.check(all(e >= 1 for e in s["lr_milestones"] or []), "--lr_milestones must be epochs >= 1")
@@ -166,8 +166,10 @@ def check_settings(s):
 
 def ours_loss(model, x, y, sigma, m, T, eps, attack):
     """Alg. 2 inner loop: m Gaussian draws per image, each moved on its sphere by Alg. 1, mean cross-entropy."""
-    common.check(attack in ("l2", "linf") and 0 < sigma < math.inf and int(m) == m >= 1 and int(T) == T >= 0,
-                 f"ours_loss needs attack 'l2' or 'linf', sigma > 0, m >= 1, T >= 0 (got {attack!r}, {sigma}, {m}, {T})")
+    common.check_batch(model, x, y, sigma, m=m)
+    common.check_int("T", T, 0)
+    common.check_float("eps", eps, ge=0)
+    common.check_choice("attack", attack, ("l2", "linf"))
     delta = sigma * torch.randn(m, *x.shape, device=x.device, dtype=x.dtype)   # (m, b, C, H, W)
     if T > 0:
         delta = common.sphere_pgd(model, x, y, delta, T, eps, attack)  # eval mode inside; norms kept
@@ -181,12 +183,17 @@ def discard_hard(model, dataset, sigma, N, pt, batch=1024):
     """§5.1: estimate pA of every example of `dataset` as the share of N noisy copies the model labels correctly
     (common.count_correct: an empirical frequency, not a bound) and keep those with pA >= pt.
     Returns (the kept indices, int64 counts of every example, their labels), all on the CPU."""
+    common.check_smoothing(sigma, N=N, batch=batch)
+    common.check_float("pt", pt, ge=0, le=1)
     counts, labels = common.count_correct(model, dataset, torch.arange(len(dataset)), sigma, N, batch)
     return keep_easy(counts, N, pt), counts, labels
 
 
 def keep_easy(counts, N, pt):
     """The indices whose estimated pA = counts / N is at least pt (§5.1)."""
+    common.check_tensor("counts", counts, "n", "int")
+    common.check_int("N", N)
+    common.check_float("pt", pt, ge=0, le=1)
     return torch.arange(len(counts))[counts.double() / N >= pt]
 
 
@@ -219,6 +226,9 @@ def discard_step(model, dataset, args, epoch, device):
 
 def code_weight_floor(N, alpha, p_min):
     """The official code's weight of every example with at most floor(N p_min) correct copies (unnormalised)."""
+    common.check_int("N", N)
+    common.check_float("alpha", alpha, gt=0, lt=1)
+    common.check_float("p_min", p_min, gt=0, lt=1)
     return ndtri(common.clopper_pearson_lower(np.floor(N * p_min), N, alpha))
 
 
@@ -230,9 +240,14 @@ def radius_weights(counts, N, alpha, p_min, formula):
     code (the authors' released code, train_ours.py's --weights default, which the paper's numbers come from):
     k' = max(k, floor(N p_min)), w = Phi^-1(CP_lower(k', N, alpha)) / the same at k' = floor(N p_min), so hard
     examples weigh 1 in both; the two differ in how fast w grows with k (docs/training.md)."""
-    common.check(formula in ("paper", "code"), f"formula must be 'paper' or 'code' (got {formula!r})")
-    counts = np.asarray(counts, dtype=float)
+    common.check_choice("formula", formula, ("paper", "code"))
+    common.check_int("N", N)
+    counts = common.check_array("counts", counts, ndim=1, integral=True, ge=0, le=N)
+    common.check_float("alpha", alpha, gt=0, lt=1)
+    common.check_float("p_min", p_min, gt=0.5, lt=1)   # Phi^-1(p_min) > 0: the weights' unit
     if formula == "code":
+        common.check(code_weight_floor(N, alpha, p_min) > 0, f"N {N}, p_min {p_min}: the code's weights need the "
+                                                              f"lower bound of pA at floor(N p_min) above 1/2")
         k = np.maximum(counts, np.floor(N * p_min))   # clip the probability at p_min
         w = ndtri(common.clopper_pearson_lower(k, N, alpha)) / code_weight_floor(N, alpha, p_min)
     else:

@@ -84,7 +84,7 @@ for name, code in CASES:   # each case in its own copy of this namespace, as the
         exec(code, ns)
         outcomes[name] = ["ok", repr(ns.get("result"))]
     except Exception as e:
-        outcomes[name] = [type(e).__name__, str(e), isinstance(e, ValueError)]
+        outcomes[name] = [type(e).__name__, str(e), isinstance(e, (ValueError, TypeError))]
 json.dump(outcomes, open("out.json", "w"))
 """
 
@@ -94,7 +94,7 @@ def outcome(code, namespace):
         exec(code, namespace)
         return ["ok", repr(namespace.get("result"))]
     except Exception as e:
-        return [type(e).__name__, str(e), isinstance(e, ValueError)]
+        return [type(e).__name__, str(e), isinstance(e, (ValueError, TypeError))]
 
 
 @pytest.fixture(scope="module")

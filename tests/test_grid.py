@@ -688,7 +688,7 @@ def test_false_certificate_rate_with_packing_stays_within_alpha():
     plan = grid.grid_plan([0.25, 0.5], sigma, 20_000, alpha, alpha, True)   # no rule-out errs
     runs = 240
     for r in (0.25, 0.5):
-        x = point_at(w, b, r)[0]
+        x = point_at(w, b, r)   # one input (C, H, W) = (1, 1, 4)
         outs = []
         for g in range(0, runs, 40):
             outs += grid.grid_certify_many(model, [(x, common.example_generator(11, k), None)
