@@ -137,7 +137,7 @@ def catalogue(ns):
                          {"model": model, "sigma": sigma, "N": N, "pt": ("float", UNIT), "batch": N})
     c["keep_easy"] = (lambda: dict(counts=torch.tensor([3, 9]), N=10, pt=0.5),
                       {"N": N, "pt": ("float", UNIT), "counts": ("counts",)})
-    c["radius_weights"] = (lambda: dict(counts=[3, 16], N=16, alpha=0.1, p_min=0.75),
+    c["radius_weights"] = (lambda: dict(counts=[3, 16], N=16, alpha=0.1, p_min=0.75, formula="code"),
                            {"counts": ("array", {"ge": 0, "le": 16}, 1, True), "N": N, "alpha": alpha,
                             "p_min": ("float", {"gt": 0.5, "lt": 1}), "formula": ("choice", ("paper", "code"))})
     c["code_weight_floor"] = (lambda: dict(N=16, alpha=0.1, p_min=0.75),
