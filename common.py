@@ -432,6 +432,62 @@ def check(condition, message):
         raise UserError(message)
 
 
+# The blocks' argument checks: a wrong type is a TypeError, a wrong value a UserError (a ValueError), each naming
+# the argument; they run before any work, so a bad argument never reaches torch or numpy.
+
+def check_int(name, value, low=1, high=None):
+    """value as an int in [low, high] (None: no bound). A bool, a float (even 100.0) or a string is a TypeError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int (got {value!r}, a {type(value).__name__})")
+    check(value >= low and (high is None or value <= high),
+          f"{name} = {value!r} is out of range: {name} >= {low}" + ("" if high is None else f" and <= {high}"))
+    return int(value)
+
+
+def check_float(name, value, ge=None, gt=None, le=None, lt=None):
+    """value as a finite float within the bounds given (ge: >=, gt: >, le: <=, lt: <); a bool or string is a TypeError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number (got {value!r}, a {type(value).__name__})")
+    bounds = [(op, b) for op, b in ((">=", ge), (">", gt), ("<=", le), ("<", lt)) if b is not None]
+    ok = [value >= b if op == ">=" else value > b if op == ">" else value <= b if op == "<=" else value < b
+          for op, b in bounds]
+    check(math.isfinite(value) and all(ok), f"{name} = {value!r} is out of range: {name} must be finite" +
+          "".join(f" and {op} {b}" for op, b in bounds))
+    return float(value)
+
+
+def check_floats(name, values, **bounds):
+    """A non-empty list (tuple, 1-d array) of numbers, each checked as check_float(name[i], bounds); a list of floats."""
+    if isinstance(values, (str, bytes, dict, set)) or not hasattr(values, "__len__"):
+        raise TypeError(f"{name} must be a list of numbers (got {type(values).__name__})")
+    check(len(values) > 0, f"{name} is empty: give at least one value")
+    return [check_float(f"{name}[{i}]", v, **bounds) for i, v in enumerate(values)]
+
+
+def check_choice(name, value, choices):
+    """value, one of choices (a string switch's names), else a UserError listing them."""
+    check(isinstance(value, str) and value in choices,
+          f"{name} must be one of {', '.join(map(repr, choices))} (got {value!r})")
+    return value
+
+
+def check_tensor(name, x, shape, kind="float", **sizes):
+    """x a torch tensor of `shape`'s dimensions ("C H W": one input, "B C H W": a batch; sizes fixes some, e.g.
+    B=len(x)), none of them empty, of a floating (kind "float") or integer ("int") dtype. Returns x."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch tensor (got a {type(x).__name__})")
+    if kind == "float" and not x.is_floating_point():
+        raise TypeError(f"{name} has dtype {x.dtype}; blocks take floating-point inputs in [0, 1] "
+                        f"(8-bit images: {name}.float() / 255)")
+    if kind == "int" and (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool):
+        raise TypeError(f"{name} has dtype {x.dtype}; class labels are integers ({name}.long())")
+    dims = shape.split()
+    check(x.dim() == len(dims) and all(n >= 1 and n == sizes.get(d, n) for d, n in zip(dims, x.shape)),
+          f"{name} has shape {tuple(x.shape)}; expected ({', '.join(dims)})" +
+          "".join(f", {d} = {n}" for d, n in sizes.items()) + ", none empty")
+    return x
+
+
 SEPARATORS = {"\t": "a tab", "\n": "a line break", "\r": "a carriage return", "|": "'|'"}
 
 
@@ -457,10 +513,11 @@ def radius_ceiling(log):
 
 
 def check_smoothing(sigma, alpha=0.5, **counts):
-    """UserError (a ValueError) naming the argument unless 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
-    for name, value, ok in [("sigma", sigma, 0 < sigma < math.inf), ("alpha", alpha, 0 < alpha < 1)] + \
-            [(name, n, int(n) == n >= 1) for name, n in counts.items()]:
-        check(ok, f"{name} = {value!r} is out of range (sigma > 0 and finite, 0 < alpha < 1, counts integers >= 1)")
+    """check_float / check_int of RS's settings: 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
+    check_float("sigma", sigma, gt=0)
+    check_float("alpha", alpha, gt=0, lt=1)
+    for name, n in counts.items():
+        check_int(name, n)
 
 
 def _is_number(v):
