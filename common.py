@@ -444,24 +444,43 @@ def check_int(name, value, low=1, high=None):
     return int(value)
 
 
-def check_float(name, value, ge=None, gt=None, le=None, lt=None):
-    """value as a finite float within the bounds given (ge: >=, gt: >, le: <=, lt: <); a bool or string is a TypeError."""
+RANGES = {"ge": (">=", np.greater_equal), "gt": (">", np.greater), "le": ("<=", np.less_equal), "lt": ("<", np.less)}
+
+
+def check_range(name, value, **bounds):
+    """UserError unless value (a number or an array) is finite and within bounds (ge: >=, gt: >, le: <=, lt: <)."""
+    ok = np.isfinite(value)
+    for key, bound in bounds.items():
+        ok = ok & RANGES[key][1](value, bound)
+    if not np.all(ok):
+        got = f"{name} = {value!r}" if np.ndim(value) == 0 else f"{name} holds {np.asarray(value)[~ok][0].item()!r}"
+        raise UserError(f"{got}, out of range: {name} must be finite" +
+                        "".join(f" and {RANGES[k][0]} {b}" for k, b in bounds.items()))
+
+
+def check_float(name, value, **bounds):
+    """value as a float, finite and within check_range's bounds; a bool, a string or a tensor is a TypeError."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number (got {value!r}, a {type(value).__name__})")
-    bounds = [(op, b) for op, b in ((">=", ge), (">", gt), ("<=", le), ("<", lt)) if b is not None]
-    ok = [value >= b if op == ">=" else value > b if op == ">" else value <= b if op == "<=" else value < b
-          for op, b in bounds]
-    check(math.isfinite(value) and all(ok), f"{name} = {value!r} is out of range: {name} must be finite" +
-          "".join(f" and {op} {b}" for op, b in bounds))
+    check_range(name, value, **bounds)
     return float(value)
 
 
-def check_floats(name, values, **bounds):
-    """A non-empty list (tuple, 1-d array) of numbers, each checked as check_float(name[i], bounds); a list of floats."""
-    if isinstance(values, (str, bytes, dict, set)) or not hasattr(values, "__len__"):
-        raise TypeError(f"{name} must be a list of numbers (got {type(values).__name__})")
-    check(len(values) > 0, f"{name} is empty: give at least one value")
-    return [check_float(f"{name}[{i}]", v, **bounds) for i, v in enumerate(values)]
+def check_array(name, values, ndim=None, integral=False, **bounds):
+    """values (a number, list, array or tensor of numbers, not empty; ndim dimensions when given) as a float64
+    array, each finite, whole where integral, within check_range's bounds; strings, bools or ragged lists: TypeError."""
+    try:
+        a = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values)
+    except ValueError:
+        a = np.asarray(None)   # a ragged list
+    if a.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold numbers (got {type(values).__name__} of {a.dtype})")
+    check(a.size > 0 and a.ndim == (ndim if ndim is not None else a.ndim),
+          f"{name} has shape {a.shape}: expected a non-empty {'array' if ndim is None else f'{ndim}-d array'}")
+    a = a.astype(np.float64)
+    check_range(name, a, **bounds)
+    check(not integral or np.all(a == np.round(a)), f"{name} must hold whole numbers (counts)")
+    return a
 
 
 def check_choice(name, value, choices):
