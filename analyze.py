@@ -76,7 +76,16 @@ def logs_command(sub, name, help_text, logs_help="certification TSVs (Cohen's co
     s.add_argument("--sigmas", nargs="+", type=float, help="one sigma per log (default: from the path, "
                                                             "e.g. noise_0.25 or sigma0.5, else <log>.json)")
     s.add_argument("--out", help="folder for .md/.tex/.tsv files and PNG + PDF figures")
+    add_allow_different(s)
     return s
+
+
+def add_allow_different(s):
+    """The one flag that sets logs of different settings (readers.SETTINGS) side by side."""
+    s.add_argument("--allow-different", nargs="+", choices=tuple(readers.SETTINGS), default=[], metavar="SETTING",
+                   help="set side by side logs that differ in these settings (dataset, split, budget: N and alpha, "
+                        "mode: label mode, DDRS ...), which is otherwise refused: a row of one would not mean what "
+                        "it means in the other. Reports then name what differs (docs/analysis.md)")
 
 
 def add_metric_commands(sub):
@@ -249,14 +258,22 @@ REFUSED = {
     "ecdf": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA},
     "budget": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA, "DDRS": PER_INPUT_SIGMA,
                "semi-elastic": PER_INPUT_SIGMA},
-    "trainpa": {**PREDICT_REFUSED, "grid": readers.NO_NY, "grid without r = 0": readers.NO_NY},   # its reader says so
+    "trainpa": {**PREDICT_REFUSED, "grid": readers.NO_NY, "grid without r = 0": readers.NO_NY,   # its reader says so
+                "test split": "trainpa measures the training set; certify with certify.py --split train"},
     "gradnorm --acr": PREDICT_REFUSED,   # a grid log's ACR shows as n/a
 }
 
 
-def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None):
+# Settings an analysis sets side by side by design (readers.check_comparable): budget converts each log from its
+# own budget to the one asked for.
+BY_DESIGN = {"budget": ("budget",)}
+
+
+def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None, allow=()):
     """Read every log first (bad input fails before anything is written); attach label, sigma and sidecar.
-    command: the analysis (a key of REFUSED), whose refused kinds of certification log stop it here."""
+    command: the analysis (a key of REFUSED), whose refused kinds of certification log stop it here, and which
+    sets these logs side by side: settings that differ between them (readers.check_comparable) stop it too,
+    except those in `allow` (--allow-different) and BY_DESIGN's, which a note on stderr names."""
     labels, sigmas = per_log(labels, paths, "--labels"), per_log(sigmas, paths, "--sigmas")
     logs = []
     for path, label, sigma in zip(paths, labels, sigmas):
@@ -269,12 +286,21 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None):
         if sigma is None and isinstance(own, (int, float)) and guessed is not None and float(own) != guessed:
             print(f"note: {path}: sigma {own} from its settings file {path}.json, not {guessed} as its path "
                   f"suggests (certified at another sigma than the model was trained with?)", file=sys.stderr)
+        common.check(sigma is None or own is None or float(sigma) == float(own),
+                     f"{path}: --sigmas gives {sigma}, but its settings file records sigma {own} (the sigma it was "
+                     f"certified at, which its radii are in units of); drop --sigmas or give {own}")
         if sigma is None:   # what certify.py recorded wins over a guess from the path
             sigma = own if own is not None else guessed
         common.check(sigma is None or (isinstance(sigma, (int, float)) and sigma > 0),
                      f"{path}: sigma must be > 0 (got {sigma})")
         log["sigma"] = None if sigma is None else float(sigma)
         logs.append(log)
+    if command is not None:
+        for setting, line in readers.check_comparable(logs, set(allow) | set(BY_DESIGN.get(command, ())),
+                                                      f"analyze.py {command}"):
+            if setting in allow:
+                print(f"note: the logs differ in {line} (--allow-different {setting}): each row is about its model "
+                      f"and that setting together", file=sys.stderr)
     return logs
 
 
@@ -1223,13 +1249,15 @@ def gradnorm_intervals(logs, level, replicates, seed):
     return own, vs, paired
 
 
-def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, replicates=2000, seed=0):
+def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, replicates=2000, seed=0, allow=()):
     """Table 2 and the Fig. 5 histograms, with gradnorm_intervals' intervals. acr_paths: one certification
-    log per gradient-norm log ('-' for none), whose ACR goes beside it as in Table 2; None: no ACR column."""
+    log per gradient-norm log ('-' for none), whose ACR goes beside it as in Table 2 (logs of one setting, as
+    load_logs checks, but for the settings in `allow`); None: no ACR column."""
     if acr_paths is not None:
         common.check(len(acr_paths) == len(logs), f"--acr needs one certification log per gradient-norm file "
                                                   f"('-' for none): got {len(acr_paths)} for {len(logs)}")
-        certified = [None if p == "-" else load_logs([p], command="gradnorm --acr")[0] for p in acr_paths]
+        loaded = iter(load_logs([p for p in acr_paths if p != "-"], command="gradnorm --acr", allow=allow))
+        certified = [None if p == "-" else next(loaded) for p in acr_paths]
         for log, cert in zip(logs, certified):   # the same model, where the records say which it was
             source, sha = machinery.recorded_source(log["path"]), cert and cert["sidecar"].get("checkpoint_sha256")
             common.check(not (source and sha and os.path.isfile(source)) or machinery.file_sha256(source) == sha,
@@ -1342,20 +1370,15 @@ def tango_interval(x12, x21, n, z):
         num = x12 - x21 - n * delta
         return 0.0 if num == 0 else num / math.sqrt(max(n * (2 * p21 + delta * (1 - delta)), 1e-300))
 
+    def root(f, lo, hi):                    # f > 0 at lo, <= 0 at hi: (lo, hi) 60 halvings apart
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
+        return lo, hi
+
     d = (x12 - x21) / n
-    low, high = -1.0, 1.0
-    if score(-1.0) > z:                     # the lower end: score(low) = z
-        lo, hi = -1.0, d
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if score(mid) > z else (lo, mid)
-        low = hi
-    if score(1.0) < -z:                     # the upper end: score(high) = -z
-        lo, hi = d, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if score(mid) >= -z else (lo, mid)
-        high = lo
+    low = root(lambda t: score(t) - z, -1.0, d)[1] if score(-1.0) > z else -1.0     # score(low) = z
+    high = root(lambda t: score(t) + z, d, 1.0)[0] if score(1.0) < -z else 1.0     # score(high) = -z
     return low, high
 
 
@@ -1404,19 +1427,21 @@ def analyze(args):
         text = paper_report(args.root, args.out)
     elif c == "gradnorm":
         text = gradnorm_report(load_logs(args.logs, args.labels, args.sigmas, read_gradnorm), args.out,
-                               acr_paths=args.acr, level=args.level, replicates=args.replicates, seed=args.seed)
+                               acr_paths=args.acr, level=args.level, replicates=args.replicates, seed=args.seed,
+                               allow=args.allow_different)
     elif c == "trainpa":
-        text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA, command="trainpa"), args.pt,
-                               args.out)
+        text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA, command="trainpa",
+                                        allow=args.allow_different), args.pt, args.out)
     elif c == "budget":
-        logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log, command="budget")
+        logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log, command="budget",
+                         allow=args.allow_different)
         text = budget_report(logs, args.N, args.alpha, args.radii, args.log_N, args.log_alpha, args.out)
     else:
         by_seed = c == "table" and args.group_by_seed
         labels = args.labels
         if by_seed and not labels:   # labels from the paths without their seed parts
             labels = [label_from_path(strip_seed(path)) for path in args.logs]
-        logs = load_logs(args.logs, labels, args.sigmas, command=c)
+        logs = load_logs(args.logs, labels, args.sigmas, command=c, allow=args.allow_different)
         check_baseline(args, logs)
         if by_seed:
             text = seed_table_report(logs, args.radii, args.format, args.out)

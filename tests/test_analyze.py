@@ -9,6 +9,7 @@ import pytest
 from scipy.stats import norm
 
 import analyze
+import common
 import machinery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -653,7 +654,10 @@ def test_the_sidecar_sigma_wins_over_the_path_and_the_conflict_is_noted(tmp_path
     assert analyze.load_logs([other])[0]["sigma"] == 0.25
     err = capsys.readouterr().err
     assert "sigma 0.25 from its settings file" in err and "not 0.5" in err
-    assert analyze.load_logs([other], sigmas=[1.0])[0]["sigma"] == 1.0   # a flag wins over both
+    # a --sigmas value against the sidecar's is refused: the radii are in units of the sigma certified at
+    with pytest.raises(common.UserError, match="--sigmas gives 1.0, but its settings file records sigma 0.25"):
+        analyze.load_logs([other], sigmas=[1.0])
+    assert analyze.load_logs([other], sigmas=[0.25])[0]["sigma"] == 0.25
 
 
 def test_trainpa_reads_the_discard_estimates_and_train_split_logs(tmp_path, capsys):
@@ -686,8 +690,10 @@ def test_the_committed_ddrs_cpu_table_is_analyze_output_of_the_committed_logs(tm
     results = os.path.join(ROOT, "results", "ddrs_cpu")
     names = ["fixed", "ds_lr0.0001", "ds_lr0.001", "ds_lr0.003", "ds_lr0.01", "ds_lr0.03", "semi_elastic"]
     logs = [os.path.join(results, f"{name}_noise_0.25.tsv") for name in names]   # scripts/ddrs_cpu.sh's order
-    code, _, err = run_main(["table", *logs, "--labels", *names, "--radii", "0", "0.25", "0.5", "0.75", "1.0",
-                             "--out", str(tmp_path)], capsys)
+    argv = ["table", *logs, "--labels", *names, "--radii", "0", "0.25", "0.5", "0.75", "1.0", "--out", str(tmp_path)]
+    code, _, err = run_main(argv, capsys)   # DDRS rows beside CERTIFY's: a difference of mode, allowed by the flag
+    assert code == 2 and "mode DDRS, but" in err and "--allow-different mode" in err
+    code, _, err = run_main(argv + ["--allow-different", "mode"], capsys)
     assert code == 0, err
     for name in ("table.md", "table.tsv"):
         with open(tmp_path / name) as fresh, open(os.path.join(results, name)) as committed:
