@@ -1370,15 +1370,20 @@ def tango_interval(x12, x21, n, z):
         num = x12 - x21 - n * delta
         return 0.0 if num == 0 else num / math.sqrt(max(n * (2 * p21 + delta * (1 - delta)), 1e-300))
 
-    def root(f, lo, hi):                    # f > 0 at lo, <= 0 at hi: (lo, hi) 60 halvings apart
+    d = (x12 - x21) / n
+    low, high = -1.0, 1.0
+    if score(-1.0) > z:                     # the lower end: score(low) = z
+        lo, hi = -1.0, d
         for _ in range(60):
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
-        return lo, hi
-
-    d = (x12 - x21) / n
-    low = root(lambda t: score(t) - z, -1.0, d)[1] if score(-1.0) > z else -1.0     # score(low) = z
-    high = root(lambda t: score(t) + z, d, 1.0)[0] if score(1.0) < -z else 1.0     # score(high) = -z
+            lo, hi = (mid, hi) if score(mid) > z else (lo, mid)
+        low = hi
+    if score(1.0) < -z:                     # the upper end: score(high) = -z
+        lo, hi = d, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if score(mid) >= -z else (lo, mid)
+        high = lo
     return low, high
 
 

@@ -194,7 +194,10 @@ def radius_moments(p, N, z, sigma, chunk=256):
 
 def test_set_votes(N=None, alpha=None, sigma=None):
     """compare_sides's `votes` for intervals over the fixed test set (--over test-set): vote_variances with the
-    budget N, alpha and the sigma of logs that record none."""
+    budget N, alpha and the sigma of logs that record none (None: each from the log)."""
+    N = None if N is None else common.check_int("N", N)
+    alpha = None if alpha is None else common.check_float("alpha", alpha, gt=0, lt=1)
+    sigma = None if sigma is None else common.check_float("sigma", sigma, gt=0)
     return functools.partial(vote_variances, N_flag=N, alpha_flag=alpha, sigma=sigma)
 
 
@@ -350,17 +353,18 @@ def holm(pvalues, error):
 
 def check_sides(side_a, side_b, radii, level, votes, family):
     """compare_sides' arguments, each checked (a TypeError or ValueError naming it); the radii as floats."""
-    for name, side in (("side_a", side_a), ("side_b", side_b)):
-        if not isinstance(side, (list, tuple)) or not all(isinstance(log, dict) and "radius" in log for log in side):
-            raise TypeError(f"{name} must be a list of logs as read_certification_log returns them (got {side!r:.60})")
-        common.check(len(side) > 0, f"{name} is empty: a side needs at least one log")
-    if not isinstance(radii, (list, tuple, np.ndarray)) or len(radii) == 0:
-        raise TypeError(f"radii must be a non-empty list of radii (got {radii!r})")
+    is_log = lambda log: isinstance(log, dict) and "radius" in log   # noqa: E731
+    lists = {"side_a": (side_a, list, is_log, "logs"), "side_b": (side_b, list, is_log, "logs"),
+             "radii": (radii, (list, tuple, np.ndarray), lambda r: True, "radii"),
+             "family": (family or ["?"], (list, tuple), lambda n: isinstance(n, str), "row names")}
+    for name, (value, kind, ok, what) in lists.items():
+        if not isinstance(value, kind) or not all(map(ok, value)):
+            raise TypeError(f"{name} must be a list of {what} (got {value!r:.80})")
+        common.check(len(value) > 0, f"{name} is empty: give at least one")
+    common.check(family is None or len(family) > 0, "family is empty: give the claim's rows, or None for all rows")
     common.check_float("level", level, gt=0, lt=1)
     if votes is not None and not callable(votes):
         raise TypeError(f"votes must be None or test_set_votes(N, alpha, sigma) (got {votes!r:.60})")
-    if family is not None and (isinstance(family, str) or not all(isinstance(n, str) for n in family) or not family):
-        raise TypeError(f"family must be None or a non-empty list of row names (got {family!r})")
     return [common.check_float(f"radii[{i}]", r, ge=0) for i, r in enumerate(radii)]
 
 
