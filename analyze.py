@@ -350,6 +350,16 @@ def certified_accuracy(radius, correct, radii):
     return np.array([np.mean(radius >= r) for r in radii])
 
 
+def decided(log, radii):
+    """Where a log decides certified accuracy (a boolean array like radii): at every radius for CERTIFY; for a grid
+    log (certify.py --radii) at its levels only (r = 0 among them unless --no-zero-level), its count elsewhere
+    being a lower bound. A grid log without its settings file (levels unknown) is taken to decide every radius."""
+    levels = (log.get("sidecar") or {}).get("radii")
+    if not log.get("grid") or not isinstance(levels, list):
+        return np.ones(len(radii), dtype=bool)
+    return np.isin(np.asarray(radii, dtype=float), np.asarray(levels, dtype=float))
+
+
 def fine_radii(logs):
     """A radius grid up to the largest radius of the logs, for curves."""
     top = max(float(np.max(np.where(log["correct"], log["radius"], 0.0))) for log in logs)
@@ -636,7 +646,8 @@ def table_rows(logs, radii):
     for log in logs:
         # a grid log's radius is a certified grid level, not a radius: it has no ACR in any output (nan -> n/a)
         log["acr"] = float("nan") if log.get("grid") else acr(log["radius"], log["correct"])
-        log["acc"] = certified_accuracy(log["radius"], log["correct"], radii)
+        # a radius a grid log did not decide has no value (n/a in every output, never ranked), not its lower bound
+        log["acc"] = np.where(decided(log, radii), certified_accuracy(log["radius"], log["correct"], radii), np.nan)
     return logs
 
 
@@ -652,10 +663,11 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
             shown = log["label"] + (" (sound)" if log["sidecar"].get("sound") else "") + \
                 (" (grid)" if log.get("grid") else "") + (" (DDRS)" if "sigma_x" in log else "")
             lead = [fmt_sigma(sigma) if i == 0 else "", shown] + extra_cells.get(id(log), [])
-            numbers = ["n/a" if log.get("grid") else f"{log['acr']:.3f}"] + [fmt_percent(a) for a in log["acc"]]
+            numbers = ["n/a" if log.get("grid") else f"{log['acr']:.3f}"] + \
+                ["n/a" if np.isnan(a) else fmt_percent(a) for a in log["acc"]]
             md_rows.append(lead[:2] + [str(len(log["radius"]))] + lead[2:] + numbers)
-            tsv_rows.append([fmt_sigma(sigma), log["label"], len(log["radius"])] + lead[2:] +
-                            [fmt_acr(log["acr"], 6)] + [f"{100 * a:.2f}" for a in log["acc"]])
+            tsv_rows.append([fmt_sigma(sigma), log["label"], len(log["radius"])] + lead[2:] + [fmt_acr(log["acr"], 6)]
+                            + ["n/a" if np.isnan(a) else f"{100 * a:.2f}" for a in log["acc"]])
             rows.append(lead + numbers)
             values.append([float("nan") if x == "n/a" else float(x) for x in numbers])   # rank what is printed
             if log["label"].lower() == baseline.lower():
@@ -685,8 +697,10 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
                 " and below the smallest (r = 0 was not a level: --no-zero-level)"
             md += (f"\n\n(grid): {log['label']} was certified at a grid of radii (certify.py --radii "
                    f"{' '.join(f'{r:g}' for r in log['sidecar'].get('radii') or [])}): its radius is the largest "
-                   f"grid radius certified, so certified accuracy is exact at the grid radii and a lower bound "
-                   f"between them{zero_note}, and there is no ACR (certify without --radii). Mean model evaluations per "
+                   f"grid radius certified, so certified accuracy is exact at the grid radii and only a lower bound "
+                   f"between them{zero_note}" + (", where the table says n/a" if levels else " (its levels are "
+                   f"unknown without its settings file: the table shows those lower bounds)") +
+                   f", and there is no ACR (certify without --radii). Mean model evaluations per "
                    f"example: {N0 + np.mean(log['N']):,.0f} (median {N0 + np.median(log['N']):,.0f}; CERTIFY "
                    f"with N = 100,000: 100,100).")
     if any(log["sidecar"].get("sound") for log in logs):
@@ -721,6 +735,8 @@ def mean_std(values):
 
 def plus_minus(mean, std, digits):
     """'0.5613 ± 0.0022' as Table 8 prints it; the mean alone where there is no deviation (one seed)."""
+    if np.isnan(mean):   # a radius a grid log did not decide
+        return "n/a"
     return f"{mean:.{digits}f}" if np.isnan(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
@@ -742,7 +758,7 @@ def seed_table_report(logs, radii, fmt, out, name="table_seeds"):
             tex_rows.append([tex_text(c) for c in lead[:2]] + [c.replace("±", r"$\pm$") for c in pm])
             tsv_rows.append([fmt_sigma(sigma), label, len(runs), "/".join(map(str, sizes)), fmt_acr(acr_m[0], 6),
                              f"{acr_s[0]:.6f}" if not np.isnan(acr_m[0]) else "n/a"] +
-                            [f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
+                            ["n/a" if np.isnan(v) else f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
     radius_header = [f"{r:.2f}" for r in radii]
     md = markdown(["σ", "method", "seeds", "n", "ACR"] + radius_header, md_rows)
     tex = "\n".join([r"\begin{tabular}{ll" + "r" * (1 + len(radii)) + "}", r"\toprule",
@@ -795,14 +811,18 @@ def ablation_report(logs, parts, radii, fmt, out):
 # envelope (§7)
 # ----------------------------------------------------------------------------------------------------------
 
-def envelope(logs, radii):
-    """Per label: the best certified accuracy over its logs (sigmas) at each radius, and the sigma giving it."""
+def envelope(logs, radii, bounds=False):
+    """Per label: the best certified accuracy over its logs (sigmas) at each radius, and the sigma giving it
+    (nan and None where no log of the label decides the radius: a grid log's lower bounds count only with bounds)."""
     result = {}
     for log in logs:
         acc = certified_accuracy(log["radius"], log["correct"], radii)
+        acc = acc if bounds else np.where(decided(log, radii), acc, -1.0)
         best = result.setdefault(log["label"], {"acc": np.full(len(radii), -1.0), "sigma": [None] * len(radii)})
         for j in np.flatnonzero(acc > best["acc"]):          # ties keep the first log given
             best["acc"][j], best["sigma"][j] = acc[j], log["sigma"]
+    for best in result.values():
+        best["acc"][best["acc"] < 0] = np.nan
     return result
 
 
@@ -810,17 +830,21 @@ def envelope_report(logs, radii, out, name="envelope"):
     """§7: table of the best certified accuracy over sigma per label, the sigma giving it, the best label."""
     env = envelope(logs, radii)
     header = ["method"] + [f"{r:.2f}" for r in radii]
-    rows = [[label] + [f"{fmt_percent(a)} ({fmt_sigma(s)})" for a, s in zip(e["acc"], e["sigma"])]
-            for label, e in env.items()]
+    cell = lambda a, s: "n/a" if np.isnan(a) else f"{fmt_percent(a)} ({fmt_sigma(s)})"   # noqa: E731
+    rows = [[label] + [cell(a, s) for a, s in zip(e["acc"], e["sigma"])] for label, e in env.items()]
     best = []
     for j in range(len(radii)):   # every label that reaches the best value: a tie is not a win
-        top = max(env[label]["acc"][j] for label in env)
-        best.append(" = ".join(label for label in env if env[label]["acc"][j] == top))
+        top = max((env[label]["acc"][j] for label in env if not np.isnan(env[label]["acc"][j])), default=np.nan)
+        best.append(" = ".join(label for label in env if env[label]["acc"][j] == top) or "n/a")
     rows.append(["best"] + best)
-    tsv_rows = [[label, "accuracy"] + [f"{100 * a:.2f}" for a in e["acc"]] for label, e in env.items()]
+    tsv_rows = [[label, "accuracy"] + ["n/a" if np.isnan(a) else f"{100 * a:.2f}" for a in e["acc"]]
+                for label, e in env.items()]
     tsv_rows += [[label, "sigma"] + [fmt_sigma(s) for s in e["sigma"]] for label, e in env.items()]
     md = ("Best certified accuracy (%) across σ at each radius (the σ giving it in brackets):\n\n" +
           markdown(header, rows))
+    if any(not decided(log, radii).all() for log in logs):
+        md += ("\n\nn/a, and no σ: no log of the label decides that radius; a grid log (certify.py --radii) "
+               "counts only at its levels, where its certified accuracy is exact, not with its lower bounds between.")
     write_text(out, f"{name}.md", md)
     write_text(out, f"{name}.tsv", tsv(["method", "what"] + header[1:], tsv_rows))
     if out:
@@ -833,7 +857,7 @@ def plot_envelope(logs, out, name):
     plt = pyplot()
     fine = fine_radii(logs)
     fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
-    for label, e in envelope(logs, fine).items():
+    for label, e in envelope(logs, fine, bounds=True).items():
         ax.plot(fine, 100 * e["acc"], label=label)
     ax.set(xlabel="radius r", ylabel="best certified accuracy over σ (%)")
     ax.grid(alpha=0.3)

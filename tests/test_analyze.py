@@ -1,6 +1,8 @@
 """analyze.py against the paper's own numbers (§4.1, §4.2, App. B.1), hand-computed tables, the App. B
 conversions in both directions, bad input, and (when ../shared is present) the paper's published logs."""
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -698,3 +700,99 @@ def test_the_committed_ddrs_cpu_table_is_analyze_output_of_the_committed_logs(tm
     for name in ("table.md", "table.tsv"):
         with open(tmp_path / name) as fresh, open(os.path.join(results, name)) as committed:
             assert fresh.read() == committed.read(), name
+
+
+# ---- logs set side by side must mean the same thing (readers.check_comparable, through load_logs) ------------
+
+def setting_log(path, N=1000, alpha=0.001, sigma=0.5, **side):
+    """A CERTIFY log of 40 rows (nA N nY) whose radii follow its counts at N, alpha, sigma, with its sidecar."""
+    nA = np.random.default_rng(len(str(path))).integers(N // 2, N + 1, 40)
+    radius = np.maximum(analyze.radius_of_count(nA, N, alpha, sigma), 0.0)
+    lines = ["idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN\tnY"] + [
+        f"{i}\t0\t{0 if r > 0 else -1}\t{float(r)!r}\t{int(r > 0)}\t0:00:01\t{k}\t{N}\t{k}" for i, (k, r) in
+        enumerate(zip(nA, radius))]
+    path.write_text("\n".join(lines) + "\n")
+    settings = {**dict(N=N, alpha=alpha, sigma=sigma, mode="certify", split="test", dataset="cifar10"), **side}
+    (path.parent / (path.name + ".json")).write_text(json.dumps(settings))
+    return str(path)
+
+
+def side_by_side(command, a, b, tmp_path):
+    """The argv of `command` setting logs a and b side by side."""
+    if command == "gradnorm --acr":
+        g = [str(tmp_path / f"gradnorm_{k}.tsv") for k in "ab"]
+        for path in g:
+            shutil.copy(os.path.join(ROOT, "results", "table2_cpu", "gradnorm_gaussian.tsv"), path)
+        return ["gradnorm", *g, "--acr", a, b, "--replicates", "100"]
+    extra = {"ablation": ["--parts", "none", "discard"], "compare": ["--radii", "0.25"],
+             "table --group-by-seed": ["--labels", "m", "m"], "budget": ["--N", "100", "--alpha", "0.01"]}
+    return [*command.split()[:1], a, b, *command.split()[1:], *extra.get(command, [])]
+
+
+SIDE_BY_SIDE = ["table", "table --group-by-seed", "envelope", "ecdf", "ablation", "compare", "gradnorm --acr",
+                "trainpa", "budget"]
+
+
+@pytest.mark.parametrize("command", SIDE_BY_SIDE)
+def test_every_analysis_refuses_logs_of_another_budget_unless_allowed(tmp_path, capsys, command):
+    """N = 1,000 beside N = 2,000: one line naming N and the flag, exit 2, nothing written; with
+    --allow-different budget a note names what differs. budget converts each log from its own budget: by design."""
+    split = "train" if command == "trainpa" else "test"
+    a = setting_log(tmp_path / "a_sigma0.5.tsv", split=split)
+    b = setting_log(tmp_path / "b_sigma0.5.tsv", N=2000, split=split)
+    argv = side_by_side(command, a, b, tmp_path) + ["--out", str(tmp_path / "out")]
+    code, _, err = run_main(argv, capsys)
+    if command == "budget":
+        assert code == 0, err
+        return
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "N 2000, but" in err and "--allow-different budget" in err and not (tmp_path / "out").exists()
+    code, _, err = run_main(argv + ["--allow-different", "budget"], capsys)
+    assert code == 0, err
+    assert "note: the logs differ in N: 1000 (a_sigma0.5.tsv), 2000 (b_sigma0.5.tsv)" in err
+
+
+@pytest.mark.parametrize("command", SIDE_BY_SIDE)
+@pytest.mark.parametrize("field, value", [("split", "train"), ("dataset", "digits"), ("alpha", 0.01)])
+def test_every_analysis_refuses_a_split_a_dataset_or_an_alpha_that_differs(tmp_path, capsys, command, field, value):
+    if command == "trainpa" and field == "split":
+        return   # trainpa takes the train split only (below)
+    split = "train" if command == "trainpa" else "test"
+    a = setting_log(tmp_path / "a_sigma0.5.tsv", split=split)
+    b = setting_log(tmp_path / "b_sigma0.5.tsv", **dict({"split": split}, **{field: value}))
+    code, _, err = run_main(side_by_side(command, a, b, tmp_path), capsys)
+    if command == "budget" and field == "alpha":   # converted from each log's own budget: by design
+        assert code == 0, err
+        return
+    assert code == 2 and f"{field} {value}, but" in err, err
+    group = "budget" if field == "alpha" else field
+    assert f"--allow-different {group}" in err and len(err.strip().splitlines()) == 1
+
+
+def test_trainpa_refuses_a_test_split_log(tmp_path, capsys):
+    code, _, err = run_main(["trainpa", setting_log(tmp_path / "a_sigma0.5.tsv")], capsys)
+    assert code == 2 and "a test split log" in err and "certify with certify.py --split train" in err
+    code, out, err = run_main(["trainpa", setting_log(tmp_path / "b_sigma0.5.tsv", split="train")], capsys)
+    assert code == 0, err
+
+
+def test_table_and_envelope_show_no_value_at_radii_a_grid_log_did_not_decide(tmp_path, capsys):
+    """A grid log of --radii 0.25 0.5 --no-zero-level: its 0.00 and 0.75 columns are n/a, never its lower bound
+    (ranked in LaTeX, or the best over sigma); at its levels, its certified accuracy."""
+    plain = setting_log(tmp_path / "plain_sigma0.5.tsv")
+    grid = tmp_path / "grid_sigma0.5.tsv"
+    lines = open(plain).read().splitlines()
+    grid.write_text("\n".join([lines[0].replace("\tnY", "\tpA_lower\tpA_upper\tstop")] +
+                              [line.rsplit("\t", 1)[0] + "\t0.5\t1\tdecided" for line in lines[1:]]) + "\n")
+    side = json.loads(open(plain + ".json").read())
+    (tmp_path / "grid_sigma0.5.tsv.json").write_text(json.dumps(dict(side, mode="grid", radii=[0.25, 0.5])))
+    code, out, err = run_main(["table", plain, str(grid), "--radii", "0", "0.25", "0.5", "0.75", "--format", "tsv"],
+                              capsys)
+    assert code == 0, err
+    row = next(line.split("\t") for line in out.splitlines() if line.split("\t")[1:2] == ["grid"])
+    assert row[3:] == ["n/a", "n/a", row[5], row[6], "n/a"] and row[5] != "n/a"
+    code, out, err = run_main(["envelope", str(grid), "--radii", "0", "0.25", "0.75"], capsys)
+    assert code == 0, err
+    cells = next(line for line in out.splitlines() if line.startswith("| grid |")).split("|")[2:-1]
+    assert [c.strip() for c in cells][0] == "n/a" and [c.strip() for c in cells][2] == "n/a"
+    assert "(0.5)" in cells[1] and "no log of the label decides that radius" in out
