@@ -351,6 +351,16 @@ def holm(pvalues, error):
     return rejected
 
 
+def decided_rows(logs, radii):
+    """(the radii every log decides, those some grid log did not, the grid logs without r = 0 as a level, whose
+    clean accuracy counts only inputs certified at their smallest level: a lower bound). A grid log decides its
+    own levels (its settings file's radii; without one, every radius, as analyze.decided takes it)."""
+    levels = [(log["path"], (log.get("sidecar") or {}).get("radii")) for log in logs if log.get("grid")]
+    undecided = [r for r in radii if any(g and r not in g for _, g in levels)]
+    no_zero = [path for path, g in levels if g and 0 not in g]
+    return [r for r in radii if r not in undecided], undecided, no_zero
+
+
 def check_sides(side_a, side_b, radii, level, votes, family):
     """compare_sides' arguments, each checked (a TypeError or ValueError naming it); the radii as floats."""
     is_log = lambda log: isinstance(log, dict) and "radius" in log   # noqa: E731
@@ -378,11 +388,7 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     radii = check_sides(side_a, side_b, radii, level, votes, family)
     ga, gb, sigmas, with_acr, with_pA = compare_scope(side_a, side_b)
     logs = side_a + side_b
-    grids = [set(log["sidecar"]["radii"]) for log in logs if log.get("grid") and (log.get("sidecar") or {}).get("radii")]
-    undecided = [r for r in radii if any(r not in g for g in grids)]   # a grid log decides its own radii only
-    no_clean = [log["path"] for log in logs if log.get("grid") and 0 not in ((log.get("sidecar") or {}).get("radii")
-                                                                          or [0])]   # clean accuracy: a lower bound
-    radii = [r for r in radii if r not in undecided]
+    radii, undecided, no_clean = decided_rows(logs, radii)
     rows_of, n_shared, left = analyze.shared_images(logs)
     paired = n_shared > 0
     common.check(n_shared != 1, "the logs share one image: an interval needs at least 2 (the spread over images)")
