@@ -269,11 +269,12 @@ REFUSED = {
 BY_DESIGN = {"budget": ("budget",)}
 
 
-def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None, allow=()):
+def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None, allow=(), assumed=None):
     """Read every log first (bad input fails before anything is written); attach label, sigma and sidecar.
     command: the analysis (a key of REFUSED), whose refused kinds of certification log stop it here, and which
     sets these logs side by side: settings that differ between them (readers.check_comparable) stop it too,
-    except those in `allow` (--allow-different) and BY_DESIGN's, which a note on stderr names."""
+    except those in `allow` (--allow-different) and BY_DESIGN's, which a note on stderr names. assumed: the
+    budget the command gives logs that record none ({"N": --N, "alpha": --alpha}), checked as theirs."""
     labels, sigmas = per_log(labels, paths, "--labels"), per_log(sigmas, paths, "--sigmas")
     logs = []
     for path, label, sigma in zip(paths, labels, sigmas):
@@ -297,7 +298,7 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None, al
         logs.append(log)
     if command is not None:
         for setting, line in readers.check_comparable(logs, set(allow) | set(BY_DESIGN.get(command, ())),
-                                                      f"analyze.py {command}"):
+                                                      f"analyze.py {command}", assumed):
             if setting in allow:
                 print(f"note: the logs differ in {line} (--allow-different {setting}): each row is about its model "
                       f"and that setting together", file=sys.stderr)
@@ -1470,7 +1471,8 @@ def analyze(args):
         labels = args.labels
         if by_seed and not labels:   # labels from the paths without their seed parts
             labels = [label_from_path(strip_seed(path)) for path in args.logs]
-        logs = load_logs(args.logs, labels, args.sigmas, command=c, allow=args.allow_different)
+        flags = {"N": getattr(args, "N", None), "alpha": getattr(args, "alpha", None)}   # ecdf's, for logs without
+        logs = load_logs(args.logs, labels, args.sigmas, command=c, allow=args.allow_different, assumed=flags)
         check_baseline(args, logs)
         if by_seed:
             text = seed_table_report(logs, args.radii, args.format, args.out)

@@ -630,7 +630,7 @@ def run(args):
                  "--N and --alpha go with --over test-set (the images' comparison reads no budget)")
     logs = analyze.load_logs(side_a + side_b, sigmas=args.sigmas,
                              command="compare --over test-set" if args.over == "test-set" else "compare",
-                             allow=args.allow_different)
+                             allow=args.allow_different, assumed={"N": args.N, "alpha": args.alpha})
     check_same_images(logs)
     labels = [analyze.shown(x) for x in args.labels or [analyze.label_from_path(p) for p in (side_a[0], side_b[0])]]
     if labels[0] == labels[1]:

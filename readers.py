@@ -215,17 +215,20 @@ def log_setting(log, sidecar):
             "mode": " + ".join(mode) or "CERTIFY"}
 
 
-def check_comparable(logs, allow=(), command="this analysis"):
+def check_comparable(logs, allow=(), command="this analysis", assumed=None):
     """Refuse (common.UserError, one line naming the setting and two logs) logs to be set side by side whose
     SETTINGS differ, except those in `allow` (names of SETTINGS: the flag --allow-different, or what a command
     compares across by design). Logs are read_certification_log's, each with its settings file as 'sidecar'
-    where it has one; other files (ECDFs, pA estimates) are passed over. Returns (setting, what differs) for each
-    allowed difference, e.g. ('budget', 'N: 500 (a.tsv), 1000 (b.tsv)'), for the report to say above its table."""
+    where it has one; other files (ECDFs, pA estimates) are passed over. assumed: {field: value} a log that does
+    not record the field is read with (a command's --N, --alpha for such logs). Returns (setting, what differs)
+    for each allowed difference, e.g. ('budget', 'N: 500 (a.tsv), 1000 (b.tsv)'), for the report to say above
+    its table."""
     if isinstance(allow, str) or not all(isinstance(a, str) for a in allow):
         raise TypeError(f"allow must be a list of names of SETTINGS (got {allow!r})")
     wrong = sorted(set(allow) - set(SETTINGS))
     common.check(not wrong, f"allow: {', '.join(wrong)} is not a setting; the settings are {', '.join(SETTINGS)}")
-    settings = [(log["path"], log_setting(log, log.get("sidecar") or {})) for log in logs if "radius" in log]
+    settings = [(log["path"], {field: value if value is not None else (assumed or {}).get(field) for field, value in
+                               log_setting(log, log.get("sidecar") or {}).items()}) for log in logs if "radius" in log]
     differs = []
     for group, fields in SETTINGS.items():
         for field in fields:

@@ -796,3 +796,14 @@ def test_table_and_envelope_show_no_value_at_radii_a_grid_log_did_not_decide(tmp
     cells = next(line for line in out.splitlines() if line.startswith("| grid |")).split("|")[2:-1]
     assert [c.strip() for c in cells][0] == "n/a" and [c.strip() for c in cells][2] == "n/a"
     assert "(0.5)" in cells[1] and "no log of the label decides that radius" in out
+
+
+def test_the_budget_a_flag_gives_a_log_without_one_is_checked_against_the_others(tmp_path, capsys):
+    """ecdf converts the radii of a log that records no budget at --N --alpha: that budget is its own, so a log
+    that records another is refused beside it; without the flag, what the log does not record is assumed equal."""
+    cohen = write_log(tmp_path / "cohen_sigma0.5.tsv", [0.3, 0.0, 0.6], [1, 0, 1])   # Cohen's six columns
+    own = setting_log(tmp_path / "own_sigma0.5.tsv", N=100_000)
+    code, _, err = run_main(["ecdf", cohen, own, "--N", "1000", "--alpha", "0.001"], capsys)
+    assert code == 2 and "N 100000, but" in err and "has N 1000" in err, err
+    code, _, err = run_main(["ecdf", cohen, own], capsys)
+    assert code == 0, err
