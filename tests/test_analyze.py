@@ -755,8 +755,8 @@ def test_every_analysis_refuses_logs_of_another_budget_unless_allowed(tmp_path, 
 @pytest.mark.parametrize("command", SIDE_BY_SIDE)
 @pytest.mark.parametrize("field, value", [("split", "train"), ("dataset", "digits"), ("alpha", 0.01)])
 def test_every_analysis_refuses_a_split_a_dataset_or_an_alpha_that_differs(tmp_path, capsys, command, field, value):
-    if command == "trainpa" and field == "split":
-        return   # trainpa takes the train split only (below)
+    if command in ("trainpa", "gradnorm --acr") and field == "split":
+        return   # trainpa takes the train split only, gradnorm --acr the test split (below)
     split = "train" if command == "trainpa" else "test"
     a = setting_log(tmp_path / "a_sigma0.5.tsv", split=split)
     b = setting_log(tmp_path / "b_sigma0.5.tsv", **dict({"split": split}, **{field: value}))
@@ -767,6 +767,13 @@ def test_every_analysis_refuses_a_split_a_dataset_or_an_alpha_that_differs(tmp_p
     assert code == 2 and f"{field} {value}, but" in err, err
     group = "budget" if field == "alpha" else field
     assert f"--allow-different {group}" in err and len(err.strip().splitlines()) == 1
+
+
+def test_gradnorm_acr_refuses_a_train_split_log(tmp_path, capsys):
+    argv = side_by_side("gradnorm --acr", setting_log(tmp_path / "a_sigma0.5.tsv", split="train"),
+                        setting_log(tmp_path / "b_sigma0.5.tsv", split="train"), tmp_path)
+    code, _, err = run_main(argv, capsys)
+    assert code == 2 and "a train split log" in err and "Table 2's ACR is the test set's" in err
 
 
 def test_trainpa_refuses_a_test_split_log(tmp_path, capsys):
