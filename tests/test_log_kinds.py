@@ -153,3 +153,20 @@ def test_bench_refuses_arms_of_another_checkpoint(kinds, tmp_path):
     other.with_name("other.tsv.json").write_text(json.dumps(side))
     with pytest.raises(common.UserError, match="another checkpoint"):
         bench.grid_from_logs([str(folder / "reference.tsv"), str(other)])
+
+
+def test_bench_takes_arms_at_another_N_by_design_but_not_at_another_alpha(tmp_path):
+    rerun = os.path.join(ROOT, "results", "grid_cpu", "rerun", "sigma0.25")
+    paths = []
+    for name in ("certify_N100000.tsv", "certify_N10000.tsv"):
+        shutil.copy(os.path.join(rerun, name), tmp_path / name)
+        shutil.copy(os.path.join(rerun, name + ".json"), tmp_path / (name + ".json"))
+        paths.append(str(tmp_path / name))
+    logs = analyze.load_logs(paths)
+    assert readers.check_comparable(logs, ("N",)) == [("budget", "N: 100000 (certify_N100000.tsv), 10000 "
+                                                                "(certify_N10000.tsv)")]
+    side = json.load(open(paths[1] + ".json"))
+    with open(paths[1] + ".json", "w") as f:
+        json.dump(dict(side, alpha=0.01), f)
+    with pytest.raises(common.UserError, match="alpha 0.01, but .* --allow-different budget"):
+        bench.grid_from_logs(paths)
