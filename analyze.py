@@ -701,7 +701,7 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
                    f"{' '.join(f'{r:g}' for r in log['sidecar'].get('radii') or [])}): its radius is the largest "
                    f"grid radius certified, so certified accuracy is exact at the grid radii and only a lower bound "
                    f"between them{zero_note}" + (", where the table says n/a" if levels else " (its levels are "
-                   f"unknown without its settings file: the table shows those lower bounds)") +
+                   "unknown without its settings file: the table shows those lower bounds)") +
                    f", and there is no ACR (certify without --radii). Mean model evaluations per "
                    f"example: {N0 + np.mean(log['N']):,.0f} (median {N0 + np.median(log['N']):,.0f}; CERTIFY "
                    f"with N = 100,000: 100,100).")
