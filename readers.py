@@ -218,17 +218,18 @@ def log_setting(log, sidecar):
 def check_comparable(logs, allow=(), command="this analysis", assumed=None):
     """Refuse (common.UserError, one line naming the setting and two logs) logs to be set side by side whose
     SETTINGS differ, except those in `allow` (names of SETTINGS, the flag --allow-different's, or of their fields
-    where a command compares across one by design, e.g. N). Logs are read_certification_log's, each with its settings file as 'sidecar'
-    where it has one; other files (ECDFs, pA estimates) are passed over. assumed: {field: value} a log that does
-    not record the field is read with (a command's --N, --alpha for such logs). Returns (setting, what differs)
-    for each allowed difference, e.g. ('budget', 'N: 500 (a.tsv), 1000 (b.tsv)'), for the report to say above
-    its table."""
+    where a command compares across one by design, e.g. N). Logs are read_certification_log's, each with its
+    settings file as 'sidecar' where it has one; other files (ECDFs, pA estimates) are passed over. assumed:
+    {field: value} a log that does not record the field is read with (a command's --N, --alpha for such logs).
+    Returns (setting, what differs) for each allowed difference, e.g. ('budget', 'N: 500 (a.tsv), 1000
+    (b.tsv)'), for the report to say above its table."""
     if isinstance(allow, str) or not all(isinstance(a, str) for a in allow):
         raise TypeError(f"allow must be a list of names of SETTINGS (got {allow!r})")
     wrong = sorted(set(allow) - set(SETTINGS) - {field for fields in SETTINGS.values() for field in fields})
     common.check(not wrong, f"allow: {', '.join(wrong)} is not a setting; the settings are {', '.join(SETTINGS)}")
-    settings = [(log["path"], {field: value if value is not None else (assumed or {}).get(field) for field, value in
-                               log_setting(log, log.get("sidecar") or {}).items()}) for log in logs if "radius" in log]
+    known = lambda log: {field: value if value is not None else (assumed or {}).get(field)   # noqa: E731
+                         for field, value in log_setting(log, log.get("sidecar") or {}).items()}
+    settings = [(log["path"], known(log)) for log in logs if "radius" in log]
     differs = []
     for group, fields in SETTINGS.items():
         for field in fields:
@@ -239,9 +240,10 @@ def check_comparable(logs, allow=(), command="this analysis", assumed=None):
             if len(seen) < 2:
                 continue
             (first, where), (other, path) = list(seen.items())[:2]
-            common.check(group in allow or field in allow, f"{path}: {field} {other}, but {where} has {field} {first}: a row does not "
-                                         f"mean the same in both, so {command} does not set them side by side "
-                                         f"(analyze.py's --allow-different {group} does, docs/analysis.md)")
+            common.check(group in allow or field in allow,
+                         f"{path}: {field} {other}, but {where} has {field} {first}: a row does not mean the same in "
+                         f"both, so {command} does not set them side by side (analyze.py's --allow-different {group} "
+                         f"does, docs/analysis.md)")
             values = ", ".join(f"{value} ({os.path.basename(p)})" for value, p in seen.items())
             differs.append((group, f"{field}: {values}"))
     return differs
