@@ -522,8 +522,8 @@ def compare_words(rows, facts, labels, level):
                      f"log without r = 0: --no-zero-level) bounds from below only.")
     if facts.get("no_nY"):
         without = ", ".join(map(os.path.basename, facts["no_nY"]))
-        lines.append(f"- Left out: the shares of pA (P(pA<0.5), ...), which {without} does not record (no nY column: "
-                     f"the true label's votes).")
+        lines.append(f"- Left out: the shares of pA (P(pA<0.5), ...), which {without} "
+                     f"{'does' if len(facts['no_nY']) == 1 else 'do'} not record (no nY column: the true label's votes).")
     if facts["one_side"]:
         lines.append(f"- σ on one side only, not compared σ by σ: {', '.join(facts['one_side'])}; best-over-σ rows "
                      f"are over each side's own σ (each σ's certified accuracy bounded on its own, Bonferroni).")
