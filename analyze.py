@@ -79,7 +79,16 @@ def logs_command(sub, name, help_text, logs_help="certification TSVs (Cohen's co
     s.add_argument("--sigmas", nargs="+", type=float, help="one sigma per log (default: from the path, "
                                                             "e.g. noise_0.25 or sigma0.5, else <log>.json)")
     s.add_argument("--out", help="folder for .md/.tex/.tsv files and PNG + PDF figures")
+    add_allow_different(s)
     return s
+
+
+def add_allow_different(s):
+    """The one flag that sets logs of different settings (readers.SETTINGS) side by side."""
+    s.add_argument("--allow-different", nargs="+", choices=tuple(readers.SETTINGS), default=[], metavar="SETTING",
+                   help="set side by side logs that differ in these settings (dataset, split, budget: N and alpha, "
+                        "mode: label mode, DDRS ...), which is otherwise refused: a row of one would not mean what "
+                        "it means in the other. Reports then name what differs (docs/analysis.md)")
 
 
 def add_metric_commands(sub):
@@ -252,14 +261,24 @@ REFUSED = {
     "ecdf": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA},
     "budget": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA, "DDRS": PER_INPUT_SIGMA,
                "semi-elastic": PER_INPUT_SIGMA},
-    "trainpa": {**PREDICT_REFUSED, "grid": readers.NO_NY, "grid without r = 0": readers.NO_NY},   # its reader says so
-    "gradnorm --acr": PREDICT_REFUSED,   # a grid log's ACR shows as n/a
+    "trainpa": {**PREDICT_REFUSED, "grid": readers.NO_NY, "grid without r = 0": readers.NO_NY,   # its reader says so
+                "test split": "trainpa measures the training set; certify with certify.py --split train"},
+    "gradnorm --acr": {**PREDICT_REFUSED,   # a grid log's ACR shows as n/a
+                       "train split": "Table 2's ACR is the test set's; certify with certify.py --split test"},
 }
 
 
-def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None):
+# Settings an analysis sets side by side by design (readers.check_comparable): budget converts each log from its
+# own budget to the one asked for.
+BY_DESIGN = {"budget": ("budget",)}
+
+
+def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None, allow=(), assumed=None):
     """Read every log first (bad input fails before anything is written); attach label, sigma and sidecar.
-    command: the analysis (a key of REFUSED), whose refused kinds of certification log stop it here."""
+    command: the analysis (a key of REFUSED), whose refused kinds of certification log stop it here, and which
+    sets these logs side by side: settings that differ between them (readers.check_comparable) stop it too,
+    except those in `allow` (--allow-different) and BY_DESIGN's, which a note on stderr names. assumed: the
+    budget the command gives logs that record none ({"N": --N, "alpha": --alpha}), checked as theirs."""
     labels, sigmas = per_log(labels, paths, "--labels"), per_log(sigmas, paths, "--sigmas")
     logs = []
     for path, label, sigma in zip(paths, labels, sigmas):
@@ -272,12 +291,21 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None):
         if sigma is None and isinstance(own, (int, float)) and guessed is not None and float(own) != guessed:
             print(f"note: {path}: sigma {own} from its settings file {path}.json, not {guessed} as its path "
                   f"suggests (certified at another sigma than the model was trained with?)", file=sys.stderr)
+        common.check(sigma is None or own is None or float(sigma) == float(own),
+                     f"{path}: --sigmas gives {sigma}, but its settings file records sigma {own} (the sigma it was "
+                     f"certified at, which its radii are in units of); drop --sigmas or give {own}")
         if sigma is None:   # what certify.py recorded wins over a guess from the path
             sigma = own if own is not None else guessed
         common.check(sigma is None or (isinstance(sigma, (int, float)) and sigma > 0),
                      f"{path}: sigma must be > 0 (got {sigma})")
         log["sigma"] = None if sigma is None else float(sigma)
         logs.append(log)
+    if command is not None:
+        for setting, line in readers.check_comparable(logs, set(allow) | set(BY_DESIGN.get(command, ())),
+                                                      f"analyze.py {command}", assumed):
+            if setting in allow:
+                print(f"note: the logs differ in {line} (--allow-different {setting}): each row is about its model "
+                      f"and that setting together", file=sys.stderr)
     return logs
 
 
@@ -336,6 +364,16 @@ def certified_accuracy(radius, correct, radii):
     radii = common.check_array("radii", radii, ndim=1)
     radius = np.where(correct, radius, -np.inf)
     return np.array([np.mean(radius >= r) for r in radii])
+
+
+def decided(log, radii):
+    """Where a log decides certified accuracy (a boolean array like radii): at every radius for CERTIFY; for a grid
+    log (certify.py --radii) at its levels only (r = 0 among them unless --no-zero-level), its count elsewhere
+    being a lower bound. A grid log without its settings file (levels unknown) is taken to decide every radius."""
+    levels = (log.get("sidecar") or {}).get("radii")
+    if not log.get("grid") or not isinstance(levels, list):
+        return np.ones(len(radii), dtype=bool)
+    return np.isin(np.asarray(radii, dtype=float), np.asarray(levels, dtype=float))
 
 
 def fine_radii(logs):
@@ -648,7 +686,8 @@ def table_rows(logs, radii):
     for log in logs:
         # a grid log's radius is a certified grid level, not a radius: it has no ACR in any output (nan -> n/a)
         log["acr"] = float("nan") if log.get("grid") else acr(log["radius"], log["correct"])
-        log["acc"] = certified_accuracy(log["radius"], log["correct"], radii)
+        # a radius a grid log did not decide has no value (n/a in every output, never ranked), not its lower bound
+        log["acc"] = np.where(decided(log, radii), certified_accuracy(log["radius"], log["correct"], radii), np.nan)
     return logs
 
 
@@ -664,10 +703,11 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
             shown = log["label"] + (" (sound)" if log["sidecar"].get("sound") else "") + \
                 (" (grid)" if log.get("grid") else "") + (" (DDRS)" if "sigma_x" in log else "")
             lead = [fmt_sigma(sigma) if i == 0 else "", shown] + extra_cells.get(id(log), [])
-            numbers = ["n/a" if log.get("grid") else f"{log['acr']:.3f}"] + [fmt_percent(a) for a in log["acc"]]
+            numbers = ["n/a" if log.get("grid") else f"{log['acr']:.3f}"] + \
+                ["n/a" if np.isnan(a) else fmt_percent(a) for a in log["acc"]]
             md_rows.append(lead[:2] + [str(len(log["radius"]))] + lead[2:] + numbers)
-            tsv_rows.append([fmt_sigma(sigma), log["label"], len(log["radius"])] + lead[2:] +
-                            [fmt_acr(log["acr"], 6)] + [f"{100 * a:.2f}" for a in log["acc"]])
+            tsv_rows.append([fmt_sigma(sigma), log["label"], len(log["radius"])] + lead[2:] + [fmt_acr(log["acr"], 6)]
+                            + ["n/a" if np.isnan(a) else f"{100 * a:.2f}" for a in log["acc"]])
             rows.append(lead + numbers)
             values.append([float("nan") if x == "n/a" else float(x) for x in numbers])   # rank what is printed
             if log["label"].lower() == baseline.lower():
@@ -697,8 +737,10 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
                 " and below the smallest (r = 0 was not a level: --no-zero-level)"
             md += (f"\n\n(grid): {log['label']} was certified at a grid of radii (certify.py --radii "
                    f"{' '.join(f'{r:g}' for r in log['sidecar'].get('radii') or [])}): its radius is the largest "
-                   f"grid radius certified, so certified accuracy is exact at the grid radii and a lower bound "
-                   f"between them{zero_note}, and there is no ACR (certify without --radii). Mean model evaluations per "
+                   f"grid radius certified, so certified accuracy is exact at the grid radii and only a lower bound "
+                   f"between them{zero_note}" + (", where the table says n/a" if levels else " (its levels are "
+                   "unknown without its settings file: the table shows those lower bounds)") +
+                   f", and there is no ACR (certify without --radii). Mean model evaluations per "
                    f"example: {N0 + np.mean(log['N']):,.0f} (median {N0 + np.median(log['N']):,.0f}; CERTIFY "
                    f"with N = 100,000: 100,100).")
     if any(log["sidecar"].get("sound") for log in logs):
@@ -733,6 +775,8 @@ def mean_std(values):
 
 def plus_minus(mean, std, digits):
     """'0.5613 ± 0.0022' as Table 8 prints it; the mean alone where there is no deviation (one seed)."""
+    if np.isnan(mean):   # a radius a grid log did not decide
+        return "n/a"
     return f"{mean:.{digits}f}" if np.isnan(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
@@ -754,7 +798,7 @@ def seed_table_report(logs, radii, fmt, out, name="table_seeds"):
             tex_rows.append([tex_text(c) for c in lead[:2]] + [c.replace("±", r"$\pm$") for c in pm])
             tsv_rows.append([fmt_sigma(sigma), label, len(runs), "/".join(map(str, sizes)), fmt_acr(acr_m[0], 6),
                              f"{acr_s[0]:.6f}" if not np.isnan(acr_m[0]) else "n/a"] +
-                            [f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
+                            ["n/a" if np.isnan(v) else f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
     radius_header = [f"{r:.2f}" for r in radii]
     md = markdown(["σ", "method", "seeds", "n", "ACR"] + radius_header, md_rows)
     tex = "\n".join([r"\begin{tabular}{ll" + "r" * (1 + len(radii)) + "}", r"\toprule",
@@ -807,14 +851,18 @@ def ablation_report(logs, parts, radii, fmt, out):
 # envelope (§7)
 # ----------------------------------------------------------------------------------------------------------
 
-def envelope(logs, radii):
-    """Per label: the best certified accuracy over its logs (sigmas) at each radius, and the sigma giving it."""
+def envelope(logs, radii, bounds=False):
+    """Per label: the best certified accuracy over its logs (sigmas) at each radius, and the sigma giving it
+    (nan and None where no log of the label decides the radius: a grid log's lower bounds count only with bounds)."""
     result = {}
     for log in logs:
         acc = certified_accuracy(log["radius"], log["correct"], radii)
+        acc = acc if bounds else np.where(decided(log, radii), acc, -1.0)
         best = result.setdefault(log["label"], {"acc": np.full(len(radii), -1.0), "sigma": [None] * len(radii)})
         for j in np.flatnonzero(acc > best["acc"]):          # ties keep the first log given
             best["acc"][j], best["sigma"][j] = acc[j], log["sigma"]
+    for best in result.values():
+        best["acc"][best["acc"] < 0] = np.nan
     return result
 
 
@@ -822,17 +870,21 @@ def envelope_report(logs, radii, out, name="envelope"):
     """§7: table of the best certified accuracy over sigma per label, the sigma giving it, the best label."""
     env = envelope(logs, radii)
     header = ["method"] + [f"{r:.2f}" for r in radii]
-    rows = [[label] + [f"{fmt_percent(a)} ({fmt_sigma(s)})" for a, s in zip(e["acc"], e["sigma"])]
-            for label, e in env.items()]
+    cell = lambda a, s: "n/a" if np.isnan(a) else f"{fmt_percent(a)} ({fmt_sigma(s)})"   # noqa: E731
+    rows = [[label] + [cell(a, s) for a, s in zip(e["acc"], e["sigma"])] for label, e in env.items()]
     best = []
     for j in range(len(radii)):   # every label that reaches the best value: a tie is not a win
-        top = max(env[label]["acc"][j] for label in env)
-        best.append(" = ".join(label for label in env if env[label]["acc"][j] == top))
+        top = max((env[label]["acc"][j] for label in env if not np.isnan(env[label]["acc"][j])), default=np.nan)
+        best.append(" = ".join(label for label in env if env[label]["acc"][j] == top) or "n/a")
     rows.append(["best"] + best)
-    tsv_rows = [[label, "accuracy"] + [f"{100 * a:.2f}" for a in e["acc"]] for label, e in env.items()]
+    tsv_rows = [[label, "accuracy"] + ["n/a" if np.isnan(a) else f"{100 * a:.2f}" for a in e["acc"]]
+                for label, e in env.items()]
     tsv_rows += [[label, "sigma"] + [fmt_sigma(s) for s in e["sigma"]] for label, e in env.items()]
     md = ("Best certified accuracy (%) across σ at each radius (the σ giving it in brackets):\n\n" +
           markdown(header, rows))
+    if any(not decided(log, radii).all() for log in logs):
+        md += ("\n\nn/a, and no σ: no log of the label decides that radius; a grid log (certify.py --radii) "
+               "counts only at its levels, where its certified accuracy is exact, not with its lower bounds between.")
     write_text(out, f"{name}.md", md)
     write_text(out, f"{name}.tsv", tsv(["method", "what"] + header[1:], tsv_rows))
     if out:
@@ -845,7 +897,7 @@ def plot_envelope(logs, out, name):
     plt = pyplot()
     fine = fine_radii(logs)
     fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
-    for label, e in envelope(logs, fine).items():
+    for label, e in envelope(logs, fine, bounds=True).items():
         ax.plot(fine, 100 * e["acc"], label=label)
     ax.set(xlabel="radius r", ylabel="best certified accuracy over σ (%)")
     ax.grid(alpha=0.3)
@@ -1284,13 +1336,15 @@ def gradnorm_intervals(logs, level, replicates, seed):
     return own, vs, paired
 
 
-def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, replicates=2000, seed=0):
+def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, replicates=2000, seed=0, allow=()):
     """Table 2 and the Fig. 5 histograms, with gradnorm_intervals' intervals. acr_paths: one certification
-    log per gradient-norm log ('-' for none), whose ACR goes beside it as in Table 2; None: no ACR column."""
+    log per gradient-norm log ('-' for none), whose ACR goes beside it as in Table 2 (logs of one setting, as
+    load_logs checks, but for the settings in `allow`); None: no ACR column."""
     if acr_paths is not None:
         common.check(len(acr_paths) == len(logs), f"--acr needs one certification log per gradient-norm file "
                                                   f"('-' for none): got {len(acr_paths)} for {len(logs)}")
-        certified = [None if p == "-" else load_logs([p], command="gradnorm --acr")[0] for p in acr_paths]
+        loaded = iter(load_logs([p for p in acr_paths if p != "-"], command="gradnorm --acr", allow=allow))
+        certified = [None if p == "-" else next(loaded) for p in acr_paths]
         for log, cert in zip(logs, certified):   # the same model, where the records say which it was
             source, sha = machinery.recorded_source(log["path"]), cert and cert["sidecar"].get("checkpoint_sha256")
             common.check(not (source and sha and os.path.isfile(source)) or machinery.file_sha256(source) == sha,
@@ -1465,19 +1519,22 @@ def analyze(args):
         text = paper_report(args.root, args.out)
     elif c == "gradnorm":
         text = gradnorm_report(load_logs(args.logs, args.labels, args.sigmas, read_gradnorm), args.out,
-                               acr_paths=args.acr, level=args.level, replicates=args.replicates, seed=args.seed)
+                               acr_paths=args.acr, level=args.level, replicates=args.replicates, seed=args.seed,
+                               allow=args.allow_different)
     elif c == "trainpa":
-        text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA, command="trainpa"), args.pt,
-                               args.out)
+        text = trainpa_report(load_logs(args.logs, args.labels, args.sigmas, read_train_pA, command="trainpa",
+                                        allow=args.allow_different), args.pt, args.out)
     elif c == "budget":
-        logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log, command="budget")
+        logs = load_logs(args.logs, args.labels, args.sigmas, read_ecdf_or_log, command="budget",
+                         allow=args.allow_different)
         text = budget_report(logs, args.N, args.alpha, args.radii, args.log_N, args.log_alpha, args.out)
     else:
         by_seed = c == "table" and args.group_by_seed
         labels = args.labels
         if by_seed and not labels:   # labels from the paths without their seed parts
             labels = [label_from_path(strip_seed(path)) for path in args.logs]
-        logs = load_logs(args.logs, labels, args.sigmas, command=c)
+        flags = {"N": getattr(args, "N", None), "alpha": getattr(args, "alpha", None)}   # ecdf's, for logs without
+        logs = load_logs(args.logs, labels, args.sigmas, command=c, allow=args.allow_different, assumed=flags)
         check_baseline(args, logs)
         if by_seed:
             text = seed_table_report(logs, args.radii, args.format, args.out)

@@ -18,6 +18,7 @@ from scipy.special import ndtri
 
 import analyze
 import common
+import readers
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -193,7 +194,10 @@ def radius_moments(p, N, z, sigma, chunk=256):
 
 def test_set_votes(N=None, alpha=None, sigma=None):
     """compare_sides's `votes` for intervals over the fixed test set (--over test-set): vote_variances with the
-    budget N, alpha and the sigma of logs that record none."""
+    budget N, alpha and the sigma of logs that record none (None: each from the log)."""
+    N = None if N is None else common.check_int("N", N)
+    alpha = None if alpha is None else common.check_float("alpha", alpha, gt=0, lt=1)
+    sigma = None if sigma is None else common.check_float("sigma", sigma, gt=0)
     return functools.partial(vote_variances, N_flag=N, alpha_flag=alpha, sigma=sigma)
 
 
@@ -347,6 +351,33 @@ def holm(pvalues, error):
     return rejected
 
 
+def decided_rows(logs, radii):
+    """(the radii every log decides, those some grid log did not, the grid logs without r = 0 as a level, whose
+    clean accuracy counts only inputs certified at their smallest level: a lower bound). A grid log decides its
+    own levels (its settings file's radii; without one, every radius, as analyze.decided takes it)."""
+    levels = [(log["path"], (log.get("sidecar") or {}).get("radii")) for log in logs if log.get("grid")]
+    undecided = [r for r in radii if any(g and r not in g for _, g in levels)]
+    no_zero = [path for path, g in levels if g and 0 not in g]
+    return [r for r in radii if r not in undecided], undecided, no_zero
+
+
+def check_sides(side_a, side_b, radii, level, votes, family):
+    """compare_sides' arguments, each checked (a TypeError or ValueError naming it); the radii as floats."""
+    is_log = lambda log: isinstance(log, dict) and "radius" in log   # noqa: E731
+    lists = {"side_a": (side_a, list, is_log, "logs"), "side_b": (side_b, list, is_log, "logs"),
+             "radii": (radii, (list, tuple, np.ndarray), lambda r: True, "radii"),
+             "family": (family or ["?"], (list, tuple), lambda n: isinstance(n, str), "row names")}
+    for name, (value, kind, ok, what) in lists.items():
+        if not isinstance(value, kind) or not all(map(ok, value)):
+            raise TypeError(f"{name} must be a list of {what} (got {value!r:.80})")
+        common.check(len(value) > 0, f"{name} is empty: give at least one")
+    common.check(family is None or len(family) > 0, "family is empty: give the claim's rows, or None for all rows")
+    common.check_float("level", level, gt=0, lt=1)
+    if votes is not None and not callable(votes):
+        raise TypeError(f"votes must be None or test_set_votes(N, alpha, sigma) (got {votes!r:.60})")
+    return [common.check_float(f"radii[{i}]", r, ge=0) for i, r in enumerate(radii)]
+
+
 def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     """Rows (metric, a, b, diff, low, high, verdict) comparing side B with side A (diff = b - a), and facts. Each
     side: logs (a model, or a training seed, each) as read_certification_log gives them, compared per 'sigma'.
@@ -354,12 +385,10 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     row tested, Bonferroni intervals holding together with probability >= level and verdicts from them; else the
     claim's row names, the error spent on them alone (Bonferroni intervals, Holm's step-down verdicts), the other
     rows exploratory at level alone (facts["roles"]). A row that cannot change (test-set) is "fixed"."""
-    common.check(0 < level < 1, f"--level must lie in (0, 1) (got {level})")
+    radii = check_sides(side_a, side_b, radii, level, votes, family)
     ga, gb, sigmas, with_acr, with_pA = compare_scope(side_a, side_b)
     logs = side_a + side_b
-    grids = [set(log["sidecar"]["radii"]) for log in logs if log.get("grid") and (log.get("sidecar") or {}).get("radii")]
-    undecided = [r for r in radii if any(r not in g for g in grids)]   # a grid log decides its own radii only
-    radii = [r for r in radii if r not in undecided]
+    radii, undecided, no_clean = decided_rows(logs, radii)
     rows_of, n_shared, left = analyze.shared_images(logs)
     paired = n_shared > 0
     common.check(n_shared != 1, "the logs share one image: an interval needs at least 2 (the spread over images)")
@@ -377,7 +406,8 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
         values[id(log)] = {k: v[rows] for k, v in image_values(log, radii, with_acr, with_pA).items()}
         if votes is not None:
             variances[id(log)] = {k: v[rows] for k, v in votes(log, radii, with_acr, with_pA).items()}
-    names = list(values[id(logs[0])])
+    names = [n for n in values[id(logs[0])] if n != "clean accuracy" or not no_clean]
+    common.check(names, "no row to compare: every row was left out (radii no grid log decided, no r = 0 level)")
     claims = names if family is None else [n for n in names if n in family]
     common.check(family is None or set(family) <= set(names), f"--family names rows these logs do not have: "
                  f"{sorted(set(family or ()) - set(names))}; the rows are {', '.join(names)}")
@@ -425,7 +455,7 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
              "sigmas": sigmas, "seeds": seeds, "over": "images" if votes is None else "test-set",
              "critical": max(crits), "roles": roles, "pvalues": pvalues, "family": family is not None,
              "undecided": undecided, "one_side": sorted(str(s) for s in {**ga, **gb} if s not in sigmas),
-             "clamped": clamped}
+             "clamped": clamped, "no_clean": no_clean}
     return rows, facts
 
 
@@ -434,12 +464,16 @@ def family_names(family):
     return None if family is None else [name.replace(">=", "≥") for name in family]
 
 
-def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alpha=None, family=None):
+def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alpha=None, family=None, allow=()):
     """compare.tsv (metric a b diff low high verdict, shares as fractions; with a family, a column role) and
-    compare.md (the same in %)."""
+    compare.md (the same in %). Logs whose settings differ (readers.check_comparable) are refused, but for the
+    settings in `allow` (--allow-different), which compare.md names above its table."""
     common.check(over in COMPARE_OVER, f"--over must be one of {', '.join(COMPARE_OVER)} (got {over!r})")
+    differs = readers.check_comparable(side_a + side_b, allow, "analyze.py compare")
     rows, facts = compare_sides(side_a, side_b, radii, level, None if over == "images" else test_set_votes(N, alpha),
                                 family_names(family))
+    facts.update(differs=[line for _, line in differs],
+                 no_nY=[log["path"] for log in side_a + side_b if "nY" not in log] if facts["with_acr"] else [])
     role = (lambda m: [facts["roles"].get(m, "exploratory")]) if facts["family"] else (lambda m: [])
     if facts["left"]:
         print(f"warning: {sum(facts['left'].values())} rows of {len(facts['left'])} logs are not on images every "
@@ -468,7 +502,10 @@ def compare_words(rows, facts, labels, level):
     roles = facts["roles"] if facts["family"] else {}
     found = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v not in ("within noise", "fixed")
              and roles.get(m) != "exploratory"]
-    lines = [f"- Beyond noise{' (the claim)' if roles else ''}: {'; '.join(found)}." if found else
+    lines = [f"- Not the same setting (--allow-different): {'; '.join(facts['differs'])}. A difference here is one "
+             f"of the model and its setting together: each verdict is about both, not about the model alone."
+             ] if facts.get("differs") else []
+    lines += [f"- Beyond noise{' (the claim)' if roles else ''}: {'; '.join(found)}." if found else
              f"- Every {'row of the claim' if roles else 'row'} is within noise."]
     hints = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v in ("higher", "lower") and roles.get(m) == "exploratory"]
     if hints:
@@ -480,6 +517,13 @@ def compare_words(rows, facts, labels, level):
     if facts["undecided"]:
         lines.append(f"- Left out: certified accuracy at r = {', '.join(f'{r:g}' for r in facts['undecided'])}, "
                      f"which a grid log (--radii) did not decide.")
+    if facts.get("no_clean"):
+        lines.append(f"- Left out: clean accuracy, which {', '.join(map(os.path.basename, facts['no_clean']))} (a grid "
+                     f"log without r = 0: --no-zero-level) bounds from below only.")
+    if facts.get("no_nY"):
+        without = ", ".join(map(os.path.basename, facts["no_nY"]))
+        lines.append(f"- Left out: the shares of pA (P(pA<0.5), ...), which {without} "
+                     f"{'does' if len(facts['no_nY']) == 1 else 'do'} not record (no nY column: the true label's votes).")
     if facts["one_side"]:
         lines.append(f"- σ on one side only, not compared σ by σ: {', '.join(facts['one_side'])}; best-over-σ rows "
                      f"are over each side's own σ (each σ's certified accuracy bounded on its own, Bonferroni).")
@@ -573,6 +617,7 @@ def add_command(sub):
     s.add_argument("--N", type=int, help="--over test-set: N of logs that record none (no N column, no sidecar)")
     s.add_argument("--alpha", type=float, help="--over test-set: alpha of logs whose sidecar records none")
     s.add_argument("--out", help="folder for compare.tsv and compare.md")
+    analyze.add_allow_different(s)
     s.set_defaults(run=run)
 
 
@@ -584,10 +629,11 @@ def run(args):
     common.check(args.over == "test-set" or (args.N is None and args.alpha is None),
                  "--N and --alpha go with --over test-set (the images' comparison reads no budget)")
     logs = analyze.load_logs(side_a + side_b, sigmas=args.sigmas,
-                             command="compare --over test-set" if args.over == "test-set" else "compare")
+                             command="compare --over test-set" if args.over == "test-set" else "compare",
+                             allow=args.allow_different, assumed={"N": args.N, "alpha": args.alpha})
     check_same_images(logs)
     labels = [analyze.shown(x) for x in args.labels or [analyze.label_from_path(p) for p in (side_a[0], side_b[0])]]
     if labels[0] == labels[1]:
         labels = [f"A ({labels[0]})", f"B ({labels[1]})"]
     return compare_report(logs[:len(side_a)], logs[len(side_a):], labels, args.radii, args.level, args.over,
-                          args.out, args.N, args.alpha, args.family)
+                          args.out, args.N, args.alpha, args.family, args.allow_different)

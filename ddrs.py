@@ -682,6 +682,9 @@ def report_main(args):
     for path, log in logs:
         readers.check_log_kinds(log, readers.read_sidecar(path), REPORT_REFUSED, "ddrs.py report")
         common.check("sigma_x" in log, f"{path}: {NO_SIGMA_COLUMN}")
+    # DDRS against the fixed sigma_0 is a comparison across modes by design; budget, data and split must agree
+    readers.check_comparable([dict(log, sidecar=readers.read_sidecar(path)) for path, log in
+                              [(args.fixed, fixed), *logs]], ("mode",), "ddrs.py report")
     fs = readers.read_sidecar(args.fixed, required=("sigma", "alpha"))
     order = np.argsort(fixed["idx"])
     f_idx, f_gain = fixed["idx"][order], (fixed["radius"] * fixed["correct"])[order]

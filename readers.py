@@ -163,10 +163,14 @@ def log_kinds(log, sidecar):
     return kinds
 
 
+SPLIT_KINDS = ("test split", "train split")   # the split its settings file records, where it records one
+
+
 def check_log_kinds(log, sidecar, refused, command):
-    """A common.UserError in one line if the log is of a kind that `command` refuses (refused: {kind: why}), or if a
-    row claims more than its own counts allow (check_radii)."""
-    for kind in log_kinds(log, sidecar):
+    """A common.UserError in one line if the log is of a kind (LOG_KINDS, or SPLIT_KINDS) that `command` refuses
+    (refused: {kind: why}), or if a row claims more than its own counts allow (check_radii)."""
+    split = [f"{sidecar['split']} split"] if sidecar.get("split") in ("test", "train") else []
+    for kind in log_kinds(log, sidecar) + split:
         common.check(kind not in refused, f"{log['path']}: a {kind} log, which {command} does not take: {refused.get(kind)}")
     check_radii(log, sidecar)
 
@@ -188,6 +192,61 @@ def check_radii(log, sidecar):
         raise common.UserError(f"{log['path']}: the row of idx {int(log['idx'][i])} has radius {log['radius'][i]:g}, more "
                         f"than its nA {int(log['nA'][i])} of N {int(log['N'][i])} allow at sigma {sigma:g}, alpha "
                         f"{alpha:g} ({bound[i]:.6g}); {len(bad)} such row(s): edited by hand, or another run's log")
+
+
+# What a row of a certification log means besides its model: logs whose rows are set side by side (a comparison,
+# a table, a ranking) must agree on these, or a difference between two rows may be one of setting, not of model.
+# A setting a log does not record (a log without settings file: its dataset, split and alpha, and its N unless
+# it has an N column) is taken to be the others'. sigma is not here: every analysis groups its logs by sigma.
+SETTINGS = {"dataset": ("dataset",), "split": ("split",), "budget": ("N", "alpha"), "mode": ("mode",)}
+
+
+def log_setting(log, sidecar):
+    """{field: value, None where unknown} of SETTINGS' fields for a log (read_certification_log) and its settings
+    file (read_sidecar: {} for a log from elsewhere). N: the settings file's (a grid log's N_max), else the
+    largest of an N column (rows stopped early have less) of a log that is not a grid log (whose N column holds
+    the draws each row made). mode: what a row certifies: CERTIFY (a grid log's levels are certificates of the
+    same prediction), PREDICT, label mode (the true label, no selection), DDRS or semi-elastic (a sigma per input)."""
+    N = sidecar.get("N")
+    if N is None and "N" in log and not log.get("grid"):
+        N = int(log["N"].max())
+    mode = [kind for kind in log_kinds(log, sidecar) if kind not in ("CERTIFY", "grid", "grid without r = 0")]
+    return {"dataset": sidecar.get("dataset"), "split": sidecar.get("split"), "N": N, "alpha": sidecar.get("alpha"),
+            "mode": " + ".join(mode) or "CERTIFY"}
+
+
+def check_comparable(logs, allow=(), command="this analysis", assumed=None):
+    """Refuse (common.UserError, one line naming the setting and two logs) logs to be set side by side whose
+    SETTINGS differ, except those in `allow` (names of SETTINGS, the flag --allow-different's, or of their fields
+    where a command compares across one by design, e.g. N). Logs are read_certification_log's, each with its
+    settings file as 'sidecar' where it has one; other files (ECDFs, pA estimates) are passed over. assumed:
+    {field: value} a log that does not record the field is read with (a command's --N, --alpha for such logs).
+    Returns (setting, what differs) for each allowed difference, e.g. ('budget', 'N: 500 (a.tsv), 1000
+    (b.tsv)'), for the report to say above its table."""
+    if isinstance(allow, str) or not all(isinstance(a, str) for a in allow):
+        raise TypeError(f"allow must be a list of names of SETTINGS (got {allow!r})")
+    wrong = sorted(set(allow) - set(SETTINGS) - {field for fields in SETTINGS.values() for field in fields})
+    common.check(not wrong, f"allow: {', '.join(wrong)} is not a setting; the settings are {', '.join(SETTINGS)}")
+    known = lambda log: {field: value if value is not None else (assumed or {}).get(field)   # noqa: E731
+                         for field, value in log_setting(log, log.get("sidecar") or {}).items()}
+    settings = [(log["path"], known(log)) for log in logs if "radius" in log]
+    differs = []
+    for group, fields in SETTINGS.items():
+        for field in fields:
+            seen = {}   # value -> the first log that records it
+            for path, setting in settings:
+                if setting[field] is not None:
+                    seen.setdefault(setting[field], path)
+            if len(seen) < 2:
+                continue
+            (first, where), (other, path) = list(seen.items())[:2]
+            common.check(group in allow or field in allow,
+                         f"{path}: {field} {other}, but {where} has {field} {first}: a row does not mean the same in "
+                         f"both, so {command} does not set them side by side (analyze.py's --allow-different {group} "
+                         f"does, docs/analysis.md)")
+            values = ", ".join(f"{value} ({os.path.basename(p)})" for value, p in seen.items())
+            differs.append((group, f"{field}: {values}"))
+    return differs
 
 
 # The sidecar's fields that readers use, with their contract (a field may be missing: older logs lack some).

@@ -41,5 +41,6 @@ done
 $PYTHON ddrs.py certify "${CERTIFY[@]}" --semi-elastic --outfile "$OUT/semi_elastic_noise_0.25.tsv"
 logs+=("$OUT/semi_elastic_noise_0.25.tsv")
 labels+=(semi_elastic)
-$PYTHON analyze.py table "${logs[@]}" --labels "${labels[@]}" --radii 0 0.25 0.5 0.75 1.0 --out "$OUT"
+$PYTHON analyze.py table "${logs[@]}" --labels "${labels[@]}" --radii 0 0.25 0.5 0.75 1.0 --allow-different mode \
+    --out "$OUT"
 $PYTHON ddrs.py report "${logs[@]:1}" --fixed "$OUT/fixed_noise_0.25.tsv" --out "$OUT"

@@ -2,6 +2,7 @@
 conversions in both directions, bad input, and (when ../shared is present) the paper's published logs."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 from scipy.stats import norm
 
 import analyze
+import common
 import machinery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -682,7 +684,10 @@ def test_the_sidecar_sigma_wins_over_the_path_and_the_conflict_is_noted(tmp_path
     assert analyze.load_logs([other])[0]["sigma"] == 0.25
     err = capsys.readouterr().err
     assert "sigma 0.25 from its settings file" in err and "not 0.5" in err
-    assert analyze.load_logs([other], sigmas=[1.0])[0]["sigma"] == 1.0   # a flag wins over both
+    # a --sigmas value against the sidecar's is refused: the radii are in units of the sigma certified at
+    with pytest.raises(common.UserError, match="--sigmas gives 1.0, but its settings file records sigma 0.25"):
+        analyze.load_logs([other], sigmas=[1.0])
+    assert analyze.load_logs([other], sigmas=[0.25])[0]["sigma"] == 0.25
 
 
 def test_trainpa_reads_the_discard_estimates_and_train_split_logs(tmp_path, capsys):
@@ -715,9 +720,125 @@ def test_the_committed_ddrs_cpu_table_is_analyze_output_of_the_committed_logs(tm
     results = os.path.join(ROOT, "results", "ddrs_cpu")
     names = ["fixed", "ds_lr0.0001", "ds_lr0.001", "ds_lr0.003", "ds_lr0.01", "ds_lr0.03", "semi_elastic"]
     logs = [os.path.join(results, f"{name}_noise_0.25.tsv") for name in names]   # scripts/ddrs_cpu.sh's order
-    code, _, err = run_main(["table", *logs, "--labels", *names, "--radii", "0", "0.25", "0.5", "0.75", "1.0",
-                             "--out", str(tmp_path)], capsys)
+    argv = ["table", *logs, "--labels", *names, "--radii", "0", "0.25", "0.5", "0.75", "1.0", "--out", str(tmp_path)]
+    code, _, err = run_main(argv, capsys)   # DDRS rows beside CERTIFY's: a difference of mode, allowed by the flag
+    assert code == 2 and "mode DDRS, but" in err and "--allow-different mode" in err
+    code, _, err = run_main(argv + ["--allow-different", "mode"], capsys)
     assert code == 0, err
     for name in ("table.md", "table.tsv"):
         with open(tmp_path / name) as fresh, open(os.path.join(results, name)) as committed:
             assert fresh.read() == committed.read(), name
+
+
+# ---- logs set side by side must mean the same thing (readers.check_comparable, through load_logs) ------------
+
+def setting_log(path, N=1000, alpha=0.001, sigma=0.5, **side):
+    """A CERTIFY log of 40 rows (nA N nY) whose radii follow its counts at N, alpha, sigma, with its sidecar."""
+    nA = np.random.default_rng(len(str(path))).integers(N // 2, N + 1, 40)
+    radius = np.maximum(analyze.radius_of_count(nA, N, alpha, sigma), 0.0)
+    lines = ["idx\tlabel\tpredict\tradius\tcorrect\ttime\tnA\tN\tnY"] + [
+        f"{i}\t0\t{0 if r > 0 else -1}\t{float(r)!r}\t{int(r > 0)}\t0:00:01\t{k}\t{N}\t{k}" for i, (k, r) in
+        enumerate(zip(nA, radius))]
+    path.write_text("\n".join(lines) + "\n")
+    settings = {**dict(N=N, alpha=alpha, sigma=sigma, mode="certify", split="test", dataset="cifar10"), **side}
+    (path.parent / (path.name + ".json")).write_text(json.dumps(settings))
+    return str(path)
+
+
+def side_by_side(command, a, b, tmp_path):
+    """The argv of `command` setting logs a and b side by side."""
+    if command == "gradnorm --acr":
+        g = [str(tmp_path / f"gradnorm_{k}.tsv") for k in "ab"]
+        for path in g:
+            shutil.copy(os.path.join(ROOT, "results", "table2_cpu", "gradnorm_gaussian.tsv"), path)
+        return ["gradnorm", *g, "--acr", a, b, "--replicates", "100"]
+    extra = {"ablation": ["--parts", "none", "discard"], "compare": ["--radii", "0.25"],
+             "table --group-by-seed": ["--labels", "m", "m"], "budget": ["--N", "100", "--alpha", "0.01"]}
+    return [*command.split()[:1], a, b, *command.split()[1:], *extra.get(command, [])]
+
+
+SIDE_BY_SIDE = ["table", "table --group-by-seed", "envelope", "ecdf", "ablation", "compare", "gradnorm --acr",
+                "trainpa", "budget"]
+
+
+@pytest.mark.parametrize("command", SIDE_BY_SIDE)
+def test_every_analysis_refuses_logs_of_another_budget_unless_allowed(tmp_path, capsys, command):
+    """N = 1,000 beside N = 2,000: one line naming N and the flag, exit 2, nothing written; with
+    --allow-different budget a note names what differs. budget converts each log from its own budget: by design."""
+    split = "train" if command == "trainpa" else "test"
+    a = setting_log(tmp_path / "a_sigma0.5.tsv", split=split)
+    b = setting_log(tmp_path / "b_sigma0.5.tsv", N=2000, split=split)
+    argv = side_by_side(command, a, b, tmp_path) + ["--out", str(tmp_path / "out")]
+    code, _, err = run_main(argv, capsys)
+    if command == "budget":
+        assert code == 0, err
+        return
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "N 2000, but" in err and "--allow-different budget" in err and not (tmp_path / "out").exists()
+    code, _, err = run_main(argv + ["--allow-different", "budget"], capsys)
+    assert code == 0, err
+    assert "note: the logs differ in N: 1000 (a_sigma0.5.tsv), 2000 (b_sigma0.5.tsv)" in err
+
+
+@pytest.mark.parametrize("command", SIDE_BY_SIDE)
+@pytest.mark.parametrize("field, value", [("split", "train"), ("dataset", "digits"), ("alpha", 0.01)])
+def test_every_analysis_refuses_a_split_a_dataset_or_an_alpha_that_differs(tmp_path, capsys, command, field, value):
+    if command in ("trainpa", "gradnorm --acr") and field == "split":
+        return   # trainpa takes the train split only, gradnorm --acr the test split (below)
+    split = "train" if command == "trainpa" else "test"
+    a = setting_log(tmp_path / "a_sigma0.5.tsv", split=split)
+    b = setting_log(tmp_path / "b_sigma0.5.tsv", **dict({"split": split}, **{field: value}))
+    code, _, err = run_main(side_by_side(command, a, b, tmp_path), capsys)
+    if command == "budget" and field == "alpha":   # converted from each log's own budget: by design
+        assert code == 0, err
+        return
+    assert code == 2 and f"{field} {value}, but" in err, err
+    group = "budget" if field == "alpha" else field
+    assert f"--allow-different {group}" in err and len(err.strip().splitlines()) == 1
+
+
+def test_gradnorm_acr_refuses_a_train_split_log(tmp_path, capsys):
+    argv = side_by_side("gradnorm --acr", setting_log(tmp_path / "a_sigma0.5.tsv", split="train"),
+                        setting_log(tmp_path / "b_sigma0.5.tsv", split="train"), tmp_path)
+    code, _, err = run_main(argv, capsys)
+    assert code == 2 and "a train split log" in err and "Table 2's ACR is the test set's" in err
+
+
+def test_trainpa_refuses_a_test_split_log(tmp_path, capsys):
+    code, _, err = run_main(["trainpa", setting_log(tmp_path / "a_sigma0.5.tsv")], capsys)
+    assert code == 2 and "a test split log" in err and "certify with certify.py --split train" in err
+    code, out, err = run_main(["trainpa", setting_log(tmp_path / "b_sigma0.5.tsv", split="train")], capsys)
+    assert code == 0, err
+
+
+def test_table_and_envelope_show_no_value_at_radii_a_grid_log_did_not_decide(tmp_path, capsys):
+    """A grid log of --radii 0.25 0.5 --no-zero-level: its 0.00 and 0.75 columns are n/a, never its lower bound
+    (ranked in LaTeX, or the best over sigma); at its levels, its certified accuracy."""
+    plain = setting_log(tmp_path / "plain_sigma0.5.tsv")
+    grid = tmp_path / "grid_sigma0.5.tsv"
+    lines = open(plain).read().splitlines()
+    grid.write_text("\n".join([lines[0].replace("\tnY", "\tpA_lower\tpA_upper\tstop")] +
+                              [line.rsplit("\t", 1)[0] + "\t0.5\t1\tdecided" for line in lines[1:]]) + "\n")
+    side = json.loads(open(plain + ".json").read())
+    (tmp_path / "grid_sigma0.5.tsv.json").write_text(json.dumps(dict(side, mode="grid", radii=[0.25, 0.5])))
+    code, out, err = run_main(["table", plain, str(grid), "--radii", "0", "0.25", "0.5", "0.75", "--format", "tsv"],
+                              capsys)
+    assert code == 0, err
+    row = next(line.split("\t") for line in out.splitlines() if line.split("\t")[1:2] == ["grid"])
+    assert row[3:] == ["n/a", "n/a", row[5], row[6], "n/a"] and row[5] != "n/a"
+    code, out, err = run_main(["envelope", str(grid), "--radii", "0", "0.25", "0.75"], capsys)
+    assert code == 0, err
+    cells = next(line for line in out.splitlines() if line.startswith("| grid |")).split("|")[2:-1]
+    assert [c.strip() for c in cells][0] == "n/a" and [c.strip() for c in cells][2] == "n/a"
+    assert "(0.5)" in cells[1] and "no log of the label decides that radius" in out
+
+
+def test_the_budget_a_flag_gives_a_log_without_one_is_checked_against_the_others(tmp_path, capsys):
+    """ecdf converts the radii of a log that records no budget at --N --alpha: that budget is its own, so a log
+    that records another is refused beside it; without the flag, what the log does not record is assumed equal."""
+    cohen = write_log(tmp_path / "cohen_sigma0.5.tsv", [0.3, 0.0, 0.6], [1, 0, 1])   # Cohen's six columns
+    own = setting_log(tmp_path / "own_sigma0.5.tsv", N=100_000)
+    code, _, err = run_main(["ecdf", cohen, own, "--N", "1000", "--alpha", "0.001"], capsys)
+    assert code == 2 and "N 100000, but" in err and "has N 1000" in err, err
+    code, _, err = run_main(["ecdf", cohen, own], capsys)
+    assert code == 0, err

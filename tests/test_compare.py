@@ -1,5 +1,6 @@
 """analyze.py compare: intervals that carry the test sample, Monte Carlo and seed noise, calibrated on
 synthetic logs whose truth is known, and on two real certifications of one digits model."""
+import json
 import os
 import shlex
 import subprocess
@@ -13,6 +14,7 @@ import analyze
 import compare
 import certify
 import common
+import readers
 from helpers import digits_checkpoint, run_main
 
 N, ALPHA, SIGMA, RADII = 1000, 0.001, 0.5, [0.25, 0.5, 0.75, 1.0]
@@ -589,3 +591,135 @@ def test_best_over_sigma_takes_each_sides_own_sigmas_and_covers_the_truth():
     assert "over each side's own σ" in compare.compare_words(rows, facts, ("A", "B"), 0.95)
     _, facts = compare.compare_sides(a, b, RADII, 0.95, family=["ACR"])   # not in the claim: exploratory
     assert {facts["roles"][m] for m in facts["roles"] if m.startswith("best over σ")} == {"exploratory"}
+
+
+# ---- logs that do not measure the same thing: refused, or compared with what differs said ---------------------
+
+def setting_log(path, rng, pY, counts=True, **setting):
+    """A simulated CERTIFY log at N, ALPHA, SIGMA with a sidecar of `setting` over those (None: a field left out)."""
+    side = {k: v for k, v in {**dict(N=N, alpha=ALPHA, sigma=SIGMA, mode="certify", split="test", dataset="cifar10"),
+                              **setting}.items() if v is not None}
+    return write_log(path, certify_log(rng, pY), sidecar=json.dumps(side), counts=counts)
+
+
+def as_grid(path, radii):
+    """The log at `path` rewritten as certify.py --radii writes it (stop column, no nY), at the grid `radii`."""
+    lines = path.read_text().splitlines()
+    grid = path.with_name(f"grid_{path.name}")
+    grid.write_text("\n".join([lines[0].replace("nY", "pA_lower\tpA_upper\tstop")] +
+                              [line.rsplit("\t", 1)[0] + "\t0.5\t1\tdecided" for line in lines[1:]]) + "\n")
+    side = json.loads((path.parent / (path.name + ".json")).read_text())
+    (grid.parent / (grid.name + ".json")).write_text(json.dumps(dict(side, mode="grid", radii=radii)))
+    return grid
+
+
+def test_a_grid_log_without_r0_leaves_clean_accuracy_out_instead_of_comparing_its_lower_bound(tmp_path, capsys):
+    """CERTIFY against a grid log of --radii 0.25 0.5 --no-zero-level: its clean accuracy counts only the inputs
+    certified at 0.25 or more, a lower bound, so the row is left out with a line, not called lower."""
+    rng = np.random.default_rng(40)
+    pY = latent(rng, 300)
+    a = setting_log(tmp_path / "a.tsv", rng, pY)
+    b = as_grid(setting_log(tmp_path / "b.tsv", rng, pY), [0.25, 0.5])
+    assert run_main(analyze.main, ["compare", a, b, "--radii", 0.25, 0.5, "--out", tmp_path / "o"]) == 0
+    metrics = [row.split("\t")[0] for row in (tmp_path / "o" / "compare.tsv").read_text().splitlines()[1:]]
+    assert "clean accuracy" not in metrics and "certified accuracy r=0.25" in metrics
+    md = (tmp_path / "o" / "compare.md").read_text()
+    assert "Left out: clean accuracy, which grid_b.tsv (a grid log without r = 0" in md
+    with_zero = as_grid(setting_log(tmp_path / "c.tsv", rng, pY), [0.0, 0.25, 0.5])   # r = 0 a level: decided
+    rows, _ = compare.compare_sides(analyze.load_logs([str(a)]), analyze.load_logs([str(with_zero)]), [0.25, 0.5])
+    assert "clean accuracy" in [m for m, *_ in rows]
+
+
+@pytest.mark.parametrize("field, a_value, b_value", [("N", 500, 1000), ("alpha", 0.001, 0.1)])
+def test_logs_of_other_budgets_are_refused_unless_allowed_and_then_compare_md_says_so(tmp_path, capsys, field,
+                                                                                      a_value, b_value):
+    """The same model at N = 500 and N = 1,000 (or alpha 0.001 and 0.1) is not compared as if only the model
+    differed: one line naming the setting, exit 2; with --allow-different budget, compare.md says above its
+    table what differs and that each verdict is about the model and that setting together."""
+    rng = np.random.default_rng(41)
+    pY = latent(rng, 200)
+    a = setting_log(tmp_path / "a.tsv", rng, pY, counts=False, **{field: a_value})
+    b = setting_log(tmp_path / "b.tsv", rng, pY, counts=False, **{field: b_value})
+    argv = ["compare", a, b, "--radii", 0.25, "--out", tmp_path / "o"]
+    capsys.readouterr()
+    assert run_main(analyze.main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{field} {b_value}, but" in err[0] and "--allow-different budget" in err[0]
+    assert not (tmp_path / "o").exists()                  # refused before anything is written
+    assert run_main(analyze.main, argv + ["--allow-different", "budget"]) == 0
+    md = (tmp_path / "o" / "compare.md").read_text()
+    said = md.index(f"Not the same setting (--allow-different): {field}: {a_value} (a.tsv), {b_value} (b.tsv)")
+    assert said < md.index("| metric |") and "about both, not about the model alone" in md
+    # the python block compares what it is given; the command's check is readers.check_comparable
+    logs = analyze.load_logs([str(a), str(b)])
+    assert readers.check_comparable(logs, ["budget"]) == [("budget", f"{field}: {a_value} (a.tsv), {b_value} (b.tsv)")]
+
+
+def test_an_n_column_tells_the_budget_of_a_log_without_settings_file_and_unknown_fields_are_assumed_equal(
+        tmp_path, capsys):
+    rng = np.random.default_rng(42)
+    pY = latent(rng, 200)
+    a = write_log(tmp_path / "a.tsv", certify_log(rng, pY))             # Cohen's columns + nA N nY, N = 1000
+    b = tmp_path / "b.tsv"
+    head, *rows = a.read_text().splitlines()                            # the same counts out of N = 2000
+    b.write_text("\n".join([head] + ["\t".join(cells[:7] + ["2000"] + cells[8:])
+                                     for cells in (row.split("\t") for row in rows)]) + "\n")
+    argv = ["compare", a, b, "--sigmas", SIGMA, SIGMA, "--radii", 0.25]
+    assert run_main(analyze.main, argv) == 2
+    assert "N 2000, but" in capsys.readouterr().err
+    c = setting_log(tmp_path / "c.tsv", rng, pY, alpha=None, split=None, dataset=None)   # records N only
+    assert run_main(analyze.main, ["compare", a, c, "--sigmas", SIGMA, SIGMA, "--radii", 0.25]) == 0   # the rest:
+    assert "Not the same setting" not in capsys.readouterr().out                                  # taken as equal
+
+
+@pytest.mark.parametrize("field, value", [("mode", "label"), ("split", "train"), ("dataset", "digits")])
+def test_a_mode_a_split_or_a_dataset_that_differs_is_refused_in_one_line(tmp_path, capsys, field, value):
+    rng = np.random.default_rng(43)
+    pY = latent(rng, 200)
+    a = setting_log(tmp_path / "a.tsv", rng, pY)
+    b = setting_log(tmp_path / "b.tsv", rng, pY, **({"candidate": "label"} if field == "mode" else {field: value}))
+    if field == "mode":   # label mode: the log itself says so with its candidate column
+        lines = b.read_text().splitlines()
+        b.write_text("\n".join([lines[0] + "\tcandidate"] + [line + "\t0" for line in lines[1:]]) + "\n")
+    capsys.readouterr()
+    assert run_main(analyze.main, ["compare", a, b, "--radii", 0.25]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    shown = "label mode" if field == "mode" else value
+    assert len(err) == 1 and f"{field} {shown}, but" in err[0] and f"--allow-different {field}" in err[0]
+    assert run_main(analyze.main, ["compare", a, b, "--radii", 0.25, "--allow-different", field]) == 0
+    assert f"Not the same setting (--allow-different): {field}:" in capsys.readouterr().out
+
+
+def test_a_sigma_given_against_the_settings_file_is_refused(tmp_path, capsys):
+    rng = np.random.default_rng(44)
+    pY = latent(rng, 200)
+    a, b = setting_log(tmp_path / "a.tsv", rng, pY), setting_log(tmp_path / "b.tsv", rng, pY)
+    capsys.readouterr()
+    assert run_main(analyze.main, ["compare", a, b, "--sigmas", SIGMA, 1.0]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sigmas gives 1.0, but its settings file records sigma 0.5" in err[0]
+    assert run_main(analyze.main, ["compare", a, b, "--sigmas", SIGMA, SIGMA, "--radii", 0.25]) == 0
+
+
+# ---- the blocks check each argument: a TypeError or ValueError naming it, never one from deep inside ---------
+
+def test_compare_sides_and_test_set_votes_refuse_bad_arguments_naming_them():
+    rng = np.random.default_rng(45)
+    a, b = certify_log(rng, latent(rng, 100), "a.tsv"), certify_log(rng, latent(rng, 100), "b.tsv")
+    good = dict(side_a=[a], side_b=[b], radii=[0.25], level=0.95, votes=None, family=None)
+    bad = [("family", [], ValueError), ("family", "ACR", TypeError), ("family", ["no such row"], ValueError),
+           ("family", [1], TypeError), ("radii", [], ValueError), ("radii", [float("nan")], ValueError),
+           ("radii", [-0.25], ValueError), ("radii", 0.25, TypeError), ("radii", ["0.25"], TypeError),
+           ("level", 1.0, ValueError), ("level", 0.0, ValueError), ("level", float("nan"), ValueError),
+           ("level", "0.95", TypeError), ("side_a", [], ValueError), ("side_b", a, TypeError),
+           ("side_a", [{"path": "x"}], TypeError), ("votes", "test-set", TypeError)]
+    for name, value, error in bad:
+        with pytest.raises(error, match=name if name != "family" or value != ["no such row"] else "family"):
+            compare.compare_sides(**dict(good, **{name: value}))
+    rows, _ = compare.compare_sides(**good)
+    assert rows and rows == compare.compare_sides(**dict(good, radii=(0.25,)))[0]
+    for name, value, error in [("N", 0, ValueError), ("N", 1000.0, TypeError), ("N", "1000", TypeError),
+                               ("alpha", 1.5, ValueError), ("alpha", float("nan"), ValueError),
+                               ("sigma", -0.5, ValueError), ("sigma", "0.5", TypeError)]:
+        with pytest.raises(error, match=name):
+            compare.test_set_votes(**{name: value})

@@ -411,3 +411,25 @@ def test_the_committed_ddrs_report_is_the_output_of_ddrs_py_report(tmp_path):
                            "--out", tmp_path]) == 0
     for name in ("report.md", "report.tsv"):
         assert (tmp_path / name).read_text() == open(os.path.join(results, name)).read(), name
+
+
+def test_the_report_refuses_a_ddrs_log_of_another_budget_than_the_fixed_one(tmp_path, capsys):
+    """DDRS against the fixed sigma_0 differs in mode by design; a budget that differs too is refused in one line."""
+    import json
+    import os
+    import shutil
+    results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "ddrs_cpu")
+    for name in ("fixed_noise_0.25.tsv", "ds_lr0.01_noise_0.25.tsv"):
+        shutil.copy(os.path.join(results, name), tmp_path / name)
+        shutil.copy(os.path.join(results, name + ".json"), tmp_path / (name + ".json"))
+    argv = ["report", tmp_path / "ds_lr0.01_noise_0.25.tsv", "--fixed", tmp_path / "fixed_noise_0.25.tsv", "--out",
+            tmp_path / "out"]
+    assert run_main(ddrs.main, argv) == 0
+    side = json.loads((tmp_path / "ds_lr0.01_noise_0.25.tsv.json").read_text())
+    (tmp_path / "ds_lr0.01_noise_0.25.tsv.json").write_text(json.dumps(dict(side, alpha=0.01)))
+    capsys.readouterr()
+    shutil.rmtree(tmp_path / "out")
+    assert run_main(ddrs.main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "alpha 0.01, but" in err[0] and "ddrs.py report" in err[0]
+    assert not (tmp_path / "out").exists()

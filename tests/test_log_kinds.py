@@ -85,8 +85,9 @@ def analyses(folder, log, gradnorm, ddrs_log):
         ("ablation", run("ablation", log, "--parts", "none")), ("ecdf", run("ecdf", log)),
         ("budget", run("budget", log, "--N", "1000", "--alpha", "0.001")), ("trainpa", run("trainpa", log)),
         ("gradnorm --acr", run("gradnorm", gradnorm, "--acr", log, "--replicates", "100")),
-        ("compare", run("compare", ref, log)), ("compare --over test-set", run("compare", ref, log, "--over",
-                                                                              "test-set")),
+        # the kind's mode against CERTIFY's is a difference of setting, allowed here to reach the kind's check
+        ("compare", run("compare", ref, log, "--allow-different", "mode")),
+        ("compare --over test-set", run("compare", ref, log, "--over", "test-set", "--allow-different", "mode")),
         ("tools/bench.py --grid-logs", lambda: bench.grid_from_logs([ref, log])),
         ("ddrs.py report", lambda: ddrs.main(["report", log, "--fixed", ref, "--out", out])),
         ("ddrs.py report --fixed", lambda: ddrs.main(["report", ddrs_log, "--fixed", log, "--out", out])),
@@ -111,7 +112,7 @@ def test_every_analysis_takes_or_refuses_each_kind_as_it_declares(kinds, kind, c
     for name, call in analyses(folder, paths[kind], gradnorm, paths["DDRS"]):
         key = name if name.split()[0].endswith(".py") else f"analyze.py {name}"
         refused = DECLARED[key]
-        assert set(refused) <= set(readers.LOG_KINDS), key
+        assert set(refused) <= set(readers.LOG_KINDS + readers.SPLIT_KINDS), key
         try:
             call()
             error = None
@@ -124,7 +125,9 @@ def test_every_analysis_takes_or_refuses_each_kind_as_it_declares(kinds, kind, c
             assert refused[kind] in error or (kind == "PREDICT" and "PREDICT" in error), (key, error)
         elif key in NEEDS_DDRS and kind not in ("DDRS", "semi-elastic"):
             assert error is not None and ddrs.NO_SIGMA_COLUMN in error, (key, error)
-        elif key == "analyze.py trainpa" or key == "tools/bench.py --grid-logs":
+        elif key == "analyze.py trainpa":   # every kind here is of the test split, which trainpa does not take
+            assert error is not None and refused["test split"] in error, (key, error)
+        elif key == "tools/bench.py --grid-logs":
             assert error is None or "does not take" not in error, (key, error)   # then its own checks
         else:
             assert error is None, (key, error)
@@ -150,3 +153,20 @@ def test_bench_refuses_arms_of_another_checkpoint(kinds, tmp_path):
     other.with_name("other.tsv.json").write_text(json.dumps(side))
     with pytest.raises(common.UserError, match="another checkpoint"):
         bench.grid_from_logs([str(folder / "reference.tsv"), str(other)])
+
+
+def test_bench_takes_arms_at_another_N_by_design_but_not_at_another_alpha(tmp_path):
+    rerun = os.path.join(ROOT, "results", "grid_cpu", "rerun", "sigma0.25")
+    paths = []
+    for name in ("certify_N100000.tsv", "certify_N10000.tsv"):
+        shutil.copy(os.path.join(rerun, name), tmp_path / name)
+        shutil.copy(os.path.join(rerun, name + ".json"), tmp_path / (name + ".json"))
+        paths.append(str(tmp_path / name))
+    logs = analyze.load_logs(paths)
+    assert readers.check_comparable(logs, ("N",)) == [("budget", "N: 100000 (certify_N100000.tsv), 10000 "
+                                                                "(certify_N10000.tsv)")]
+    side = json.load(open(paths[1] + ".json"))
+    with open(paths[1] + ".json", "w") as f:
+        json.dump(dict(side, alpha=0.01), f)
+    with pytest.raises(common.UserError, match="alpha 0.01, but .* --allow-different budget"):
+        bench.grid_from_logs(paths)

@@ -659,6 +659,7 @@ def grid_from_logs(paths):
     for log in logs:   # every log first, before any work: the kinds this comparison can count
         check_bench_log(log)
     compare.check_same_images(logs)   # one model on one set of images, where the settings files say so
+    readers.check_comparable(logs, ("N",), "tools/bench.py --grid-logs")   # arms at other N: by design
     named = [log for log in logs if log["sidecar"].get("checkpoint_sha256")]
     for log in named[1:]:
         common.check(log["sidecar"]["checkpoint_sha256"] == named[0]["sidecar"]["checkpoint_sha256"],

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import analyze  # noqa: E402
 import compare  # noqa: E402
 import machinery  # noqa: E402
+import readers  # noqa: E402
 
 LOW_P_MAX = 0.75                      # "low pA": p in [0.5, 0.75] (App. B.3: Gaussian is best up to ~0.65-0.75)
 PMAX = 0.99                           # dominance on p in [0.5, 0.99], as `analyze.py ecdf` by default
@@ -172,7 +173,9 @@ def analyze_logs(logs, out):
 
 def main(argv=None):
     args = parse_args(argv)
-    logs = analyze.attach_pA(analyze.load_logs(args.logs), None, None)
+    logs = analyze.load_logs(args.logs)
+    readers.check_comparable(logs, (), "tools/demo_report.py")   # its tables and verdicts set them side by side
+    logs = analyze.attach_pA(logs, None, None)
     for log in logs:
         analyze.need_sigma(log)
     analyze_logs(logs, args.out)

@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                  
 import analyze  # noqa: E402
 import common  # noqa: E402
 import machinery  # noqa: E402
+import readers  # noqa: E402
 import demo_report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,6 +53,7 @@ def main(argv=None):
             common.check(job.returncode == 0, f"seed {seed}: {err.strip().splitlines()[-1] if err.strip() else ''}")
         for (log, _), label in zip(jobs, ("gaussian", "ours")):
             logs[label] = analyze.attach_pA(analyze.load_logs([log], [label]), None, None)[0]
+        readers.check_comparable([logs["gaussian"], logs["ours"]], (), "tools/demo_seeds.py")
         ref, s = demo_report.summarise(logs["gaussian"]), demo_report.summarise(logs["ours"])
         c = demo_report.compare(s, ref)
         holds = c["acr_up"] and c["easy_up"] and not c["hard_helped"]

@@ -131,6 +131,9 @@ def main(argv=None):
     common.check(args.radius > 0 and 0 < args.alpha < 1 and args.reps >= 1,
                  "--radius > 0, --alpha in (0, 1) and --reps >= 1")
     machinery.set_inputs([q for log in args.logs for q in (log, log + ".json")])
+    # the columns sit side by side: one dataset and split (the truth's mode and budget may differ: nY / N is pA)
+    readers.check_comparable([dict(readers.read_certification_log(log), sidecar=readers.read_sidecar(log))
+                              for log in args.logs], ("mode", "budget"), "like_for_like.py")
     rows = [rule_draws(log, args.radius, args.alpha, args.reps, args.seed) for log in args.logs]
     names = list(rows[0][3])
     budgets = sorted({n for row in rows for n in row[2]})
