@@ -1512,7 +1512,7 @@ def analyze(args):
     machinery.set_inputs([p for p in (getattr(args, "logs", None) or []) + (getattr(args, "vs", None) or []) +
                           (getattr(args, "acr", None) or []) + [getattr(args, "root", None)] if p not in (None, "-")])
     if c == "compare":   # the extension's own runner (compare.add_command)
-        text = args.run(args)
+        text = args.handler(args)
     elif c == "theory":
         text = theory_report(args.N, args.alpha, args.sigma, args.pA, args.Nmax, args.out)
     elif c == "paper":

@@ -592,7 +592,7 @@ def check_same_images(logs):
 
 
 def add_command(sub):
-    """`analyze.py compare`: its options, and run() as the handler."""
+    """`analyze.py compare`: its options, and compare_command as its handler."""
     help_text = ("the difference B - A of every metric with a simultaneous interval that includes the test "
                  "sample, the certification's Monte Carlo noise and training seeds; verdict higher, lower or "
                  "within noise")
@@ -618,10 +618,10 @@ def add_command(sub):
     s.add_argument("--alpha", type=float, help="--over test-set: alpha of logs whose sidecar records none")
     s.add_argument("--out", help="folder for compare.tsv and compare.md")
     analyze.add_allow_different(s)
-    s.set_defaults(run=run)
+    s.set_defaults(handler=compare_command)
 
 
-def run(args):
+def compare_command(args):
     """The compare command of the parsed arguments: compare.md's text (files under --out)."""
     side_a, side_b = (args.logs, args.vs) if args.vs else (args.logs[:1], args.logs[1:])
     common.check(args.vs or len(args.logs) == 2, f"compare takes two logs (A B), or A's logs then --vs and "
