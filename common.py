@@ -722,6 +722,20 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
     return {"train_loss": train_loss, "train_acc": (correct / max(total, 1)).item()}
 
 
+def step_model(model, compile_model=False):
+    """The model the training steps call (--compile): model itself, or torch.compile(model), which shares its
+    parameters and buffers, so the optimizer, the checkpoint and the evaluation keep using model. The compiled
+    steps compute the same training up to float rounding; compilation happens at the first step (minutes on
+    ResNet-110), once more for the attack's eval-mode passes. One process only: DistributedDataParallel's
+    gradient hooks are not compiled here."""
+    check(isinstance(model, nn.Module), f"step_model needs an nn.Module (got {type(model).__name__})")
+    if not compile_model:
+        return model
+    check(not isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)),
+          "--compile trains in one process; under torchrun drop --compile")
+    return torch.compile(model)
+
+
 def gaussian_loss(model, x, y, sigma, m):
     """Gaussian data augmentation (Cohen et al.): mean cross-entropy over m noisy copies, block order.
 
