@@ -491,10 +491,17 @@ def cuda_pass_bytes(model, input_shape, device, precision):
 
 
 def cuda_batch(model, input_shape, device, precision, cap):
-    """--batch auto on a CUDA device: fitting_batch on this model, then one pass of that size (halved while it
-    runs out of memory: the allocator may fragment more than the probes saw)."""
+    """--batch auto on a CUDA device: fitting_batch on this model (probes of 256 and 512 inputs, or smaller where
+    those run out of memory), then one pass of that size (halved while it runs out of memory: the allocator may
+    fragment more than the probes saw)."""
     pass_bytes = cuda_pass_bytes(model, input_shape, device, precision)
-    k = fitting_batch(pass_bytes, torch.cuda.mem_get_info(device)[0], cap)
+    k = 1
+    for probe in sorted({min(256, cap), min(16, cap), 1}, reverse=True):   # smaller probes where 2 x 256 do not fit
+        try:
+            k = fitting_batch(pass_bytes, torch.cuda.mem_get_info(device)[0], cap, probe=probe)
+            break
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
     while k > 1:
         try:
             pass_bytes(k)
