@@ -17,9 +17,10 @@ The paper-scale parts read a few thousand CIFAR-10 images (--data-dir, default d
    cudnn.benchmark, and (when the budget allows, last) with --compile; target >= 2x; the kernel share of the
    fastest step (>= 80 %: the kernels themselves bound it).
 4. The paper's commands at paper scale: train_ours.py with the paper's CIFAR-10 sigma 0.5 settings
-   (cifar_resnet110, m 4, T 6, eps 0.25; Et 0 and pt 0.1, scaled to one epoch from an untrained model) for
-   one epoch on --data-dir, --amp bf16 --channels-last; then certify.py on 20 test images (every 5th) at
-   N = 100,000, bf16, --compile: each command's seconds.
+   (cifar_resnet110, m 4, T 6, eps 0.25; scaled to one epoch: Et 0, and pt 0, as an untrained model's pA
+   estimates say nothing, so that it trains on every class and its pA spread) for one epoch on --data-dir,
+   --amp bf16 --channels-last; then certify.py on 20 test images (every 5th) at N = 100,000, bf16,
+   --compile: each command's seconds.
 5. The grid at ResNet-110's cost: certify.py --radii 0.25 0.5 0.75 1 on the same 20 images and model (eager
    bf16; its passes change size, which compilation would specialise on), its draws and seconds against
    CERTIFY's (N0 + N draws an image, part 2's eager seconds per image): wall-clock saving / draw saving,
@@ -318,7 +319,7 @@ def paper_scale_and_grid(report, device, smoke, data_dir, certify_seconds):
     with tempfile.TemporaryDirectory() as tmp:
         run = os.path.join(tmp, "ours")
         print("\n  train_ours.py, one epoch:", flush=True)
-        train_s = command(["train_ours.py", *data, "--sigma", "0.5", "--Et", "0", "--pt", "0.1", "--epochs", "1",
+        train_s = command(["train_ours.py", *data, "--sigma", "0.5", "--Et", "0", "--pt", "0", "--epochs", "1",
                            *amp, "--channels-last", "--outdir", run, *dev, *train_extra],
                           report.left() - 60, tmp)
         if train_s is None:
@@ -331,7 +332,7 @@ def paper_scale_and_grid(report, device, smoke, data_dir, certify_seconds):
         log = os.path.join(tmp, "certify.tsv")
         certify_s = command(["certify.py", "--checkpoint", ckpt, *data[2:], "--skip", "5", *sizes, *bf16,
                              *([] if smoke else ["--compile"]), "--outfile", log, *dev], report.left() - 30, tmp)
-        report.add(f"paper-scale train_ours.py (sigma 0.5: m 4, T {1 if smoke else 6}, eps 0.25; Et 0, pt 0.1; one "
+        report.add(f"paper-scale train_ours.py (sigma 0.5: m 4, T {1 if smoke else 6}, eps 0.25; Et 0, pt 0; one "
                    f"epoch, {kept} images kept): {train_s:.0f} s")
         if certify_s is None:
             report.add("paper-scale certify.py: failed or stopped (its output above)", False, "runs")
