@@ -633,3 +633,17 @@ def test_batch_auto_is_the_default_records_its_number_and_a_resume_keeps_the_log
     assert rows(part) == rows(explicit)          # the log's chunking kept: the lines of an uninterrupted run
     assert run_cli([*base, "--batch", "many", "--outfile", tmp_path / "x.tsv"]) == 2
     assert "'auto'" in capsys.readouterr().err
+
+
+def test_batch_auto_on_a_gpu_records_the_probes_batch_capped_at_N(digits_ckpt, tmp_path, monkeypatch):
+    """load_run's GPU branch on the CPU: the device type seen as cuda, cuda_batch a fake that fits 640 inputs."""
+    resolve, caps = certify.resolve_batch, []
+    monkeypatch.setattr(certify, "resolve_batch", lambda batch, device_type, previous, probe:
+                        resolve(batch, "cuda", previous, probe))
+    monkeypatch.setattr(certify, "cuda_batch", lambda model, shape, device, precision, cap:
+                        caps.append(cap) or min(640, cap))
+    for extra, cap, batch in (([], 3000, 640), (["--N", 300], 300, 300), (["--early-abstain"], 30, 30)):
+        out = tmp_path / f"gpu{len(caps)}.tsv"
+        assert run_cli(["--checkpoint", digits_ckpt, "--N0", 30, "--N", 3000, "--max", 2, *extra,
+                        "--outfile", out]) == 0
+        assert caps[-1] == cap and json.load(open(str(out) + ".json"))["batch"] == batch
