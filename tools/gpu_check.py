@@ -193,8 +193,8 @@ def certification(report, device, smoke, images, batch=None):
             [("certify compiled", certify_fn(compiled)), ("forward passes compiled", forward_fn(compiled))]
             if compiled is not None else []):
         profile_step.show(name, profile_step.kernel_share(lambda: fn(0), device))
-    report.add(f"certify {arch} {precision} eager, batch {batch:,}: {eager:.3f} s/image, {rows['eager'][1] / eager:.3f} "
-               f"of the eager forward-pass rate", rows["eager"][1] / eager >= 0.95, ">= 0.95")
+    report.add(f"certify {arch} {precision} eager, batch {batch:,}: {eager:.3f} s/image, "
+               f"{rows['eager'][1] / eager:.3f} of the eager forward-pass rate", rows["eager"][1] / eager >= 0.95, ">= 0.95")
     name = next((n for n in rows if n.startswith("compiled")), None)
     if name is None:
         report.skip("certify --compile against the compiled forward-pass rate", "budget")
@@ -384,7 +384,7 @@ def main(argv=None):
         plain = training(report, device, args.smoke)
     print("\n4-5. the paper's commands at paper scale, the grid", flush=True)
     paper_scale_and_grid(report, device, args.smoke, args.data_dir, certify_seconds)
-    if plain is not None and not args.smoke and report.left() > COMPILE_TRAINING:   # last: its compilation takes minutes
+    if plain is not None and not args.smoke and report.left() > COMPILE_TRAINING:   # last: compiling takes minutes
         print("\n3'. training with --compile (against part 3's plain loop; each loss while the budget allows)",
               flush=True)
         training(report, device, args.smoke, plain)
