@@ -305,6 +305,8 @@ def command(argv, limit, tmp):
 
 def paper_scale_and_grid(report, device, smoke, data_dir, certify_seconds):
     """Parts 4 and 5 in a temporary folder (nothing left in the repository)."""
+    if device.type == "cuda":   # the memory this process keeps cached is the commands' to use (--batch auto)
+        torch.cuda.empty_cache()
     have_data = not smoke and os.path.isdir(os.path.join(data_dir, "train")) and \
         os.path.isdir(os.path.join(data_dir, "test"))   # --smoke: digits, minutes less on a CPU
     if not smoke and not have_data:
