@@ -403,16 +403,14 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies
     with torch.inference_mode():
         counts = torch.zeros(B, num_classes + 1, dtype=torch.long, device=x.device)   # + failed draws
         finite, drawn = torch.ones((), dtype=torch.bool, device=x.device), 0
-        rows = {}   # per pass size (at most two): the flat row offset of each draw's input, and its one vote
         for k in pass_sizes(n, max(1, batch // B)):
             noisy, failed = copies(x, k, sigma, generator)
             logits = model(noisy)
             check(logits.shape[-1] == num_classes, f"num_classes {num_classes} != {logits.shape[-1]} model outputs")
             finite = finite & torch.isfinite(logits).all()   # on the device: one sync at the end, not per pass
             pred = logits.argmax(1) if failed is None else torch.where(failed, num_classes, logits.argmax(1))
-            if k not in rows:
-                rows[k] = (torch.arange(B, device=x.device).repeat(k) * (num_classes + 1), torch.ones_like(pred))
-            counts.view(-1).index_add_(0, rows[k][0] + pred, rows[k][1])
+            counts.view(-1).index_add_(0, torch.arange(B, device=x.device).repeat(k) * (num_classes + 1) + pred,
+                                       torch.ones_like(pred))
             drawn += k
             if stop is not None and drawn < n and stop(counts[:, :num_classes], drawn):
                 break
