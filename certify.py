@@ -249,10 +249,8 @@ def build_parser(description=__doc__):
     p.add_argument("--N0", type=int, default=100, help="noise samples used to select the top class cA")
     p.add_argument("--N", type=int, default=100_000, help="noise samples used to lower-bound pA")
     p.add_argument("--alpha", type=float, default=0.001, help="failure probability of CERTIFY / PREDICT")
-    p.add_argument("--batch", type=batch_arg, default="auto",
-                   help="noisy inputs per forward pass, or 'auto' (the default): on a GPU the largest pass that fits "
-                        "in half its free memory, at most N (with --early-abstain N / 100), found by two probe passes; "
-                        f"elsewhere {CPU_BATCH}; a resumed log keeps its own. The sidecar records the number used")
+    p.add_argument("--batch", type=common.batch_arg, default="auto", help="noisy inputs per forward pass; auto (default): on a "
+                   f"GPU the largest pass that fits, at most N, elsewhere {common.CPU_BATCH} (docs/speed.md)")
     p.add_argument("--skip", type=int, default=1, help="certify every skip-th example (idx %% skip == 0)")
     p.add_argument("--max", type=int, default=None, help="certify at most this many examples")
     p.add_argument("--seed", type=seed_arg, default=0,
@@ -309,16 +307,6 @@ def parse_args(argv=None, parser=None):
     return p.parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `torchrun certify.py -- ...` may pass the --
 
 
-def batch_arg(text):
-    """--batch: an integer (checked >= 1 by check_args), or 'auto' (resolve_batch)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
-
-
 def seed_arg(text):
     """--seed: an integer >= 0, or 'random' (drawn from the OS's entropy when the run starts)."""
     if text == "random":
@@ -369,7 +357,6 @@ def check_args(args):
     common.check(args.seed == "random" or args.seed >= 0, f"--seed must be >= 0 or 'random' (got {args.seed})")
     common.check(not (args.label_mode and args.predict), "--label-mode certifies the true label; PREDICT has no "
                                                          "candidate to fix (drop one of them)")
-    machinery.check_finite(vars(args))
     common.check(not (args.early_abstain and args.predict), "--early-abstain applies to CERTIFY, not --predict")
     if args.radii is not None:
         common.check(not args.predict, "--radii certifies (CERTIFY at a grid of radii), it does not --predict")
@@ -447,89 +434,6 @@ def fast_model(model, channels_last, compile_model, shapes, precision, fold_bn=F
         sys.stderr.write(f"note: --compile is not available here ({type(e).__name__}: {reason}); running eager\n")
         return model
     return compiled
-
-
-# --batch auto (resolve_batch): off the GPU the passes of Cohen et al.'s code; on a GPU the largest pass that fits
-CPU_BATCH = 1000
-AUTO_MEMORY_SHARE = 0.5      # of the GPU's free memory: headroom for compiled graphs' buffers and fragmentation
-EARLY_ABSTAIN_PASSES = 100   # with --early-abstain: at least this many passes of N, so its first test is at 1 %
-
-
-def batch_cap(N0, N, input_shape, early_abstain=False):
-    """The most inputs --batch auto puts in one pass: the run's largest count (a larger pass is never filled),
-    N / EARLY_ABSTAIN_PASSES with --early-abstain (it tests at pass ends), and machinery's byte limit."""
-    cap = max(N0, N) if not early_abstain else max(1, N // EARLY_ABSTAIN_PASSES)
-    return max(1, min(cap, machinery.MAX_BATCH_BYTES // (4 * math.prod(input_shape))))
-
-
-def fitting_batch(pass_bytes, free_bytes, cap, share=AUTO_MEMORY_SHARE, probe=256):
-    """The largest k <= cap (at least 1) whose pass fits in share * free_bytes, from two probe passes:
-    pass_bytes(k) -> the peak bytes a pass of k inputs allocates, taken as fixed + k * per_input (the fixed part,
-    workspaces, counted once)."""
-    common.check(free_bytes >= 0 and 0 < share <= 1 and cap >= 1 and probe >= 1,
-                 f"fitting_batch needs free_bytes >= 0, share in (0, 1], cap and probe >= 1 "
-                 f"(got {free_bytes}, {share}, {cap}, {probe})")
-    small, large = pass_bytes(probe), pass_bytes(2 * probe)
-    per_input = max((large - small) / probe, 1.0)
-    fixed = max(small - probe * per_input, 0.0)
-    return int(max(1, min(cap, (share * free_bytes - fixed) // per_input)))
-
-
-def cuda_pass_bytes(model, input_shape, device, precision):
-    """pass_bytes(k) for fitting_batch on a CUDA device: the peak memory of one pass of k noisy inputs, as
-    sample_counts makes it (noise, noisy inputs, the model's activations), over what was allocated before."""
-    def pass_bytes(k):
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        with torch.inference_mode(), common.autocast(device.type, precision):
-            noisy, _ = common.gaussian_copies(torch.zeros(1, *input_shape, device=device), k, 1.0)
-            model(noisy)
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    return pass_bytes
-
-
-def cuda_batch(model, input_shape, device, precision, cap):
-    """--batch auto on a CUDA device: fitting_batch on this model (probes of 256 and 512 inputs, or smaller where
-    those run out of memory), then one pass of that size (halved while it runs out of memory: the allocator may
-    fragment more than the probes saw)."""
-    pass_bytes = cuda_pass_bytes(model, input_shape, device, precision)
-    k = 1
-    for probe in sorted({min(256, cap), min(16, cap), 1}, reverse=True):   # smaller probes where 2 x 256 do not fit
-        try:
-            k = fitting_batch(pass_bytes, torch.cuda.mem_get_info(device)[0], cap, probe=probe)
-            break
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-    while k > 1:
-        try:
-            pass_bytes(k)
-            break
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            k //= 2
-    torch.cuda.empty_cache()
-    return k
-
-
-def resolve_batch(batch, device_type, previous=None, probe=None):
-    """--batch as a number. An integer stays; 'auto' becomes previous (the batch of the log being resumed, so
-    that its examples keep their noise's chunking), else probe() on a CUDA device (cuda_batch), else CPU_BATCH."""
-    if batch != "auto":
-        return batch
-    if isinstance(previous, int) and not isinstance(previous, bool) and previous >= 1:
-        return previous
-    return probe() if device_type == "cuda" else CPU_BATCH
-
-
-def same_on_every_rank(batch):
-    """Under torchrun the smallest batch any rank resolved, on all of them (one sidecar, one chunking)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return batch
-    t = torch.tensor([batch])
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-    return int(t)
 
 
 def pass_shapes(input_shape, N0, N, batch, use_predict):
@@ -662,16 +566,12 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
     outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict,
                                               getattr(args, "default_folder", None))
     input_shape = tuple(dataset[0][0].shape)
-    channels_last = is_convolutional(model) if args.channels_last is None else args.channels_last
-    model = fast_model(model, channels_last, False, [], args.precision, args.fold_bn)   # compiled below
-    if args.batch == "auto":   # resolved once, recorded in the sidecar as a number
-        sidecar = outfile + ".json"
-        previous = (readers.read_json_object(sidecar, "settings file of a log").get("batch")
-                    if not args.overwrite and os.path.isfile(sidecar)
-                    and any(os.path.exists(f) for f in [outfile] + machinery.part_files(outfile)) else None)
-        cap = batch_cap(1 if args.predict else args.N0, args.N, input_shape, args.early_abstain)
-        args.batch = same_on_every_rank(resolve_batch(
-            "auto", device.type, previous, lambda: cuda_batch(model, input_shape, device, args.precision, cap)))
+    if args.batch == "auto":   # a number in the sidecar; a resumed log keeps its own (its draws' chunking)
+        old = not args.overwrite and os.path.isfile(outfile + ".json") and \
+            any(map(os.path.exists, [outfile] + machinery.part_files(outfile)))
+        args.batch = common.auto_batch(model, input_shape, device, args.precision, common.batch_cap(
+            args.N0, args.N, input_shape, machinery.MAX_BATCH_BYTES, args.early_abstain),
+            readers.read_json_object(outfile + ".json", "settings file of a log").get("batch") if old else None)
     machinery.check_batch_bytes(min(args.batch, max(args.N, args.N0)), input_shape)
     columns = PREDICT_COLUMNS if args.predict else GRID_COLUMNS if args.radii is not None else CERTIFY_COLUMNS
     if args.label_mode:   # the log itself says that cA was the true label
@@ -697,7 +597,7 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
                 "seed": args.seed, "seed_value": None, "skip": args.skip,
                 "candidate": "label" if args.label_mode else "selected", "batch": args.batch, "device_type": device.type,
                 "precision": args.precision, "early_abstain": EARLY_ABSTAIN_ALPHA if args.early_abstain else False,
-                "channels_last": channels_last,
+                "channels_last": is_convolutional(model) if args.channels_last is None else args.channels_last,
                 "fold_bn": args.fold_bn, "compile": args.compile, "save_counts": args.save_counts,
                 "sound": args.sound, "radii": plan["radii"] if plan else None, "beta": beta if plan else None,
                 "final_look": args.final_look if plan else None, "grid_test": grid.GRID_TEST if plan else None,
@@ -717,7 +617,7 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
     if levels:   # before anything is written: the sound sampler needs inputs on the dataset's grid
         common.grid_levels(dataset[0][0], levels)
     shapes = pass_shapes(input_shape, args.N0, args.N, args.batch, args.predict)
-    model = fast_model(model, False, args.compile, shapes, args.precision)   # folded, channels-last: above
+    model = fast_model(model, settings["channels_last"], args.compile, shapes, args.precision, args.fold_bn)
     return argparse.Namespace(device=device, model=model, dataset=dataset, sigma=sigma, outfile=outfile,
                               columns=columns, plan=plan, num_classes=num_classes, counts=counts, settings=settings,
                               inputs=inputs, levels=levels)

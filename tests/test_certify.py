@@ -591,37 +591,40 @@ def test_fitting_batch_is_the_largest_pass_within_the_memory_share_and_the_cap()
     # (50 MB - 3 MB) / 10 kB = 4,700 inputs
     def pass_bytes(k):
         return 3_000_000 + 10_000 * k
-    assert certify.fitting_batch(pass_bytes, 100_000_000, 10 ** 6) == 4_700
-    assert certify.fitting_batch(pass_bytes, 100_000_000, 1_000) == 1_000          # at most the cap (N)
-    assert certify.fitting_batch(pass_bytes, 1_000_000, 10 ** 6) == 1              # nothing fits: one input
-    assert certify.fitting_batch(pass_bytes, 100_000_000, 10 ** 6, share=1.0) == 9_700
+    assert common.fitting_batch(pass_bytes, 100_000_000, 10 ** 6) == 4_700
+    assert common.fitting_batch(pass_bytes, 100_000_000, 1_000) == 1_000          # at most the cap (N)
+    assert common.fitting_batch(pass_bytes, 1_000_000, 10 ** 6) == 1              # nothing fits: one input
+    assert common.fitting_batch(pass_bytes, 100_000_000, 10 ** 6, share=1.0) == 9_700
     with pytest.raises(ValueError, match="free_bytes"):
-        certify.fitting_batch(pass_bytes, -1, 10)
+        common.fitting_batch(pass_bytes, -1, 10)
 
 
 def test_batch_cap_is_the_largest_count_or_a_hundredth_of_N_with_early_abstention():
-    assert certify.batch_cap(100, 100_000, (3, 32, 32)) == 100_000
-    assert certify.batch_cap(100, 100_000, (3, 32, 32), early_abstain=True) == 1_000
-    assert certify.batch_cap(100, 50, (3, 32, 32), early_abstain=True) == 1
-    big = certify.batch_cap(100, 10 ** 9, (3, 224, 224))          # machinery's byte limit for one pass
-    assert big * 4 * 3 * 224 * 224 <= machinery.MAX_BATCH_BYTES < (big + 1) * 4 * 3 * 224 * 224
+    limit = machinery.MAX_BATCH_BYTES
+    assert common.batch_cap(100, 100_000, (3, 32, 32), limit) == 100_000
+    assert common.batch_cap(100, 100_000, (3, 32, 32), limit, early_abstain=True) == 1_000
+    assert common.batch_cap(100, 50, (3, 32, 32), limit, early_abstain=True) == 1
+    big = common.batch_cap(100, 10 ** 9, (3, 224, 224), limit)          # the byte limit of one pass
+    assert big * 4 * 3 * 224 * 224 <= limit < (big + 1) * 4 * 3 * 224 * 224
 
 
-def test_resolve_batch_keeps_a_number_and_the_resumed_logs_batch_and_probes_only_on_cuda():
-    def probe():
-        return 4_700
-    assert certify.resolve_batch(700, "cuda", 300, probe) == 700          # given: as given
-    assert certify.resolve_batch("auto", "cuda", 300, probe) == 300       # resumed: the log's own
-    assert certify.resolve_batch("auto", "cuda", None, probe) == 4_700    # fresh, on a GPU: the probe's
-    assert certify.resolve_batch("auto", "cpu", None, probe) == certify.CPU_BATCH == 1000
-    assert certify.resolve_batch("auto", "cuda", True, probe) == 4_700    # not a batch a log records
+def test_auto_batch_keeps_the_resumed_logs_batch_and_probes_only_on_cuda(monkeypatch):
+    import types
+    probed = []
+    monkeypatch.setattr(common, "cuda_batch", lambda model, shape, device, precision, cap: probed.append(cap) or 4_700)
+    cuda, cpu = types.SimpleNamespace(type="cuda"), torch.device("cpu")
+    assert common.auto_batch(None, (1, 8, 8), cuda, "fp32", 10 ** 5, 300) == 300       # resumed: the log's own
+    assert common.auto_batch(None, (1, 8, 8), cuda, "fp32", 10 ** 5) == 4_700          # fresh, on a GPU: the probe's
+    assert common.auto_batch(None, (1, 8, 8), cuda, "fp32", 10 ** 5, True) == 4_700    # not a batch a log records
+    assert common.auto_batch(None, (1, 8, 8), cpu, "fp32", 10 ** 5) == common.CPU_BATCH == 1000
+    assert probed == [10 ** 5] * 2                                                       # at most the cap, on CUDA only
 
 
 def test_batch_auto_is_the_default_records_its_number_and_a_resume_keeps_the_logs(digits_ckpt, tmp_path, capsys):
     base = ["--checkpoint", digits_ckpt, "--N0", 30, "--N", 300, "--skip", 3]
     out = tmp_path / "auto.tsv"
     assert run_cli([*base, "--max", 4, "--outfile", out]) == 0
-    assert json.load(open(str(out) + ".json"))["batch"] == certify.CPU_BATCH    # on the CPU: as before
+    assert json.load(open(str(out) + ".json"))["batch"] == common.CPU_BATCH    # on the CPU: as before
     explicit = tmp_path / "b7.tsv"
     assert run_cli([*base, "--max", 8, "--batch", 7, "--outfile", explicit]) == 0
     part = tmp_path / "part.tsv"
@@ -636,11 +639,12 @@ def test_batch_auto_is_the_default_records_its_number_and_a_resume_keeps_the_log
 
 
 def test_batch_auto_on_a_gpu_records_the_probes_batch_capped_at_N(digits_ckpt, tmp_path, monkeypatch):
-    """load_run's GPU branch on the CPU: the device type seen as cuda, cuda_batch a fake that fits 640 inputs."""
-    resolve, caps = certify.resolve_batch, []
-    monkeypatch.setattr(certify, "resolve_batch", lambda batch, device_type, previous, probe:
-                        resolve(batch, "cuda", previous, probe))
-    monkeypatch.setattr(certify, "cuda_batch", lambda model, shape, device, precision, cap:
+    """load_run's GPU branch on the CPU: the device seen as cuda, cuda_batch a fake that fits 640 inputs."""
+    import types
+    auto, caps = common.auto_batch, []
+    monkeypatch.setattr(common, "auto_batch", lambda model, shape, device, precision, cap, previous=None:
+                        auto(model, shape, types.SimpleNamespace(type="cuda"), precision, cap, previous))
+    monkeypatch.setattr(common, "cuda_batch", lambda model, shape, device, precision, cap:
                         caps.append(cap) or min(640, cap))
     for extra, cap, batch in (([], 3000, 640), (["--N", 300], 300, 300), (["--early-abstain"], 30, 30)):
         out = tmp_path / f"gpu{len(caps)}.tsv"

@@ -6,18 +6,18 @@ Usage: python tools/cifar_subset.py --source /path/to/cifar10 [--dest data/cifar
 layout); --dest receives the first --train (--test) files of each class, in file-name order, in the same layout:
 3,000 training and 100 test images by default, about 3 MiB, the data of `make gpu-check`'s paper-scale part
 (tools/gpu_check.py --data-dir data/cifar10_small). data/ is ignored by git: pass the folder to the GPU machine
-as carried, never commit it. A destination that already holds exactly this subset is left as it is; any other
-existing destination is refused.
+as carried, never commit it. Each image goes through the output guard (machinery.write_output): a rerun writes
+the same images again, and a destination holding other images or files this tool did not write is refused.
 """
 import argparse
 import os
-import shutil
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import machinery  # noqa: E402
+import readers  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -49,23 +49,22 @@ def subset(source, per_split):
     return files
 
 
-def existing_files(dest):
-    return {os.path.relpath(os.path.join(d, f), dest) for d, _, names in os.walk(dest) for f in names}
+def existing_images(dest):
+    """The files under dest (relative paths), hidden ones (the guard's records) left out, as the loader does."""
+    return {os.path.relpath(os.path.join(d, f), dest) for d, _, names in os.walk(dest) for f in names
+            if not f.startswith(".")}
 
 
 def main(argv=None):
     args = parse_args(argv)
     files = subset(args.source, {"train": args.train, "test": args.test})
-    if os.path.exists(args.dest):
-        same = os.path.isdir(args.dest) and existing_files(args.dest) == set(files) and all(
-            os.path.getsize(os.path.join(args.dest, rel)) == os.path.getsize(src) for rel, src in files.items())
-        common.check(same, f"{args.dest!r} exists and holds something else than this subset; remove it or "
-                           f"pass another --dest")
-        print(f"{args.dest} already holds the {len(files)} images")
-        return
-    for rel, src in files.items():
+    other = sorted(existing_images(args.dest) - set(files)) if os.path.isdir(args.dest) else []
+    common.check(not other, f"{args.dest!r} holds other images than this subset ({', '.join(other[:2])}, ...): "
+                            f"the dataset would be another one; remove the folder or pass another --dest")
+    for rel, src in files.items():   # through the guard: it writes over nothing this tool did not write
+        data = readers.read_bytes(src)
         os.makedirs(os.path.dirname(os.path.join(args.dest, rel)), exist_ok=True)
-        shutil.copyfile(src, os.path.join(args.dest, rel))
+        machinery.write_output(os.path.join(args.dest, rel), "dataset image", lambda f, data=data: f.write(data))
     size = sum(os.path.getsize(os.path.join(args.dest, rel)) for rel in files)
     print(f"copied {len(files)} images ({args.train} training and {args.test} test images a class, "
           f"{size / 2 ** 20:.1f} MiB) to {args.dest}")

@@ -147,10 +147,9 @@ def certification(report, device, smoke, images, batch=None):
     plain = common.get_architecture(arch, "cifar10").to(device).eval()
     fast = certify.fast_model(copy.deepcopy(plain), True, False, [], precision, fold_bn=True)
     shape = common.INPUT_SHAPE["cifar10"]
-    cap = certify.batch_cap(N0, N, shape)
-    given = batch is not None
-    batch = certify.resolve_batch(batch or "auto", device.type, None,
-                                  lambda: certify.cuda_batch(fast, shape, device, precision, cap))
+    given = batch is not None   # else as certify.py's --batch auto finds it
+    batch = batch or common.auto_batch(plain, shape, device, precision,
+                                       common.batch_cap(N0, N, shape, machinery.MAX_BATCH_BYTES))
     inputs = [torch.rand(*shape, device=device) for _ in range(images + 1)]
     noise = torch.randn(min(batch, N), *shape, device=device)   # the passes' inputs, fp32 NCHW as certify's
     passes = common.pass_sizes(N0, batch) + common.pass_sizes(N, batch)
@@ -274,15 +273,15 @@ def training(report, device, smoke, plain=None):
         measured[name] = rates["plain fp32 eager loop"]
         share = "n/a on a CPU" if prof["share"] is None else f"{100 * prof['share']:.0f} %"
         report.add(f"training {name}: {rates[fastest]:,.0f} noisy inputs/s with {fastest}, {ratio:.2f}x the plain fp32 "
-                   f"eager loop; GPU kernels fill {share} of its step (>= 80 %: the kernels bound it)", ratio >= 2,
+                   f"eager loop; the GPU kernels' share of its step {share} (>= 80 %: they bound it)", ratio >= 2,
                    ">= 2x")
     return measured
 
 
-def seconds_of(cell):
-    """The time column (datetime.timedelta's text, e.g. 0:00:01.250000) in seconds."""
-    h, m, s = cell.split(":")
-    return 3600 * int(h) + 60 * int(m) + float(s)
+def log_rows(path):
+    """certify.py's log as one dict a line, {column: cell} (readers.read_log_prefix: complete lines only)."""
+    columns = readers.read_header(path).split("\t")
+    return [dict(zip(columns, line.split("\t"))) for line in readers.read_log_prefix(path, columns)[0]]
 
 
 def command(argv, limit, tmp):
@@ -340,9 +339,8 @@ def paper_scale_and_grid(report, device, smoke, data_dir, certify_seconds):
             report.add("paper-scale certify.py: failed or stopped (its output above)", False, "runs")
             report.skip("the grid at ResNet-110's cost", "no CERTIFY log")
             return
-        header, lines = readers.read_header(log).split("\t"), open(log).read().splitlines()[1:]
-        rows = [dict(zip(header, line.split("\t"))) for line in lines]
-        per_image = statistics.median(seconds_of(r["time"]) for r in rows)
+        rows = log_rows(log)
+        per_image = statistics.median(readers.log_seconds(r["time"]) for r in rows)
         pA = sorted(int(r["nA"]) / int(r["N"]) for r in rows)
         report.add(f"paper-scale certify.py{'' if smoke else ' --compile'} on {len(rows)} images: {certify_s:.0f} s "
                    f"(median {per_image:.3f} s/image); nA / N: min {pA[0]:.3f}, median {statistics.median(pA):.3f}, "
@@ -355,12 +353,11 @@ def paper_scale_and_grid(report, device, smoke, data_dir, certify_seconds):
             report.skip("the grid at ResNet-110's cost", "its command failed or stopped" if grid_s is None
                         else "no eager CERTIFY seconds")
             return
-        header = readers.read_header(grid_log).split("\t")
-        grid_rows = [dict(zip(header, line.split("\t"))) for line in open(grid_log).read().splitlines()[1:]]
+        grid_rows = log_rows(grid_log)
         N0 = int(sizes[sizes.index("--N0") + 1]) if "--N0" in sizes else 100
         N = int(sizes[sizes.index("--N") + 1])
         draws = len(rows) * (N0 + N) / sum(int(r["N"]) + N0 for r in grid_rows)
-        wall = len(grid_rows) * certify_seconds / sum(seconds_of(r["time"]) for r in grid_rows)
+        wall = len(grid_rows) * certify_seconds / sum(readers.log_seconds(r["time"]) for r in grid_rows)
         report.add(f"grid --radii {' '.join(GRID_RADII)} on those images: {draws:.1f}x fewer draws than CERTIFY, "
                    f"{wall:.1f}x less time (CERTIFY eager: {certify_seconds:.3f} s/image); wall-clock saving / "
                    f"draw saving {wall / draws:.2f}", wall / draws >= 0.8, ">= 0.8")
