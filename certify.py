@@ -249,8 +249,8 @@ def build_parser(description=__doc__):
     p.add_argument("--N0", type=int, default=100, help="noise samples used to select the top class cA")
     p.add_argument("--N", type=int, default=100_000, help="noise samples used to lower-bound pA")
     p.add_argument("--alpha", type=float, default=0.001, help="failure probability of CERTIFY / PREDICT")
-    p.add_argument("--batch", type=common.batch_arg, default="auto", help="noisy inputs per forward pass; auto (default): on a "
-                   f"GPU the largest pass that fits, at most N, elsewhere {common.CPU_BATCH} (docs/speed.md)")
+    p.add_argument("--batch", type=common.batch_arg, default="auto", help="noisy inputs per forward pass; auto "
+                   f"(default): on a GPU the largest pass that fits, at most N, else {common.CPU_BATCH} (docs/speed.md)")
     p.add_argument("--skip", type=int, default=1, help="certify every skip-th example (idx %% skip == 0)")
     p.add_argument("--max", type=int, default=None, help="certify at most this many examples")
     p.add_argument("--seed", type=seed_arg, default=0,

@@ -193,7 +193,8 @@ def certification(report, device, smoke, images, batch=None):
             if compiled is not None else []):
         profile_step.show(name, profile_step.kernel_share(lambda: fn(0), device))
     report.add(f"certify {arch} {precision} eager, batch {batch:,}: {eager:.3f} s/image, "
-               f"{rows['eager'][1] / eager:.3f} of the eager forward-pass rate", rows["eager"][1] / eager >= 0.95, ">= 0.95")
+               f"{rows['eager'][1] / eager:.3f} of the eager forward-pass rate", rows["eager"][1] / eager >= 0.95,
+               ">= 0.95")
     name = next((n for n in rows if n.startswith("compiled")), None)
     if name is None:
         report.skip("certify --compile against the compiled forward-pass rate", "budget")
