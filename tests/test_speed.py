@@ -311,9 +311,12 @@ def test_compile_runs_from_the_command_line_and_gives_the_eager_lines(trained_ck
     base = ["--checkpoint", trained_ckpt, "--max", 3, "--N0", 100, "--N", 100, "--batch", 100]
     assert run_cli([*base, "--outfile", tmp_path / "eager.tsv"]) == 0
     capsys.readouterr()
+    from torch._dynamo.utils import counters
+    graphs = counters["stats"]["unique_graphs"]
     assert run_cli([*base, "--compile", "--outfile", tmp_path / "compiled.tsv"]) == 0
     if "running eager" in capsys.readouterr().err:
         pytest.skip("torch.compile is not usable on this machine (certify.py fell back to eager, as it should)")
+    assert counters["stats"]["unique_graphs"] - graphs == 1   # one pass shape, compiled once: no example recompiles
     assert json.load(open(tmp_path / "compiled.tsv.json"))["compile"] is True
     for a, b in zip(tsv_rows(tmp_path / "eager.tsv"), tsv_rows(tmp_path / "compiled.tsv")):
         assert a["predict"] == b["predict"] and abs(int(a["nA"]) - int(b["nA"])) <= max(1, TOLERANCE * 100)
