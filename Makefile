@@ -35,7 +35,8 @@ ecdf:
 budget:
 	PYTHON=$(PYTHON) bash scripts/budget.sh
 
-# On a machine with a CUDA GPU: the CUDA tests, then certification and training speed in one summary (docs/speed.md; without CUDA it stops in one line, exit 2).
+# On a machine with a CUDA GPU: the CUDA tests, then each speed figure against its ceiling or baseline, target met or NOT
+# met, within 8 minutes (docs/speed.md; parts 4-5 read data/cifar10_small: tools/cifar_subset.py; without CUDA: one line, exit 2).
 gpu-check: install
 	$(PYTHON) tools/gpu_check.py
 

@@ -255,7 +255,8 @@ def build_parser(description=__doc__):
     p.add_argument("--N0", type=int, default=100, help="noise samples used to select the top class cA")
     p.add_argument("--N", type=int, default=100_000, help="noise samples used to lower-bound pA")
     p.add_argument("--alpha", type=float, default=0.001, help="failure probability of CERTIFY / PREDICT")
-    p.add_argument("--batch", type=int, default=1000, help="noisy inputs per forward pass")
+    p.add_argument("--batch", type=common.batch_arg, default="auto", help="noisy inputs per forward pass; auto "
+                   f"(default): on a GPU the largest pass that fits, at most N, else {common.CPU_BATCH} (docs/speed.md)")
     p.add_argument("--skip", type=int, default=1, help="certify every skip-th example (idx %% skip == 0)")
     p.add_argument("--max", type=int, default=None, help="certify at most this many examples")
     p.add_argument("--seed", type=seed_arg, default=0,
@@ -356,13 +357,12 @@ def check_args(args):
     common.check(0 < args.alpha < 1, f"--alpha must lie in (0, 1) (got {args.alpha}); the paper uses 0.001")
     common.check(args.skip >= 1, f"--skip must be >= 1 (got {args.skip}); 1 certifies every example")
     common.check(args.max is None or args.max >= 1, f"--max must be >= 1 (got {args.max}); omit it for all")
-    common.check(args.batch >= 1, f"--batch must be >= 1 (got {args.batch})")
+    common.check(args.batch == "auto" or args.batch >= 1, f"--batch must be >= 1 or 'auto' (got {args.batch})")
     common.check(args.group is None or 1 <= args.group <= 10 ** 5,
                  f"--group must lie in [1, 100000] (got {args.group})")
     common.check(args.seed == "random" or args.seed >= 0, f"--seed must be >= 0 or 'random' (got {args.seed})")
     common.check(not (args.label_mode and args.predict), "--label-mode certifies the true label; PREDICT has no "
                                                          "candidate to fix (drop one of them)")
-    machinery.check_finite(vars(args))
     common.check(not (args.early_abstain and args.predict), "--early-abstain applies to CERTIFY, not --predict")
     if args.radii is not None:
         common.check(not args.predict, "--radii certifies (CERTIFY at a grid of radii), it does not --predict")
@@ -569,9 +569,16 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
                           args.precision)
     sigma = float(sigma)
     dataset = common.get_dataset(dataset_name, args.split, args.data_dir, train_transform=False)
-    machinery.check_batch_bytes(min(args.batch, max(args.N, args.N0)), dataset[0][0].shape)
     outfile = args.outfile or default_outfile(args.checkpoint, sigma, args.split, args.predict,
                                               getattr(args, "default_folder", None))
+    input_shape = tuple(dataset[0][0].shape)
+    if args.batch == "auto":   # a number in the sidecar; a resumed log keeps its own (its draws' chunking)
+        old = not args.overwrite and os.path.isfile(outfile + ".json") and \
+            any(map(os.path.exists, [outfile] + machinery.part_files(outfile)))
+        args.batch = common.auto_batch(model, input_shape, device, args.precision, common.batch_cap(
+            args.N0, args.N, input_shape, machinery.MAX_BATCH_BYTES, args.early_abstain),
+            readers.read_json_object(outfile + ".json", "settings file of a log").get("batch") if old else None)
+    machinery.check_batch_bytes(min(args.batch, max(args.N, args.N0)), input_shape)
     columns = PREDICT_COLUMNS if args.predict else GRID_COLUMNS if args.radii is not None else CERTIFY_COLUMNS
     if args.label_mode:   # the log itself says that cA was the true label
         columns = columns + ("candidate",)
@@ -615,7 +622,7 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
     levels = common.DATASET_LEVELS[dataset_name] if args.sound else None
     if levels:   # before anything is written: the sound sampler needs inputs on the dataset's grid
         common.grid_levels(dataset[0][0], levels)
-    shapes = pass_shapes(tuple(dataset[0][0].shape), args.N0, args.N, args.batch, args.predict)
+    shapes = pass_shapes(input_shape, args.N0, args.N, args.batch, args.predict)
     model = fast_model(model, settings["channels_last"], args.compile, shapes, args.precision, args.fold_bn)
     return argparse.Namespace(device=device, model=model, dataset=dataset, sigma=sigma, outfile=outfile,
                               columns=columns, plan=plan, num_classes=num_classes, counts=counts, settings=settings,

@@ -8,6 +8,7 @@ training loop. Every function takes arguments and returns values: no argparse, n
 groups, nothing runs on import; copy any function into a notebook. What the commands do around these
 (the output guard, checkpoints, resume, torchrun) is machinery.py's.
 """
+import argparse
 import contextlib
 import functools
 import math
@@ -445,6 +446,94 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The counter's pass size (certify.py --batch auto): on a GPU the largest pass that fits
+# ----------------------------------------------------------------------------------------------------------
+
+CPU_BATCH = 1000             # --batch auto off the GPU: the passes of Cohen et al.'s code
+AUTO_MEMORY_SHARE = 0.5      # of the GPU's free memory: headroom for compiled graphs' buffers and fragmentation
+EARLY_ABSTAIN_PASSES = 100   # with --early-abstain, whose tests come at pass ends: at least 100 passes of N
+
+
+def batch_arg(text):
+    """--batch's type: 'auto' (auto_batch) or an integer (the command checks that it is >= 1)."""
+    if text == "auto" or text.lstrip("-").isdigit():
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}")
+
+
+def batch_cap(N0, N, input_shape, max_bytes, early_abstain=False):
+    """The most inputs --batch auto puts in one pass: the run's largest count (a larger pass is never filled),
+    N / EARLY_ABSTAIN_PASSES with early abstention, and max_bytes of float32 noisy inputs."""
+    cap = max(N0, N) if not early_abstain else N // EARLY_ABSTAIN_PASSES
+    return max(1, min(cap, max_bytes // (4 * math.prod(input_shape))))
+
+
+def fitting_batch(pass_bytes, free_bytes, cap, share=AUTO_MEMORY_SHARE, probe=256):
+    """The largest k <= cap (at least 1) whose pass fits in share * free_bytes, from two probe passes:
+    pass_bytes(k) -> the peak bytes a pass of k inputs allocates, taken as fixed + k * per_input (the fixed part,
+    workspaces, counted once)."""
+    check(free_bytes >= 0 and 0 < share <= 1 and cap >= 1 and probe >= 1,
+          f"fitting_batch needs free_bytes >= 0, share in (0, 1], cap and probe >= 1 "
+          f"(got {free_bytes}, {share}, {cap}, {probe})")
+    small, large = pass_bytes(probe), pass_bytes(2 * probe)
+    per_input = max((large - small) / probe, 1.0)
+    fixed = max(small - probe * per_input, 0.0)
+    return int(max(1, min(cap, (share * free_bytes - fixed) // per_input)))
+
+
+def cuda_pass_bytes(model, input_shape, device, precision):
+    """pass_bytes(k) for fitting_batch on a CUDA device: the peak memory of one pass of k noisy inputs, as
+    sample_counts makes it (noise, noisy inputs, the model's activations), over what was allocated before."""
+    def pass_bytes(k):
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        with torch.inference_mode(), autocast(device.type, precision):
+            model(gaussian_copies(torch.zeros(1, *input_shape, device=device), k, 1.0)[0])
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    return pass_bytes
+
+
+def cuda_batch(model, input_shape, device, precision, cap):
+    """fitting_batch on a CUDA device (probes of 256 and 512 inputs, smaller where those run out of memory),
+    then one pass of that size, halved while it runs out of memory (the allocator may fragment more than the
+    probes saw). The model as certify.py has it before folding BatchNorm: its passes take at least as much."""
+    pass_bytes = cuda_pass_bytes(model, input_shape, device, precision)
+    k = 1
+    for probe in sorted({min(256, cap), min(16, cap), 1}, reverse=True):
+        try:
+            k = fitting_batch(pass_bytes, torch.cuda.mem_get_info(device)[0], cap, probe=probe)
+            break
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    while k > 1:
+        try:
+            pass_bytes(k)
+            break
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            k //= 2
+    torch.cuda.empty_cache()
+    return k
+
+
+def auto_batch(model, input_shape, device, precision, cap, previous=None):
+    """--batch auto as a number: previous (the batch of the log being resumed, so that its examples keep their
+    draws' chunking), else on a CUDA device cuda_batch (at most cap), else CPU_BATCH; under torchrun the
+    smallest any rank found, on every rank (one sidecar, one chunking)."""
+    if isinstance(previous, int) and not isinstance(previous, bool) and previous >= 1:
+        batch = previous
+    else:
+        batch = cuda_batch(model, input_shape, device, precision, cap) if device.type == "cuda" else CPU_BATCH
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        t = torch.tensor([batch])
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        batch = int(t)
+    return batch
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Errors: bad input is a UserError (a ValueError); the commands turn it into one line and exit code 2
 # ----------------------------------------------------------------------------------------------------------
 
@@ -869,6 +958,20 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
                                      f"epoch's, from --lr and the schedule): the run diverged; stopped before "
                                      f"saving, so the checkpoint of the last good epoch is kept")
     return {"train_loss": train_loss, "train_acc": (correct / max(total, 1)).item()}
+
+
+def step_model(model, compile_model=False):
+    """The model the training steps call (--compile): model itself, or torch.compile(model), which shares its
+    parameters and buffers, so the optimizer, the checkpoint and the evaluation keep using model. The compiled
+    steps compute the same training up to float rounding; compilation happens at the first step (minutes on
+    ResNet-110), once more for the attack's eval-mode passes. One process only: DistributedDataParallel's
+    gradient hooks are not compiled here."""
+    check(isinstance(model, nn.Module), f"step_model needs an nn.Module (got {type(model).__name__})")
+    if not compile_model:
+        return model
+    check(not isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)),
+          "--compile trains in one process; under torchrun drop --compile")
+    return torch.compile(model)
 
 
 def gaussian_loss(model, x, y, sigma, m):

@@ -72,6 +72,16 @@ def read_lines(path):
         raise common.UserError(f"{path}: cannot read ({e.strerror})") from None
 
 
+def read_bytes(path):
+    """The bytes of a file (a dataset's image, copied as it is); a missing, special or unreadable one is a UserError."""
+    check_regular(path)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise common.UserError(f"{path}: cannot read ({e.strerror})") from None
+
+
 # A number as the project writes them: ASCII digits, optional sign, point and exponent, or inf / nan. Python's
 # float() also takes underscores ("0_5" is 5.0) and other scripts' digits; a reader must not.
 NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf|infinity|nan))")

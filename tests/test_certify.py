@@ -580,3 +580,74 @@ def test_certify_predict_and_grid_evaluate_in_eval_mode_and_hand_the_model_back_
     model[1].eval()                                  # a mixed model comes back mixed
     certify.certify(model, x, 0.5, 20, 200, 0.001, 100, 3)
     assert model.training and not model[1].training
+
+
+# ----------------------------------------------------------------------------------------------------------
+# --batch auto: the largest pass that fits on a GPU, the passes of Cohen et al.'s code elsewhere
+# ----------------------------------------------------------------------------------------------------------
+
+def test_fitting_batch_is_the_largest_pass_within_the_memory_share_and_the_cap():
+    # a model whose pass takes 3 MB fixed plus 10 kB an input: with 100 MB free and half of it usable,
+    # (50 MB - 3 MB) / 10 kB = 4,700 inputs
+    def pass_bytes(k):
+        return 3_000_000 + 10_000 * k
+    assert common.fitting_batch(pass_bytes, 100_000_000, 10 ** 6) == 4_700
+    assert common.fitting_batch(pass_bytes, 100_000_000, 1_000) == 1_000          # at most the cap (N)
+    assert common.fitting_batch(pass_bytes, 1_000_000, 10 ** 6) == 1              # nothing fits: one input
+    assert common.fitting_batch(pass_bytes, 100_000_000, 10 ** 6, share=1.0) == 9_700
+    with pytest.raises(ValueError, match="free_bytes"):
+        common.fitting_batch(pass_bytes, -1, 10)
+
+
+def test_batch_cap_is_the_largest_count_or_a_hundredth_of_N_with_early_abstention():
+    limit = machinery.MAX_BATCH_BYTES
+    assert common.batch_cap(100, 100_000, (3, 32, 32), limit) == 100_000
+    assert common.batch_cap(100, 100_000, (3, 32, 32), limit, early_abstain=True) == 1_000
+    assert common.batch_cap(100, 50, (3, 32, 32), limit, early_abstain=True) == 1
+    big = common.batch_cap(100, 10 ** 9, (3, 224, 224), limit)          # the byte limit of one pass
+    assert big * 4 * 3 * 224 * 224 <= limit < (big + 1) * 4 * 3 * 224 * 224
+
+
+def test_auto_batch_keeps_the_resumed_logs_batch_and_probes_only_on_cuda(monkeypatch):
+    import types
+    probed = []
+    monkeypatch.setattr(common, "cuda_batch", lambda model, shape, device, precision, cap: probed.append(cap) or 4_700)
+    cuda, cpu = types.SimpleNamespace(type="cuda"), torch.device("cpu")
+    assert common.auto_batch(None, (1, 8, 8), cuda, "fp32", 10 ** 5, 300) == 300       # resumed: the log's own
+    assert common.auto_batch(None, (1, 8, 8), cuda, "fp32", 10 ** 5) == 4_700          # fresh, on a GPU: the probe's
+    assert common.auto_batch(None, (1, 8, 8), cuda, "fp32", 10 ** 5, True) == 4_700    # not a batch a log records
+    assert common.auto_batch(None, (1, 8, 8), cpu, "fp32", 10 ** 5) == common.CPU_BATCH == 1000
+    assert probed == [10 ** 5] * 2                                                       # at most the cap, on CUDA only
+
+
+def test_batch_auto_is_the_default_records_its_number_and_a_resume_keeps_the_logs(digits_ckpt, tmp_path, capsys):
+    base = ["--checkpoint", digits_ckpt, "--N0", 30, "--N", 300, "--skip", 3]
+    out = tmp_path / "auto.tsv"
+    assert run_cli([*base, "--max", 4, "--outfile", out]) == 0
+    assert json.load(open(str(out) + ".json"))["batch"] == common.CPU_BATCH    # on the CPU: as before
+    explicit = tmp_path / "b7.tsv"
+    assert run_cli([*base, "--max", 8, "--batch", 7, "--outfile", explicit]) == 0
+    part = tmp_path / "part.tsv"
+    assert run_cli([*base, "--max", 4, "--batch", 7, "--outfile", part]) == 0
+    capsys.readouterr()
+    assert run_cli([*base, "--max", 8, "--batch", "auto", "--outfile", part]) == 0   # resumed with auto
+    assert "note" not in capsys.readouterr().err                                      # the same batch: no note
+    assert json.load(open(str(part) + ".json"))["batch"] == 7
+    assert rows(part) == rows(explicit)          # the log's chunking kept: the lines of an uninterrupted run
+    assert run_cli([*base, "--batch", "many", "--outfile", tmp_path / "x.tsv"]) == 2
+    assert "'auto'" in capsys.readouterr().err
+
+
+def test_batch_auto_on_a_gpu_records_the_probes_batch_capped_at_N(digits_ckpt, tmp_path, monkeypatch):
+    """load_run's GPU branch on the CPU: the device seen as cuda, cuda_batch a fake that fits 640 inputs."""
+    import types
+    auto, caps = common.auto_batch, []
+    monkeypatch.setattr(common, "auto_batch", lambda model, shape, device, precision, cap, previous=None:
+                        auto(model, shape, types.SimpleNamespace(type="cuda"), precision, cap, previous))
+    monkeypatch.setattr(common, "cuda_batch", lambda model, shape, device, precision, cap:
+                        caps.append(cap) or min(640, cap))
+    for extra, cap, batch in (([], 3000, 640), (["--N", 300], 300, 300), (["--early-abstain"], 30, 30)):
+        out = tmp_path / f"gpu{len(caps)}.tsv"
+        assert run_cli(["--checkpoint", digits_ckpt, "--N0", 30, "--N", 3000, "--max", 2, *extra,
+                        "--outfile", out]) == 0
+        assert caps[-1] == cap and json.load(open(str(out) + ".json"))["batch"] == batch

@@ -77,6 +77,17 @@ def test_certify_on_cuda_agrees_with_the_plain_path_and_resumes(flags, cuda_ckpt
     assert [r[:5] + r[6:] for r in lines(full)] == [r[:5] + r[6:] for r in b]   # resumed == uninterrupted
 
 
+def test_batch_auto_on_cuda_records_the_largest_pass_at_most_N(cuda_ckpt, tmp_path, monkeypatch):
+    """digits_cnn is small: all N draws fit in one pass on any GPU; --early-abstain keeps 100 passes."""
+    import json
+    for extra, expected in (([], 3000), (["--early-abstain"], 30)):
+        out = tmp_path / f"auto{len(extra)}.tsv"
+        assert run(certify, ["--checkpoint", cuda_ckpt, "--N0", 50, "--N", 3000, "--max", 2, "--device", "cuda",
+                             *extra, "--outfile", out], monkeypatch) == 0
+        assert json.load(open(str(out) + ".json"))["batch"] == expected
+        assert len(lines(out)) == 2
+
+
 def test_sound_certification_runs_on_cuda_and_matches_the_cpu_table(cuda_ckpt, tmp_path, monkeypatch):
     S_cpu, L = common.rounded_gaussian_table(0.5)
     x = torch.randint(0, 256, (1, 3, 8, 8), dtype=torch.int32)

@@ -311,9 +311,12 @@ def test_compile_runs_from_the_command_line_and_gives_the_eager_lines(trained_ck
     base = ["--checkpoint", trained_ckpt, "--max", 3, "--N0", 100, "--N", 100, "--batch", 100]
     assert run_cli([*base, "--outfile", tmp_path / "eager.tsv"]) == 0
     capsys.readouterr()
+    from torch._dynamo.utils import counters
+    graphs = counters["stats"]["unique_graphs"]
     assert run_cli([*base, "--compile", "--outfile", tmp_path / "compiled.tsv"]) == 0
     if "running eager" in capsys.readouterr().err:
         pytest.skip("torch.compile is not usable on this machine (certify.py fell back to eager, as it should)")
+    assert counters["stats"]["unique_graphs"] - graphs == 1   # one pass shape, compiled once: no example recompiles
     assert json.load(open(tmp_path / "compiled.tsv.json"))["compile"] is True
     for a, b in zip(tsv_rows(tmp_path / "eager.tsv"), tsv_rows(tmp_path / "compiled.tsv")):
         assert a["predict"] == b["predict"] and abs(int(a["nA"]) - int(b["nA"])) <= max(1, TOLERANCE * 100)
@@ -373,6 +376,40 @@ def test_training_scripts_accept_amp_and_channels_last(script, tmp_path, monkeyp
         assert run_main(lambda a: train_gaussian.main(), []) == 2   # in this process: the same command line
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and "fp16" in err and not (tmp_path / "run16").exists()
+
+
+class Counted(nn.Module):
+    """Stands in for torch.compile's module (which holds the model as its child _orig_mod): counts the calls."""
+
+    def __init__(self, model):
+        super().__init__()
+        self._orig_mod, self.calls = model, 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self._orig_mod(x)
+
+
+@pytest.mark.parametrize("script", ["train_gaussian.py", "train_ours.py"])
+def test_compile_trains_through_the_compiled_module_and_saves_the_plain_models_weights(script, tmp_path,
+                                                                                       monkeypatch):
+    import importlib
+    from helpers import run_main
+    module = importlib.import_module(script[:-3])
+    made = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: made.append(Counted(model)) or made[-1])
+    argv = [script, "--dataset", "digits", "--sigma", "0.5", "--epochs", "1", "--max-batches", "2", "--workers", "0"]
+    if script == "train_ours.py":
+        argv += ["--no-discard", "--T", "1"]
+    weights = {}
+    for flags in ([], ["--compile"]):
+        monkeypatch.setattr(sys, "argv", [*argv, *flags, "--outdir", str(tmp_path / f"run{len(flags)}")])
+        assert run_main(lambda a: module.main(), []) == 0
+        weights[len(flags)] = machinery.load_checkpoint(str(tmp_path / f"run{len(flags)}" / machinery.CHECKPOINT))
+    assert len(made) == 1 and made[0].calls >= 2 * 4                # every step's passes went through it
+    plain, compiled = weights[0]["state_dict"], weights[1]["state_dict"]
+    assert list(plain) == list(compiled)                              # no wrapper's prefix in the checkpoint
+    assert all(torch.equal(plain[k], compiled[k]) for k in plain)    # the same steps: the same weights
 
 
 def test_bench_reports_the_largest_certified_accuracy_change_over_all_radii():
