@@ -36,9 +36,6 @@ Usage (after `python train_gaussian.py --dataset digits --sigma 0.5 --epochs 5`;
 Several processes (`--` keeps torchrun from reading --max as its own --max-restarts):
     torchrun --nproc_per_node 2 certify.py -- --checkpoint CKPT --max 100
 """
-import signal
-if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
 import datetime
@@ -56,11 +53,6 @@ import common
 import readers
 import grid
 import machinery
-for module in (common, grid, machinery):   # a student's module of one of these names earlier on sys.path is not ours
-    if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
-
-PROJECT = "acr-weakness"   # ddrs.py and tools/bench.py check it: a student's own certify.py is not this one
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -28,8 +28,6 @@ import torch.nn as nn
 import common
 import readers
 
-PROJECT = "acr-weakness"   # the scripts check it: a student's own machinery.py earlier on sys.path is not this one
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Commands: one-line errors (common.UserError -> exit code 2), signals, checks of flags before any work

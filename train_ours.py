@@ -25,9 +25,6 @@ Table 5 (ablation), the eight rows for sigma 0.5 on CIFAR-10 (add --data-dir):
 Gradient norms with and without the attack (Table 2, Fig. 5; TSV idx label pA grad_norm beside CKPT):
     python train_ours.py --gradnorm runs/train_ours_cifar10_sigma0.5/checkpoint.pth.tar --probe 1000
 """
-import signal
-if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import math
 import os
@@ -42,9 +39,6 @@ from scipy.special import ndtri   # scipy.stats' norm.ppf, bit for bit, without 
 import common
 import readers
 import machinery
-for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
-    if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
 # Paper Table 6 (CIFAR-10) and Table 7 (ImageNet), per sigma. digits: our CPU demo (not in the paper),
 # scaled to its 20-epoch schedule.
