@@ -566,8 +566,8 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
     beta = grid.DEFAULT_BETA if args.beta is None else args.beta
     plan = None if args.radii is None else grid.grid_plan(args.radii, sigma, args.N, args.alpha, beta,
                                                           args.final_look, zero_level=args.zero_level)
-    if not args.overwrite:
-        columns = machinery.resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
+    sha = machinery.loaded_sha256(args.checkpoint)   # the bytes loaded, not read again
+    common.check(sha is not None, f"the sha256 of checkpoint {args.checkpoint!r} is unknown; a log must name its model")
     num_classes = common.NUM_CLASSES[dataset_name]
     counts = (outfile + ".counts", machinery.counts_columns(num_classes)) if args.save_counts else None
     settings = {"script": getattr(args, "script", "certify.py"),
@@ -576,7 +576,7 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
                 "split": args.split,
                 # relative to the working directory: no machine's path in a published log; the hash identifies it
                 "checkpoint": os.path.relpath(args.checkpoint),
-                "checkpoint_sha256": machinery.loaded_sha256(args.checkpoint),   # the bytes loaded, not read again
+                "checkpoint_sha256": sha,
                 "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
                 "N0": None if args.predict else args.N0,  # PREDICT has no selection step
                 "seed": args.seed, "seed_value": None, "skip": args.skip,

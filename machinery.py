@@ -185,8 +185,14 @@ def _run(main):
 
 
 def _run_main(main):
+    global _STAGED
+    _STAGED = []
     try:
-        main()
+        try:
+            main()
+        finally:   # a normal end or sys.exit: every output was checked and written, now they replace their files
+            while _STAGED and sys.exc_info()[0] in (None, SystemExit):
+                _install(*_STAGED.pop(0))
     except common.UserError as e:
         sys.stderr.write(f"error: {e}\n")
         sys.exit(2)
@@ -207,6 +213,9 @@ def _run_main(main):
                          f"{written_so_far()}\n")
         sys.exit(2)
     finally:
+        for _, tmp, _ in _STAGED or ():
+            _discard(tmp)
+        _STAGED = None
         end_distributed(wait=False)
 
 
@@ -517,10 +526,11 @@ TEMPORARY = "temporary"   # the record's kind for a file being written: listed b
 
 
 def _remove_leftovers(folder, record):
-    """Remove the temporary files the record lists (a writer stopped before it could remove its own): the
-    record names each before it is created, so only files this project made go, and only regular files."""
+    """Remove the temporary files the record lists whose writer has stopped before it could remove its own
+    (a live writer's wait for its command's end: write_output): the record names each before it is created,
+    so only files this project made go, and only regular files."""
     import stat
-    for name in [n for n, entry in record.items() if entry.get("kind") == TEMPORARY]:
+    for name in [n for n, entry in record.items() if entry.get("kind") == TEMPORARY and not alive(entry.get("pid"))]:
         path = os.path.join(folder, name)
         try:
             if stat.S_ISREG(os.lstat(path).st_mode):
@@ -530,6 +540,19 @@ def _remove_leftovers(folder, record):
         del record[name]
 
 
+def alive(pid):
+    """True when the process `pid` (an int) runs now."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # another user's process
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def _folder_record(folder):
     """The output record of `folder` under its lock (one writer at a time in a folder), with the temporary
@@ -537,7 +560,7 @@ def _folder_record(folder):
     make_outdir(folder)
     with signals_deferred(), locked_file(os.path.join(folder, RECORD_LOCK), wait=True):   # one file write at most
         record = _read_record(folder)
-        if any(entry.get("kind") == TEMPORARY for entry in record.values()):
+        if any(entry.get("kind") == TEMPORARY and not alive(entry.get("pid")) for entry in record.values()):
             _remove_leftovers(folder, record)
             _save_record(folder, record)
         yield record, lambda: _save_record(folder, record)
@@ -595,7 +618,7 @@ def content_is_recorded(path, entry, whole=True):
     """True when the file's bytes are what its record entry says this project wrote: the whole content's hash
     (or "was", the content before a replacement that a stop may have cut short: write_output), or for a log
     that grows, the hash of the first "size" bytes (what it held when last closed: lines are only added). An
-    entry of an older version without a hash counts as a log; whole=False accepts that for any entry."""
+    entry without a hash is a log being first opened; whole=False accepts that for any entry."""
     if entry.get("append") and "size" in entry:
         return os.path.getsize(path) >= entry["size"] and file_sha256(path, entry["size"]) == entry.get("sha256")
     if entry.get("append") or not whole:
@@ -616,7 +639,7 @@ def _entry(kind, sha256=None, append=False, size=None):
     return entry
 
 
-def write_output(path, kind, write, inputs=(), append=False, claimed=False, source=None):
+def write_output(path, kind, write, inputs=(), append=False, claimed=False, source=None, now=False):
     """Write the file `path` as `kind` ('table', 'checkpoint', ...) through the guard; returns path.
 
     write(f): puts the whole content into the binary file object f. The content goes to a new temporary file,
@@ -624,61 +647,92 @@ def write_output(path, kind, write, inputs=(), append=False, claimed=False, sour
     temporary file, leaves `path` as it was and says so. append=True: a log that open_append extends later.
     source: what the output is made from, kept in the record (output_problem).
 
-    The record changes with the file, so that a stop at any point (a kill included) leaves a folder the next
-    run accepts: the temporary file is listed before it is created (a later run removes it if it is left),
-    and the new content's hash is recorded before the rename, beside the old one ("was"), until the rename
-    is done.
+    Inside a command (run), a whole file waits for the command's end, unless now=True or append=True (a
+    checkpoint, a settings file, a log: the state a resume reads, kept at once): every output is checked before
+    any is replaced, so a command refused at its last output changes no file. The record changes with the file, so
+    that a stop at any point (a kill included) leaves a folder the next run accepts: the temporary file is
+    listed before it is created (a later run removes it if it is left), and the new content's hash is recorded
+    before the rename, beside the old one ("was"), until the rename is done.
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    name = os.path.basename(path)
+    staged = _temporary(path, kind, write, inputs, append, claimed, source)
+    if _STAGED is not None and not (append or now):
+        _STAGED.append(staged)
+    else:
+        _install(*staged)
+    return path
+
+
+_STAGED = None   # inside run: the (path, temporary, entry) of whole files written, replaced as the command ends
+
+
+def _temporary(path, kind, write, inputs, append, claimed, source):
+    """The guard's check, then the content in a new temporary file listed in the record; (path, tmp, entry)."""
+    folder, name = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    tmp = f"{path}.tmp{os.getpid()}.{len(_STAGED or ())}"
     with _folder_record(folder) as (record, save):
         problem = output_problem(path, kind, inputs, record, append, claimed, source)
         common.check(problem is None, problem)
-        before, tmp = record.get(name), f"{path}.tmp{os.getpid()}"
         common.check(not os.path.lexists(tmp), f"{tmp!r} exists (a file left by another program?); move it away")
-        record[os.path.basename(tmp)] = {"kind": TEMPORARY, "of": name}
-        made = False
-        try:
-            save()
-            f = open_file(tmp, "wb", new=True)
-            made = True
-            with f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            entry = _entry(kind, file_sha256(tmp), append, os.path.getsize(tmp))
-            if source is not None:
-                entry["from"] = source
-            if not append and os.path.exists(path):
+        record[os.path.basename(tmp)] = {"kind": TEMPORARY, "of": name, "pid": os.getpid()}
+        save()
+    try:
+        with open_file(tmp, "wb", new=True) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        entry = _entry(kind, file_sha256(tmp), append, os.path.getsize(tmp))
+    except BaseException as e:
+        _discard(tmp)
+        if isinstance(e, OSError):
+            raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
+                                   f"is intact; {written_so_far()}") from None
+        raise
+    if source is not None:
+        entry["from"] = source
+    return path, tmp, entry
+
+
+def _discard(tmp):
+    """Remove a temporary file of write_output and its line in the record (what cannot be removed now, the
+    next write in that folder removes: the record lists it)."""
+    with contextlib.suppress(OSError, common.UserError), _folder_record(os.path.dirname(os.path.abspath(tmp))) \
+            as (record, save):
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        record.pop(os.path.basename(tmp), None)
+        save()
+
+
+def _install(path, tmp, entry):
+    """Rename the temporary file over `path`, its new hash recorded first beside the old one."""
+    folder, name = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    try:
+        with _folder_record(folder) as (record, save):
+            before = record.get(name)
+            if not entry.get("append") and os.path.exists(path):
                 entry["was"] = file_sha256(path)
             record[name] = entry
             save()
-            os.replace(tmp, path)
-        except BaseException as e:
-            if made and os.path.lexists(tmp):
-                os.remove(tmp)
-            record.pop(os.path.basename(tmp), None)
-            if before is None:
-                record.pop(name, None)
-            else:
-                record[name] = before
             try:
-                save()
-            except (OSError, common.UserError):
-                pass   # the record as last saved is valid too: the next run removes the temporary it lists
-            if isinstance(e, OSError):
-                raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
-                                       f"is intact; {written_so_far()}") from None
-            raise
-        del record[os.path.basename(tmp)]
-        entry.pop("was", None)
-        try:
-            save()
-        except (OSError, common.UserError):
-            pass   # the record saved before the rename lists the new content too: nothing is lost
+                os.replace(tmp, path)
+            except BaseException:
+                if before is None:
+                    record.pop(name, None)
+                else:
+                    record[name] = before
+                raise
+            del record[os.path.basename(tmp)]
+            entry.pop("was", None)
+            with contextlib.suppress(OSError, common.UserError):
+                save()   # the record saved before the rename lists the new content too: nothing is lost
+    except BaseException as e:
+        _discard(tmp)
+        if isinstance(e, OSError):
+            raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
+                                   f"is intact; {written_so_far()}") from None
+        raise
     fsync_dir(path)
     _WRITTEN.append(path)
-    return path
 
 
 def write_text_output(path, kind, text, inputs=()):
@@ -689,7 +743,7 @@ def write_text_output(path, kind, text, inputs=()):
 def write_json(obj, path, kind="settings", inputs=(), claimed=False):
     """obj as pretty JSON (args.json, sidecars, summaries), through the guard."""
     text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
-    return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, claimed=claimed)
+    return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, claimed=claimed, now=True)
 
 
 def open_append(path, kind, header, inputs=(), claimed=False, source=None):
@@ -1059,37 +1113,24 @@ def save_checkpoint(state, path, kind="checkpoint", inputs=()):
     import io
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    write_output(path, kind, lambda f: f.write(buffer.getbuffer()), inputs)
+    write_output(path, kind, lambda f: f.write(buffer.getbuffer()), inputs, now=True)
 
 
-def numpy_array_globals():
-    """What unpickling a plain numpy array needs (the RNG state in checkpoints of ours from before they stored
-    it as tensors), under numpy 2's and numpy 1's module names. Object arrays stay refused: their items
-    would still have to pass the weights-only unpickler."""
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy 1.x
-        from numpy.core.multiarray import _reconstruct
-    numeric_dtypes = [type(np.dtype(code)) for code in "?bBhHiIlLqQefdFD"]   # not object ('O') arrays
-    return [np.ndarray, np.dtype, *numeric_dtypes, (_reconstruct, "numpy._core.multiarray._reconstruct"),
-            (_reconstruct, "numpy.core.multiarray._reconstruct")]
-
-
-_LOADED_SHA256 = {}   # realpath -> sha256 of the bytes safe_load last read from it in this process
+_LOADED_SHA256 = {}   # path as given -> sha256 of the bytes safe_load last read through it in this process
 
 
 def loaded_sha256(path):
     """The sha256 of the bytes that safe_load read from `path` (the last time, in this process): the identity a
     record gives the model it used, taken from those very bytes, never from reading the path again (a training
     run may replace the file in between). None if it was not loaded."""
-    return _LOADED_SHA256.get(os.path.realpath(path))
+    return _LOADED_SHA256.get(path)
 
 
 def safe_load(path, device="cpu", trust=False, what="checkpoint"):
     """torch.load that cannot run code from the file (its pickle is read with weights_only=True).
 
-    Allowed: tensors, plain Python values (dicts, lists, numbers, strings) and plain numpy arrays: every
-    checkpoint released with Cohen et al., SmoothAdv, Consistency, SmoothMix, CAT-RS and the paper, and ours.
+    Allowed: tensors and plain Python values (dicts, lists, numbers, strings): every checkpoint released with
+    Cohen et al., SmoothAdv, Consistency, SmoothMix, CAT-RS and the paper, and ours.
     A file whose pickle names anything else (a class, a function) could run code while loading: it is a
     UserError naming the file, what it asks for and the flag --trust-checkpoint. trust=True (that flag)
     loads with weights_only=False, which runs whatever the file holds: only for files from a trusted source.
@@ -1103,15 +1144,14 @@ def safe_load(path, device="cpu", trust=False, what="checkpoint"):
             data = f.read()
     except OSError as e:
         raise common.UserError(f"cannot read {what} {path!r} ({e.strerror or type(e).__name__})") from None
-    _LOADED_SHA256[os.path.realpath(path)] = hashlib.sha256(data).hexdigest()
+    _LOADED_SHA256[path] = hashlib.sha256(data).hexdigest()
     if trust:
         try:
             return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
         except Exception as e:
             raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
     try:
-        with torch.serialization.safe_globals(numpy_array_globals()):
-            return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+        return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
     except Exception as e:
         if "Weights only load failed" not in str(e):
             raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
@@ -1170,6 +1210,18 @@ def strip_module_prefix(state_dict):
     return {".".join(p for p in k.split(".") if p != "module"): v for k, v in state_dict.items()}
 
 
+def check_weights(path, state_dict, model):
+    """Every tensor the model holds in floating point (parameters, float buffers) is real floating point and
+    finite in the checkpoint; integer buffers (num_batches_tracked) may stay integers. load_state_dict would
+    cast an integer or complex tensor silently. A violation is a UserError naming the checkpoint and tensor."""
+    own = common.unwrap(model).state_dict()
+    for name, value in state_dict.items():
+        if value.is_complex() or (name in own and own[name].is_floating_point() and not value.is_floating_point()):
+            raise common.UserError(f"checkpoint {path!r}: tensor {name!r} is {value.dtype}, not real floating point")
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise common.UserError(f"checkpoint {path!r}: tensor {name!r} has non-finite values (a diverged run?)")
+
+
 def load_model(path, dataset=None, arch=None, device="cpu", trust=False, precision="fp32"):
     """Build the architecture named by the checkpoint (or `arch`) and load its weights with strict key matching.
 
@@ -1185,13 +1237,12 @@ def load_model(path, dataset=None, arch=None, device="cpu", trust=False, precisi
                                                  "lenet": "digits"}.get(arch, "cifar10")
     common.check(arch in common.ARCHS, f"checkpoint {path!r} names an unknown architecture {arch!r}; pass --arch")
     model = common.get_architecture(arch, dataset)
+    check_weights(path, strip_module_prefix(ckpt["state_dict"]), model)
     try:
         model.load_state_dict(strip_module_prefix(ckpt["state_dict"]), strict=True)
     except RuntimeError as e:
         first = str(e).split("\n\t")[1][:200] if "\n\t" in str(e) else str(e)[:200]
         raise common.UserError(f"checkpoint {path!r} does not fit architecture {arch!r} on {dataset}: {first}") from None
-    bad = [k for k, v in ckpt["state_dict"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    common.check(not bad, f"checkpoint {path!r} has non-finite weights ({', '.join(bad[:2])}): a diverged run?")
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     bad = [k for k, v in ckpt["state_dict"].items() if dtype is not None and v.is_floating_point() and
            not torch.isfinite(v.to(dtype)).all()]
@@ -1573,14 +1624,10 @@ def _rng_state():
 
 def _set_rng_state(state):
     import random
-    if not state:
-        return
     torch.set_rng_state(state["torch"].cpu())
-    numpy_state = state["numpy"]
-    if isinstance(numpy_state, dict):   # its key saved as a tensor (checkpoints hold tensors only); a tuple as is
-        numpy_state = dict(numpy_state, state=dict(numpy_state["state"],
-                                                   key=numpy_state["state"]["key"].cpu().numpy().astype(np.uint32)))
-    np.random.set_state(numpy_state)
+    numpy_state = state["numpy"]   # its key saved as a tensor: checkpoints hold tensors only
+    np.random.set_state(dict(numpy_state, state=dict(numpy_state["state"],
+                                                     key=numpy_state["state"]["key"].cpu().numpy().astype(np.uint32))))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
@@ -1616,8 +1663,8 @@ def resume_mismatches(saved_args, args):
     part by part, so the message names what differs."""
     diff = []
     if isinstance(args.get("run"), dict) and not isinstance(saved_args.get("run"), dict):
-        diff.append("the checkpoint records no run identity (script and data): it was not written by a training "
-                    "run of this version, so what it was trained on cannot be checked")
+        diff.append("the checkpoint records no run identity (script and data), so what it was trained on cannot "
+                    "be checked")
     for k in sorted(set(saved_args) & set(args) - RESUME_MAY_CHANGE):
         old, new = saved_args[k], args[k]
         if k == "run" and isinstance(old, dict) and isinstance(new, dict):
@@ -1670,7 +1717,7 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     # On the CPU: load_state_dict copies weights and optimizer state to the model's device; the rest (generator
     # states, a method's kept indices) is host data, whatever device the run was saved from.
     ckpt = load_checkpoint(path, "cpu", trust)
-    missing = [k for k in ("epoch", "optimizer", "scheduler") if k not in ckpt]
+    missing = [k for k in ("epoch", "optimizer", "scheduler", "rng") if k not in ckpt]
     common.check(not missing, f"--resume: {path!r} lacks {', '.join(missing)} (not a checkpoint of a training run "
                        f"of ours); start a new run in another --outdir")
     for key, value in (expect or {}).items():
@@ -1679,6 +1726,7 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     diff = resume_mismatches(ckpt.get("args") or {}, args or {})
     common.check(not diff, f"--resume: {outdir!r} was trained with other settings ({'; '.join(diff)}); resume with "
                     f"the same ones, or start a new run in another --outdir")
+    check_weights(path, strip_module_prefix(ckpt["state_dict"]), model)
     try:
         common.unwrap(model).load_state_dict(strip_module_prefix(ckpt["state_dict"]))
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -1687,7 +1735,7 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
         raise common.UserError(f"--resume: {path!r} does not fit this model/optimizer ({type(e).__name__}); "
                                f"use the same settings or another --outdir") from None
     check_run_outputs(outdir)   # before any epoch is trained
-    _set_rng_state(ckpt.get("rng"))
+    _set_rng_state(ckpt["rng"])
     return int(ckpt["epoch"]), ckpt.get("extra") or {}
 
 
@@ -1783,21 +1831,14 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
 # Certification logs (certify.py, ddrs.py): the settings a log is resumed under, resume, torchrun parts
 # ----------------------------------------------------------------------------------------------------------
 
-# Columns added since logs were first written (nY, pA_certified): a log without them resumes in its own.
-NEWER_COLUMNS = ("nY", "pA_certified")
 # Settings that change what a line means: a resumed file must have been written with the same ones.
 CHECKED_SETTINGS = ("script", "data", "mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N",
                     "alpha", "seed",
                     "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look",
                     "grid_test", "ddrs")
+IDENTITY = ("script", "data", "checkpoint_sha256")   # never unknown in a log that is resumed
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
 NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
-# What a sidecar written before a setting existed meant by it.
-SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
-                    "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
-                    "final_look": None, "grid_test": None, "ddrs": None}
-
-
 def part_files(outfile):
     """The per-rank files `<outfile>.rank<r>` that exist now (any world size), sorted by rank."""
     parts = [p for p in glob.glob(glob.escape(outfile) + ".rank*") if re.search(r"\.rank\d+$", p)]
@@ -1807,16 +1848,6 @@ def part_files(outfile):
 def read_rows(path, columns):
     """The complete lines of a log being resumed, and the byte size they take (readers.read_log_prefix)."""
     return readers.read_log_prefix(path, columns)
-
-
-def resume_columns(outfile, columns):
-    """The columns to write: an existing log from before a NEWER_COLUMNS column keeps its own."""
-    for path in [outfile] + part_files(outfile):
-        if os.path.isfile(path):
-            header = readers.read_header(path).split("\t")
-            older = tuple(c for c in columns if c not in NEWER_COLUMNS or c in header)
-            return older if header == list(older) else columns
-    return columns
 
 
 def counts_columns(num_classes):
@@ -1833,12 +1864,10 @@ def check_resumable(outfile, settings, columns, counts=None):
     common.check(os.path.isfile(sidecar), f"{outfile!r} exists but its settings file {sidecar!r} does not; "
                                           f"pass --overwrite to replace it or choose another --outfile")
     old = readers.read_json_object(sidecar, "settings file of a log")
-    for k in ("script", "data"):   # identity: refused when it differs, noted when an older sidecar lacks it
-        if k not in old:
-            sys.stderr.write(f"note: {sidecar!r} does not record the run's {k} (an older version wrote it); "
-                             f"resuming on the other settings alone\n")
-            old[k] = settings[k]
-    old = {k: old.get(k, SETTING_DEFAULTS.get(k)) for k in CHECKED_SETTINGS + NOTED_SETTINGS}
+    missing = [k for k in CHECKED_SETTINGS if k not in old or (k in IDENTITY and old[k] is None)]
+    common.check(not missing, f"{sidecar!r} does not record {', '.join(missing)}, so what {outfile!r} was made with "
+                              f"cannot be checked; pass --overwrite to start again or choose another --outfile")
+    old = {k: old.get(k) for k in CHECKED_SETTINGS + NOTED_SETTINGS}
     diff = [f"{k} {old[k]!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if old[k] != settings[k]]
     common.check(not diff, f"{outfile!r} was written with other settings ({'; '.join(diff)}); rerun with the "
                            f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
@@ -1864,15 +1893,17 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
     the guard (write_output, open_append).
     """
     files = [(outfile, columns, "certification log")] + ([(*counts, "vote counts")] if counts else [])
+    # --overwrite replaces the whole run: vote counts it kept go too when this run keeps none
+    stale = [(outfile + ".counts", None, "vote counts")] if overwrite and not counts else []
     claimed = sidecar_claims(outfile)
-    for main_path, cols, kind in files:   # check every file before changing any
+    for main_path, cols, kind in files + stale:   # check every file before changing any
         for path in [main_path] + part_files(main_path):
             problem = output_problem(path, kind, inputs, append=True, claimed=claimed)
             common.check(problem is None, problem)
     sidecar_problem = output_problem(outfile + ".json", "settings of a log", inputs, claimed=claimed)
     common.check(sidecar_problem is None, sidecar_problem)
     done = set()
-    for main_path, cols, kind in files:   # the log first: it decides what is done
+    for main_path, cols, kind in files + stale:   # the log first: it decides what is done
         for path in [main_path] + part_files(main_path):
             if overwrite:
                 remove_output(path, kind, claimed)
@@ -1901,21 +1932,21 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
 
 
 def sidecar_claims(outfile):
-    """True when <outfile>.json is certify.py's own record of the log (it names certify.py or ddrs.py, or is a
-    sidecar of an older version, with the checkpoint's hash): the log may be resumed or replaced even where
-    the folder's record of outputs does not list it (a log copied from another machine)."""
+    """True when <outfile>.json is certify.py's own record of the log (it names certify.py or ddrs.py, the
+    checkpoint's hash and the log's columns): the log may be resumed or replaced even where the folder's record
+    of outputs does not list it (a log copied from another machine)."""
     try:
         old = readers.read_json_object(outfile + ".json", "settings file of a log")
     except common.UserError:
         return False
-    if old.get("script", "certify.py") not in ("certify.py", "ddrs.py certify") or "checkpoint_sha256" not in old:
+    if old.get("script") not in ("certify.py", "ddrs.py certify") or not old.get("checkpoint_sha256"):
         return False
     # the record names the log's columns: a file beside it with another first line is not that log
     columns = old.get("columns")
     for path in [outfile] + part_files(outfile):
         if os.path.isfile(path) and os.path.getsize(path) > 0 and isinstance(columns, list):
             header = readers.read_header(path)
-            if header not in ("\t".join(columns), "\t".join(columns[:-1])):   # [:-1]: logs from before nY
+            if header != "\t".join(columns):
                 return False
     return True
 

@@ -116,14 +116,15 @@ def test_a_write_over_ulimit_f_fails_in_one_line_and_keeps_the_old_file(tmp_path
 
 
 def test_sigterm_exits_143_in_one_line_and_leaves_the_files_valid(tmp_path):
-    """SIGTERM during a long command: exit 143, one line, and every file written so far complete."""
+    """SIGTERM during a long command: exit 143, one line, and every file written so far (now=True: at once, not
+    at the command's end) complete."""
     import signal
     import subprocess
     import sys
     import time
     code = ("import sys, time; sys.path.insert(0, %r); import machinery\n"
             "def main():\n"
-            "    machinery.write_text_output(%r, 'analyze.py output', 'done\\n')\n"
+            "    machinery.write_output(%r, 'analyze.py output', lambda f: f.write(b'done\\n'), now=True)\n"
             "    print('ready', flush=True)\n"
             "    time.sleep(60)\n"
             "machinery.run(main)\n") % (ROOT, str(tmp_path / "a.md"))
@@ -419,3 +420,17 @@ def test_a_lock_file_lives_only_while_held_and_its_removal_cannot_give_the_lock_
     release.set()
     worker.join(30)
     assert not os.path.exists(path) and os.listdir(tmp_path) == []
+
+
+def test_a_command_refused_at_its_last_output_has_replaced_none(tmp_path, capsys):
+    """`analyze.py table DIR/table.tsv --out DIR --format tsv`: table.tsv is its input, so table.md and
+    table.tex, written before it, must not replace anything either (the guard installs outputs at the end)."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    log = grid_log(folder / "table.tsv")
+    lines = open(log).read().splitlines()
+    cols = lines[0].split("\t")[:6] + ["nA", "N"]
+    open(log, "w").write("\t".join(cols) + "\n" + "0\t1\t1\t0.5\t1\t0:00:01\t90\t100\n")
+    code, _, err = run_analyze(["table", log, "--out", folder, "--format", "tsv"], capsys)
+    assert code == 2 and "is an input of this command" in err, err
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["table.tsv"]
