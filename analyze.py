@@ -1245,10 +1245,11 @@ def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, repl
                                                   f"('-' for none): got {len(acr_paths)} for {len(logs)}")
         certified = [None if p == "-" else load_logs([p], command="gradnorm --acr")[0] for p in acr_paths]
         for log, cert in zip(logs, certified):   # the same model, where the records say which it was
-            source, sha = machinery.recorded_source(log["path"]), cert and cert["sidecar"].get("checkpoint_sha256")
-            common.check(not (source and sha and os.path.isfile(source)) or machinery.file_sha256(source) == sha,
-                         f"{cert and cert['path']}: certifies another checkpoint than {log['path']} was measured on "
-                         f"({source}); --acr takes the log of each gradient-norm file's model")
+            measured = readers.read_sidecar(log["path"]).get("checkpoint_sha256")
+            sha = cert and cert["sidecar"].get("checkpoint_sha256")
+            common.check(not (measured and sha) or measured == sha,
+                         f"{cert and cert['path']}: certifies another checkpoint than {log['path']} was measured on; "
+                         f"--acr takes the log of each gradient-norm file's model")
     own, vs, paired = gradnorm_intervals(logs, level, replicates, seed)
     rows = []
     for i, log in enumerate(logs):

@@ -534,6 +534,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         machinery.merge_parts(run.outfile, run.columns)
         if run.counts:
             machinery.merge_parts(*run.counts, "vote counts")
+        machinery.record_written(run.outfile)   # the sidecar, the run's record, names what its files hold
     if world > 1:
         torch.distributed.destroy_process_group()
 

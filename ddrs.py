@@ -463,8 +463,7 @@ def memory_main(args):
     outfile = args.outfile or os.path.splitext(args.log)[0] + "_memory.tsv"
     memory, cases, lines = [], {"none": 0, "inside": 0, "touching": 0}, []
     columns = ("idx", "label", "predict", "radius", "correct", "raw_predict", "raw_radius", "sigma", "case")
-    problem = machinery.output_problem(outfile, "DDRS memory", [args.log, args.log + ".json"])
-    common.check(problem is None, problem)   # before the work
+    machinery.check_output(outfile, [args.log, args.log + ".json"])   # before the work
     for row in sorted(rows, key=lambda r: r["idx"]):
         common.check(0 <= row["idx"] < len(dataset), f"{args.log}: idx {row['idx']} is not an example of the "
                                                      f"{sidecar['dataset']} {sidecar['split']} split")

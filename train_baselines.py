@@ -564,7 +564,7 @@ def make_target_mode(args):
     machinery.save_checkpoint({"counts": counts, "N": N, "sigma": sigma, "dataset": dataset,
                                "checkpoint": os.path.relpath(args.checkpoint)}, args.out, "CAT-RS target",
                            [args.checkpoint])
-    machinery.remove_output(partial, "partial CAT-RS target")
+    machinery.remove_output(partial)
     print(f"wrote {args.out}")
 
 

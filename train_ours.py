@@ -189,7 +189,7 @@ def shared_counts(counts, labels, indices, n, path, device):
     (idx label count n) by rank 0: what train() does around discard_hard and the reweighting estimate."""
     counts = machinery.broadcast(counts.to(device)).cpu()
     if machinery.is_main_process():
-        log = machinery.TSVLog(path, readers.PA_COLUMNS, "pA estimates")
+        log = machinery.TSVLog(path, readers.PA_COLUMNS)
         for i, label, c in zip(torch.as_tensor(indices).tolist(), labels.tolist(), counts.tolist()):
             log.row(idx=i, label=label, count=c, n=n)
         log.close()

@@ -993,7 +993,7 @@ class Tee(io.StringIO):
 def main():
     args = parse_args()
     if args.report:   # checked before the work: a report may not replace a file this project did not write
-        problem = machinery.output_problem(args.report, "benchmark report", args.grid_logs or [])
+        problem = machinery.output_problem(args.report, args.grid_logs or [])
         common.check(problem is None, problem)
         tee = Tee(sys.stdout)
         with contextlib.redirect_stdout(tee):
