@@ -834,9 +834,12 @@ def save_checkpoint(state, path, kind="checkpoint", inputs=()):
     inputs: files the command reads, never written over (hard links included). torch.save fills a buffer in
     memory first: a write that fails inside torch's zip writer surfaces as a RuntimeError, not an OSError."""
     import io
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    write_output(path, kind, lambda f: f.write(buffer.getbuffer()), inputs, now=True)
+
+    def write(f):
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        f.write(buffer.getbuffer())
+    write_output(path, kind, write, inputs, now=True)
 
 
 _LOADED_SHA256 = {}   # path as given -> sha256 of the bytes safe_load last read through it in this process
@@ -1564,10 +1567,14 @@ def part_files(outfile):
 
 def run_files(outfile):
     """The files of the certification run writing `outfile` that exist now: the log, its vote counts
-    (<outfile>.counts) and their per-rank parts."""
+    (<outfile>.counts, where its sidecar says it keeps them) and their per-rank parts. No log: no run."""
     logs = [p for p in [outfile] + part_files(outfile) if os.path.lexists(p)]
+    try:
+        keeps = logs and readers.read_json_object(outfile + ".json", "settings file of a log").get("save_counts")
+    except common.UserError:
+        keeps = False
     counts = [p for p in [outfile + ".counts"] + part_files(outfile + ".counts") if os.path.lexists(p)]
-    return logs + counts if logs else []   # no log: no run (a counts file alone is not one of ours)
+    return logs + (counts if keeps is True else [])
 
 
 def read_rows(path, columns):
@@ -1606,10 +1613,9 @@ def log_problem(outfile):
         if os.path.islink(path) or not os.path.isfile(path):
             return f"{path!r} is not a plain file (a link, FIFO or device); move it away"
         counts = path[len(outfile):].startswith(".counts")
-        if (counts and not old.get("save_counts")) or (not counts and os.path.getsize(path) > 0 and
-                                                         readers.read_header(path) != "\t".join(old.get("columns", []))):
-            return (f"{path!r} exists and was not written by this project ({sidecar!r} does not name it: other "
-                    f"columns, or no vote counts); move it away or choose another --outfile")
+        if not counts and os.path.getsize(path) > 0 and readers.read_header(path) != "\t".join(old.get("columns", [])):
+            return (f"{path!r} exists and was not written by this project (not the columns {sidecar!r} names); "
+                    f"move it away or choose another --outfile")
         kept = written.get(os.path.basename(path))
         if isinstance(kept, dict) and not (os.path.getsize(path) >= kept.get("size", 0) and
                                            file_sha256(path, kept.get("size", 0)) == kept.get("sha256")):
@@ -1653,9 +1659,9 @@ def check_outputs(outfile, counts, inputs):
         check_output(path, inputs)
     problem = log_problem(outfile)
     common.check(problem is None, problem)
-    common.check(not counts or run_files(outfile) or not os.path.lexists(counts[0]),
-                 f"{counts and counts[0]!r} exists and was not written by this project (no log claims it); move it "
-                 f"away or choose another --outfile")
+    common.check(not counts or not os.path.lexists(counts[0]) or counts[0] in run_files(outfile),
+                 f"{counts and counts[0]!r} exists and was not written by this project (no log's sidecar keeps "
+                 f"vote counts); move it away or choose another --outfile")
 
 
 def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=()):

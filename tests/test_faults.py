@@ -116,7 +116,7 @@ def snapshot(folder, ignore_columns=("time",)):
             out[name] = [[row.split("\t")[i] for i in keep] for row in lines]
         elif name.endswith(".json"):
             obj = json.loads(data)
-            volatile = ("environment", "time", "started", "seconds", "outdir", "resume")
+            volatile = ("environment", "time", "started", "seconds", "outdir", "resume", "written")
             out[name] = {k: v for k, v in obj.items() if k not in volatile}
         elif name.endswith(".pth.tar"):
             import torch
