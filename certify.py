@@ -19,8 +19,8 @@ Fig. 3). --save-counts also keeps every class's votes, one row per example, in <
 such a log gives certified accuracy, not predictions. --seed random draws the seed from the OS's entropy
 when the run starts (recorded as seed_value in the sidecar): a certificate with a published seed holds only
 for a model that does not depend on that noise; the default fixed seed is for reproducible experiments.
-The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line; a log
-written before nY existed resumes in its own columns.
+The settings live in the sidecar <outfile>.json, the run's record. Rerunning resumes after the last complete
+line.
 Speed (docs/speed.md; measured by tools/bench.py): channels-last and folded BatchNorm by default, --precision bf16,
 --compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
 
@@ -167,7 +167,7 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
 
     precision, sound, early_abstain: certify.py's options (common.in_precision, sampler_of).
     plan: a grid_plan for anytime-valid certification at its radii (--radii) instead of CERTIFY.
-    columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; a log's own for an older one).
+    columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS).
     counts_out: optional list; every class's votes among the estimation draws are appended to it.
     label_mode: certify the true label (no selection draws); the line's `candidate` column says so.
     radius_fn: None (Cohen's radius), or callable(pA_lower, sigma) -> the radius of a certified example, a

@@ -1,8 +1,9 @@
 """The run machinery of the scripts: what a command does around the paper's building blocks.
 
-Flags checked before any work, one-line errors, signals; the output guard (every file a script writes, its
-record, locks, atomic replacement); run identity for sidecars; checkpoints saved atomically and loaded without
-running code; resumable training runs and their logs; torchrun plumbing. The building blocks (common.py, and
+Flags checked before any work, one-line errors, signals; the output guard (one way to write any file: a
+temporary file renamed into place as the command ends; one lock per run); run identity and each run's record
+(a log's sidecar, a training run's checkpoint); checkpoints loaded without running code; resumable training
+runs and their logs; torchrun plumbing. The building blocks (common.py, and
 the paper's functions in each script: certify, ours_loss, the baselines' losses, acr, compare_sides, ...)
 never call into this module: they take arguments and return values, so each can be pasted alone
 (tools/copy_size.py measures it; tests/test_paste.py keeps it so). The scripts' main paths call them
@@ -55,38 +56,10 @@ class Interrupted(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C (SIGINT) so that every `finally` and every temporary-file cleanup runs."""
 
 
-_DEFERRED = {"depth": 0, "pending": None}   # signals_deferred's state (the main thread's: signals land there)
-
-
 def _raise_interrupted(signum, frame):
-    """The handler of SIGTERM and SIGINT: raise Interrupted / KeyboardInterrupt, or, inside signals_deferred,
-    remember the signal and return, so that a file and its record are never left between two states."""
+    """The handler of SIGTERM and SIGINT: raise Interrupted or KeyboardInterrupt where the command is."""
     import signal
-    if _DEFERRED["depth"] > 0:
-        _DEFERRED["pending"] = signum
-        return
     raise Interrupted() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-
-@contextlib.contextmanager
-def signals_deferred():
-    """Hold SIGTERM and SIGINT for the block (a write and its record, including the record's own rename and
-    the clean-up of its temporary file), then honour one that came: it is raised as the block ends. Only the
-    main thread defers (signals are handled there); nested blocks raise at the outermost end."""
-    import signal
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _DEFERRED["depth"] += 1
-    try:
-        yield
-    finally:
-        _DEFERRED["depth"] -= 1
-        signum = _DEFERRED["pending"] if _DEFERRED["depth"] == 0 else None
-        if signum is not None:
-            _DEFERRED["pending"] = None
-            raise Interrupted() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def run(main, exit_process=False):
@@ -524,10 +497,9 @@ def _discard(tmp):
 
 
 def _install(path, tmp):
-    """Rename the temporary file `tmp` over `path` (signals held for the rename: the file is old or new)."""
+    """Rename the temporary file `tmp` over `path`."""
     try:
-        with signals_deferred():
-            os.replace(tmp, path)
+        os.replace(tmp, path)   # atomic: a stop leaves the old file or the new one
     except OSError as e:
         _discard(tmp)
         raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
@@ -591,8 +563,7 @@ def remove_output(path):
     """Remove an output of this command's run (certify.py --overwrite, merged parts) through the guard."""
     check_output(path)
     if os.path.lexists(path):
-        with signals_deferred():
-            os.remove(path)
+        os.remove(path)
 
 
 DEMO_RECORD = ".demo"   # scripts/demo.sh's record of its folder: {path: sha256} of every file it wrote

@@ -187,7 +187,7 @@ def check_radii(log, sidecar):
                         f"{alpha:g} ({bound[i]:.6g}); {len(bad)} such row(s): edited by hand, or another run's log")
 
 
-# The sidecar's fields that readers use, with their contract (a field may be missing: older logs lack some).
+# The sidecar's fields that readers use, with their contract (a field may be missing: a log from elsewhere).
 SIDECAR_FIELDS = {
     "script": lambda v: isinstance(v, str),
     "mode": lambda v: v in ("certify", "predict", "grid", "label"),
