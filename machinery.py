@@ -166,7 +166,7 @@ def _run_main(main):
         finally:   # a normal end or sys.exit: every output was checked and written, now they replace their files
             while _STAGED and sys.exc_info()[0] in (None, SystemExit):
                 path = next(iter(_STAGED))   # in the order they were written
-                _install(path, _STAGED.pop(path))
+                _install(path, *_STAGED.pop(path))
     except common.UserError as e:
         sys.stderr.write(f"error: {e}\n")
         sys.exit(2)
@@ -187,7 +187,7 @@ def _run_main(main):
                          f"{written_so_far()}\n")
         sys.exit(2)
     finally:
-        for tmp in (_STAGED or {}).values():
+        for tmp, _ in (_STAGED or {}).values():
             _discard(tmp)
         _STAGED = None
         end_distributed(wait=False)
@@ -263,10 +263,11 @@ def check_batch_bytes(inputs, shape, what="--batch"):
 # Every file a script writes goes through write_output (whole files) or open_append (logs that grow a line at a
 # time). A whole file goes to a new temporary file beside it (<name>.tmp<pid>), is fsynced and renamed over its
 # path: a failed or interrupted write leaves the previous file as it was, and a rename never writes through a
-# link, into a FIFO or into an inode another name shares. Inside a command, whole files replace theirs only as
-# it ends, once every output has been checked and written. The guard refuses an output that is an input of the
-# command, a folder, or one another run holds. What a run is and what it wrote is its record, the file a
-# resume reads: a certification log's sidecar (<log>.json), a training run's checkpoint.
+# link, into a FIFO or into an inode another name shares. The guard refuses an output that is an input of the
+# command, a folder, or one another run holds. What a run is and what it wrote is its own record, the file a
+# resume reads: a certification log's sidecar (<log>.json), a training run's checkpoint. Tables, figures and
+# reports replace only files their folder's record (outputs.json) lists with that content, and, inside a
+# command, only as it ends, once every output has been checked and written.
 
 def open_file(path, mode, new=False, encoding=None):
     """Open a file this project writes (an appended log, a temporary, a lock): never through a symbolic link,
@@ -407,7 +408,7 @@ _HELD_LOCKS = set()  # realpaths of the exclusive_locks this process holds (not 
 _INPUTS = []         # the files the running command reads (set_inputs): never written over
 
 
-_STAGED = None       # inside run: {path: its temporary file} of whole files written, renamed as the command ends
+_STAGED = None       # inside run: {path: (its temporary file, kind)} of tables and reports, renamed at the end
 
 
 def set_inputs(paths):
@@ -434,7 +435,7 @@ def written_so_far():
 def output_problem(path, inputs=()):
     """Why this command may not write `path` (a message), or None: not a file name, a folder, an input of the
     command (through a link or a hard link too), or an output another run holds (its <path>.lock)."""
-    if os.path.basename(path) in ("", ".", ".."):
+    if os.path.basename(path) in ("", ".", "..", OUTPUTS):
         return f"{path!r} is not a file name this command may write"
     if os.path.isdir(path) and not os.path.islink(path):
         return f"{path!r} is a folder; name a file inside it"
@@ -458,19 +459,24 @@ def write_output(path, kind, write, inputs=(), now=False):
 
     write(f): puts the whole content into the binary file object f. The content goes to a new temporary file,
     is fsynced and replaces `path` in one rename; a failed write (disk full, `ulimit -f`, Ctrl-C) removes the
-    temporary file, leaves `path` as it was and says so. Inside a command (run) the rename waits for the
-    command's end, so that a command refused at its last output has changed no file; now=True renames at once
-    (a checkpoint, a sidecar, a log: the state a resume reads). A temporary file a killed writer left (its
-    process gone) is removed first.
+    temporary file, leaves `path` as it was and says so. A temporary file a killed writer left (its process
+    gone) is removed first.
+
+    now=True: a file of a run's own state (a checkpoint, a sidecar, a log), which its run's record covers,
+    renamed at once. Otherwise a table, figure or report: it replaces only a file its folder's record
+    (outputs.json) lists as this kind with the content recorded (owned_problem), and, inside a command (run),
+    only as the command ends, so that a command refused at its last output has changed no file.
     """
     check_output(path, inputs)
+    problem = None if now else owned_problem(path, kind)
+    common.check(problem is None, problem)
     make_outdir(os.path.dirname(os.path.abspath(path)))
     for left in glob.glob(glob.escape(path) + ".tmp*"):
         pid = left[len(path) + 4:]
         if pid.isdigit() and not alive(int(pid)) and os.path.isfile(left) and not os.path.islink(left):
             os.remove(left)
     if _STAGED and path in _STAGED:   # written twice in one command: the last content counts
-        _discard(_STAGED.pop(path))
+        _discard(_STAGED.pop(path)[0])
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open_file(tmp, "wb", new=True) as f:
@@ -485,10 +491,55 @@ def write_output(path, kind, write, inputs=(), now=False):
         raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
                                f"is intact; {written_so_far()}") from None
     if _STAGED is not None and not now:
-        _STAGED[path] = tmp
+        _STAGED[path] = tmp, kind
     else:
-        _install(path, tmp)
+        _install(path, tmp, None if now else kind)
     return path
+
+
+OUTPUTS = "outputs.json"   # a folder's record of the tables, figures and reports written into it
+
+
+def read_outputs(folder):
+    """The record of the tables, figures and reports in `folder`: {file name: {"kind", "by", "sha256"}}."""
+    path = os.path.join(folder, OUTPUTS)
+    if not os.path.lexists(path):
+        return {}
+    record = readers.read_json_object(path, "record of outputs")
+    common.check(all(isinstance(v, dict) for v in record.values()),
+                 f"{path}: not a record of outputs (expected {{file name: {{kind, by, sha256}}}}); remove it")
+    return record
+
+
+def _save_outputs(folder, record):
+    tmp = os.path.join(folder, f"{OUTPUTS}.tmp{os.getpid()}")
+    try:
+        with open_file(tmp, "wb", new=True) as f:
+            f.write((json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(folder, OUTPUTS))
+    except BaseException:
+        _discard(tmp)
+        raise
+
+
+def owned_problem(path, kind):
+    """Why a table, figure or report may not replace the existing `path` (a message), or None: only a file its
+    folder's record lists, as this kind, with the content recorded (or the one before a rename a stop cut
+    short), is replaced; anything else there is a user's."""
+    if not os.path.lexists(path):
+        return None
+    folder, name = os.path.split(os.path.abspath(path))
+    entry = read_outputs(folder).get(name)
+    if entry is None or os.path.islink(path) or not os.path.isfile(path):
+        return (f"{path!r} exists and was not written by this project (not in {os.path.join(folder, OUTPUTS)!r}); "
+                f"move it away or choose another output")
+    if entry.get("kind") != kind:
+        return f"{path!r} was written as {entry.get('kind')!r}, not as {kind!r}; choose another output"
+    if file_sha256(path) not in (entry.get("sha256"), entry.get("was")):
+        return f"{path!r} changed since {entry.get('by')} wrote it; move it away or choose another output"
+    return None
 
 
 def _discard(tmp):
@@ -496,10 +547,22 @@ def _discard(tmp):
         os.remove(tmp)
 
 
-def _install(path, tmp):
-    """Rename the temporary file `tmp` over `path`."""
+def _install(path, tmp, kind=None):
+    """Rename the temporary file `tmp` over `path`; kind: a table, figure or report, whose new hash goes into its
+    folder's record first, beside the old one ("was") until the rename is done, so that a stop anywhere leaves
+    a record that accepts the file."""
+    folder, name = os.path.split(os.path.abspath(path))
     try:
+        if kind is not None:
+            record = read_outputs(folder)
+            record[name] = {"kind": kind, "by": os.path.basename(sys.argv[0] or "python"), "sha256": file_sha256(tmp)}
+            if os.path.isfile(path):
+                record[name]["was"] = file_sha256(path)
+            _save_outputs(folder, record)
         os.replace(tmp, path)   # atomic: a stop leaves the old file or the new one
+        if kind is not None:
+            record[name].pop("was", None)
+            _save_outputs(folder, record)
     except OSError as e:
         _discard(tmp)
         raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
@@ -1509,11 +1572,10 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
     lines = ["\t".join(readers.GRADNORM_COLUMNS)] + ["\t".join(f"{v[i]:.6g}" if isinstance(v[i], float) else
                                                             str(v[i]) for v in rows.values())
                                                   for i in range(len(probe_idx))]
-    write_text_output(path, "gradient norms", "\n".join(lines) + "\n", inputs)
     record = {"script": os.path.basename(sys.argv[0] or "python"), "checkpoint": os.path.relpath(inputs[0]),
               "checkpoint_sha256": loaded_sha256(inputs[0]), "probe": probe, "N": n, "seed": seed, "sigma": sigma}
-    write_text_output(path + ".json", "record of gradient norms", json.dumps(record, indent=2, sort_keys=True) + "\n",
-                      inputs)
+    write_json(record, path + ".json", "record of gradient norms", inputs)   # first: it names what replaces
+    write_output(path, "gradient norms", lambda f: f.write(("\n".join(lines) + "\n").encode()), inputs, now=True)
     return rows
 
 

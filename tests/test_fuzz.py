@@ -51,12 +51,12 @@ def run_entry(main, argv):
 
 
 def snapshot(folder):
-    """{path: bytes} of every regular file under folder."""
+    """{path: bytes} of every regular file under folder (the record of outputs left out)."""
     files = {}
     for root, _, names in os.walk(folder):
         for name in names:
             path = os.path.join(root, name)
-            if os.path.isfile(path) and not os.path.islink(path):
+            if os.path.isfile(path) and not os.path.islink(path) and name != machinery.OUTPUTS:
                 with open(path, "rb") as f:
                     files[path] = f.read()
     return files

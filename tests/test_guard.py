@@ -48,9 +48,7 @@ def test_the_grep_finds_a_bypass(tmp_path):
         assert any(re.search(pattern, snippet) for pattern in BYPASSES), snippet
 
 
-def test_guard_refuses_folders_and_inputs_and_replaces_links_and_fifos_without_touching_their_targets(tmp_path):
-    """A rename replaces the name only: a link's target, a FIFO's reader and an input's other hard link are
-    never written; an input itself and a folder are refused."""
+def test_guard_refuses_links_folders_fifos_inputs_and_foreign_files(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("mine\n")
     link = tmp_path / "link.md"
@@ -64,23 +62,36 @@ def test_guard_refuses_folders_and_inputs_and_replaces_links_and_fifos_without_t
     os.link(data, hard)
     machinery.set_inputs([str(data)])
     try:
-        for path, why in ((tmp_path / "folder.md", "is a folder"), (data, "input of this command"),
+        for path, why in ((notes, "not written by this project"), (link, "not written by this project"),
+                          (fifo, "not written by this project"), (tmp_path / "folder.md", "is a folder"),
                           (hard, "input of this command")):
             with pytest.raises(common.UserError, match=why):
                 machinery.write_text_output(str(path), "analyze.py output", "x\n")
-        for path in (link, fifo):
-            machinery.write_text_output(str(path), "analyze.py output", "x\n")
-            assert stat.S_ISREG(os.lstat(path).st_mode) and path.read_text() == "x\n"
     finally:
         machinery.set_inputs([])
-    assert notes.read_text() == "mine\n" and data.read_text() == "idx\n" and hard.read_text() == "idx\n"
+    assert notes.read_text() == "mine\n" and data.read_text() == "idx\n" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert os.path.islink(link)
+
+
+def test_guard_rewrites_its_own_output_but_not_one_changed_since_or_of_another_kind(tmp_path):
+    path = str(tmp_path / "table.md")
+    machinery.write_text_output(path, "analyze.py output", "one\n")
+    machinery.write_text_output(path, "analyze.py output", "two\n")           # its own: rewritten
+    assert open(path).read() == "two\n"
+    with pytest.raises(common.UserError, match="written as 'analyze.py output', not as 'checkpoint'"):
+        machinery.write_text_output(path, "checkpoint", "three\n")
+    with open(path, "a") as f:
+        f.write("edited by hand\n")
+    with pytest.raises(common.UserError, match="changed since"):
+        machinery.write_text_output(path, "analyze.py output", "four\n")
+    assert open(path).read() == "two\nedited by hand\n"
 
 
 def test_outputs_of_a_command_replace_theirs_only_as_it_ends(tmp_path):
     """Inside machinery.run, whole files wait for the command's end: an error after the first leaves it as it
     was; now=True (a run's record, a checkpoint) writes at once."""
     first, second = tmp_path / "a.md", tmp_path / "b.md"
-    first.write_text("before\n")
+    machinery.write_text_output(str(first), "analyze.py output", "before\n")   # outside a command: at once
 
     def main():
         machinery.write_text_output(str(first), "analyze.py output", "after\n")
@@ -104,7 +115,7 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
     with pytest.raises(common.UserError, match="not written .File too large., its previous content is intact"):
         machinery.write_output(path, "analyze.py output", fails)
     assert open(path).read() == "complete\n"
-    assert sorted(os.listdir(tmp_path)) == ["out.md"]
+    assert sorted(os.listdir(tmp_path)) == ["out.md", "outputs.json"]
 
 
 def test_a_write_over_ulimit_f_fails_in_one_line_and_keeps_the_old_file(tmp_path):

@@ -183,7 +183,7 @@ def test_a_closed_or_broken_stdout_never_stops_or_fails_the_work(how, tmp_path):
         done = proc
     assert done.returncode == 0 and "Traceback" not in err and "rror" not in err, err
     assert sorted(os.listdir(out)) == sorted(["table.md", "table.tex", "table.tsv", "certified_accuracy.png",
-                                              "certified_accuracy.pdf"])
+                                              "certified_accuracy.pdf", "outputs.json"])
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
