@@ -1547,12 +1547,12 @@ def check_gradnorm_output(path, inputs):
     check_output(path + ".json", inputs)
     old = readers.read_json_object(path + ".json", "record of gradient norms") if os.path.isfile(path + ".json") \
         else {}
-    sha = loaded_sha256(inputs[0])
+    sha = loaded_sha256(inputs[0]) if inputs else None
     common.check(old.get("checkpoint_sha256") in (None, sha), f"{path!r} was made from another checkpoint "
                  f"({old.get('checkpoint')!r}): two inputs would share one output; choose another output (--outdir)")
 
 
-def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs):
+def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs=()):
     """The gradient-norm mode of the training scripts (Table 2, Fig. 5): TSV `idx label pA grad_norm`.
 
     Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the
@@ -1572,8 +1572,10 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
     lines = ["\t".join(readers.GRADNORM_COLUMNS)] + ["\t".join(f"{v[i]:.6g}" if isinstance(v[i], float) else
                                                             str(v[i]) for v in rows.values())
                                                   for i in range(len(probe_idx))]
-    record = {"script": os.path.basename(sys.argv[0] or "python"), "checkpoint": os.path.relpath(inputs[0]),
-              "checkpoint_sha256": loaded_sha256(inputs[0]), "probe": probe, "N": n, "seed": seed, "sigma": sigma}
+    ckpt = inputs[0] if inputs else None
+    record = {"script": os.path.basename(sys.argv[0] or "python"), "checkpoint": ckpt and os.path.relpath(ckpt),
+              "checkpoint_sha256": ckpt and loaded_sha256(ckpt), "probe": probe, "N": n, "seed": seed, "sigma": sigma}
+    record = {k: v for k, v in record.items() if v is not None}   # no checkpoint: a model given from Python
     write_json(record, path + ".json", "record of gradient norms", inputs)   # first: it names what replaces
     write_output(path, "gradient norms", lambda f: f.write(("\n".join(lines) + "\n").encode()), inputs, now=True)
     return rows
