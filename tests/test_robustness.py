@@ -5,7 +5,6 @@ with other settings, non-finite values, a kill between two writes, stale tempora
 that does not fit the data, bad target files, live workers of an earlier run, and the noisy evaluation's
 dependence on the loader's workers."""
 import errno
-import json
 import os
 import shutil
 import subprocess
