@@ -159,7 +159,7 @@ def _run(main):
 
 def _run_main(main):
     global _STAGED
-    _STAGED = {}
+    outer, _STAGED = _STAGED, {}   # a command run inside another keeps its own outputs
     try:
         try:
             main()
@@ -189,7 +189,7 @@ def _run_main(main):
     finally:
         for tmp, _ in (_STAGED or {}).values():
             _discard(tmp)
-        _STAGED = None
+        _STAGED = outer
         end_distributed(wait=False)
 
 
