@@ -20,9 +20,6 @@ Usage: python analyze.py theory --out figures
        python analyze.py table runs/certify/*.tsv --radii 0 0.25 0.5 0.75 1
        python analyze.py paper --root acr-weakness --out figures
 """
-import signal
-if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
 import functools
@@ -38,9 +35,6 @@ from scipy.special import ndtri   # scipy.stats' norm.ppf (and -ndtri its isf), 
 import common
 import readers
 import machinery
-for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
-    if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
 PAPER_N, PAPER_ALPHA = 100_000, 0.001               # the certification budget of every table in the paper
 COHEN_COLUMNS, GRADNORM_COLUMNS = readers.COHEN_COLUMNS, readers.GRADNORM_COLUMNS
@@ -1346,10 +1340,11 @@ def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, repl
         loaded = iter(load_logs([p for p in acr_paths if p != "-"], command="gradnorm --acr", allow=allow))
         certified = [None if p == "-" else next(loaded) for p in acr_paths]
         for log, cert in zip(logs, certified):   # the same model, where the records say which it was
-            source, sha = machinery.recorded_source(log["path"]), cert and cert["sidecar"].get("checkpoint_sha256")
-            common.check(not (source and sha and os.path.isfile(source)) or machinery.file_sha256(source) == sha,
-                         f"{cert and cert['path']}: certifies another checkpoint than {log['path']} was measured on "
-                         f"({source}); --acr takes the log of each gradient-norm file's model")
+            measured = readers.read_sidecar(log["path"]).get("checkpoint_sha256")
+            sha = cert and cert["sidecar"].get("checkpoint_sha256")
+            common.check(not (measured and sha) or measured == sha,
+                         f"{cert and cert['path']}: certifies another checkpoint than {log['path']} was measured on; "
+                         f"--acr takes the log of each gradient-norm file's model")
     own, vs, paired = gradnorm_intervals(logs, level, replicates, seed)
     rows = []
     for i, log in enumerate(logs):

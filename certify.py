@@ -19,7 +19,8 @@ Fig. 3). --save-counts also keeps every class's votes, one row per example, in <
 such a log gives certified accuracy, not predictions. --seed random draws the seed from the OS's entropy
 when the run starts (recorded as seed_value in the sidecar): a certificate with a published seed holds only
 for a model that does not depend on that noise; the default fixed seed is for reproducible experiments.
-The settings live in the sidecar <outfile>.json. Rerunning resumes after the last complete line.
+The settings live in the sidecar <outfile>.json, the run's record. Rerunning resumes after the last complete
+line.
 Speed (docs/speed.md; measured by tools/bench.py): channels-last and folded BatchNorm by default, --precision bf16,
 --compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
 
@@ -35,9 +36,6 @@ Usage (after `python train_gaussian.py --dataset digits --sigma 0.5 --epochs 5`;
 Several processes (`--` keeps torchrun from reading --max as its own --max-restarts):
     torchrun --nproc_per_node 2 certify.py -- --checkpoint CKPT --max 100
 """
-import signal
-if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
 import datetime
@@ -55,11 +53,6 @@ import common
 import readers
 import grid
 import machinery
-for module in (common, grid, machinery):   # a student's module of one of these names earlier on sys.path is not ours
-    if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
-
-PROJECT = "acr-weakness"   # ddrs.py and tools/bench.py check it: a student's own certify.py is not this one
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -181,7 +174,7 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
 
     precision, sound, early_abstain: certify.py's options (common.in_precision, sampler_of).
     plan: a grid_plan for anytime-valid certification at its radii (--radii) instead of CERTIFY.
-    columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS; a log's own for an older one).
+    columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS).
     counts_out: optional list; every class's votes among the estimation draws are appended to it.
     label_mode: certify the true label (no selection draws); the line's `candidate` column says so.
     radius_fn: None (Cohen's radius), or callable(pA_lower, sigma) -> the radius of a certified example, a
@@ -548,6 +541,7 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         machinery.merge_parts(run.outfile, run.columns)
         if run.counts:
             machinery.merge_parts(*run.counts, "vote counts")
+        machinery.record_written(run.outfile)   # the sidecar, the run's record, names what its files hold
     if world > 1:
         torch.distributed.destroy_process_group()
 
@@ -587,8 +581,8 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
     beta = grid.DEFAULT_BETA if args.beta is None else args.beta
     plan = None if args.radii is None else grid.grid_plan(args.radii, sigma, args.N, args.alpha, beta,
                                                           args.final_look, zero_level=args.zero_level)
-    if not args.overwrite:
-        columns = machinery.resume_columns(outfile, columns)   # a log from before nY resumes in its own columns
+    sha = machinery.loaded_sha256(args.checkpoint)   # the bytes loaded, not read again
+    common.check(sha is not None, f"the sha256 of checkpoint {args.checkpoint!r} is unknown; a log must name its model")
     num_classes = common.NUM_CLASSES[dataset_name]
     counts = (outfile + ".counts", machinery.counts_columns(num_classes)) if args.save_counts else None
     settings = {"script": getattr(args, "script", "certify.py"),
@@ -597,7 +591,7 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
                 "split": args.split,
                 # relative to the working directory: no machine's path in a published log; the hash identifies it
                 "checkpoint": os.path.relpath(args.checkpoint),
-                "checkpoint_sha256": machinery.loaded_sha256(args.checkpoint),   # the bytes loaded, not read again
+                "checkpoint_sha256": sha,
                 "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
                 "N0": None if args.predict else args.N0,  # PREDICT has no selection step
                 "seed": args.seed, "seed_value": None, "skip": args.skip,

@@ -20,7 +20,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from scipy.special import betaincinv, ndtri   # scipy.stats' beta.ppf and norm.ppf, bit for bit, without its import time
 
-PROJECT = "acr-weakness"   # the scripts check it: a student's own common.py earlier on sys.path is not this one
 
 DATASETS = ("cifar10", "imagenet", "digits")
 ARCHS = ("cifar_resnet20", "cifar_resnet110", "resnet50", "lenet", "digits_cnn")

@@ -36,9 +36,6 @@ With probability >= 1 - alpha, the classifier z -> g_{sigma(z)}(z) itself is con
 sigma in [sigma(x) e^{-r d'}, sigma(x) e^{r d'}], d' <= d, keeps class A above 1/2 (semi_elastic_radius:
 searched at the two extreme sigmas, then verified on a grid of interior sigmas and distances).
 """
-import signal
-if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
 import math
@@ -54,9 +51,6 @@ import certify
 import common
 import readers
 import machinery
-for module in (certify, common, machinery):   # a student's module of one of these names is not ours
-    if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
 SIGMA_STREAM = 1   # (seed, idx, stream): the optimisation noise is independent of the certification noise
 CLASS_STREAM = 2   # and so is the noise that picks the class sigma_x is optimised for (smoothed_class)
@@ -530,8 +524,7 @@ def memory_main(args):
     outfile = args.outfile or os.path.splitext(args.log)[0] + "_memory.tsv"
     memory, cases, lines = [], {"none": 0, "inside": 0, "touching": 0}, []
     columns = ("idx", "label", "predict", "radius", "correct", "raw_predict", "raw_radius", "sigma", "case")
-    problem = machinery.output_problem(outfile, "DDRS memory", [args.log, args.log + ".json"])
-    common.check(problem is None, problem)   # before the work
+    machinery.check_output(outfile, [args.log, args.log + ".json"])   # before the work
     for row in sorted(rows, key=lambda r: r["idx"]):
         common.check(0 <= row["idx"] < len(dataset), f"{args.log}: idx {row['idx']} is not an example of the "
                                                      f"{sidecar['dataset']} {sidecar['split']} split")

@@ -1,8 +1,9 @@
 """The run machinery of the scripts: what a command does around the paper's building blocks.
 
-Flags checked before any work, one-line errors, signals; the output guard (every file a script writes, its
-record, locks, atomic replacement); run identity for sidecars; checkpoints saved atomically and loaded without
-running code; resumable training runs and their logs; torchrun plumbing. The building blocks (common.py, and
+Flags checked before any work, one-line errors, signals; the output guard (one way to write any file: a
+temporary file renamed into place as the command ends; one lock per run); run identity and each run's record
+(a log's sidecar, a training run's checkpoint); checkpoints loaded without running code; resumable training
+runs and their logs; torchrun plumbing. The building blocks (common.py, and
 the paper's functions in each script: certify, ours_loss, the baselines' losses, acr, compare_sides, ...)
 never call into this module: they take arguments and return values, so each can be pasted alone
 (tools/copy_size.py measures it; tests/test_paste.py keeps it so). The scripts' main paths call them
@@ -27,8 +28,6 @@ import torch.nn as nn
 
 import common
 import readers
-
-PROJECT = "acr-weakness"   # the scripts check it: a student's own machinery.py earlier on sys.path is not this one
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -57,38 +56,10 @@ class Interrupted(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C (SIGINT) so that every `finally` and every temporary-file cleanup runs."""
 
 
-_DEFERRED = {"depth": 0, "pending": None}   # signals_deferred's state (the main thread's: signals land there)
-
-
 def _raise_interrupted(signum, frame):
-    """The handler of SIGTERM and SIGINT: raise Interrupted / KeyboardInterrupt, or, inside signals_deferred,
-    remember the signal and return, so that a file and its record are never left between two states."""
+    """The handler of SIGTERM and SIGINT: raise Interrupted or KeyboardInterrupt where the command is."""
     import signal
-    if _DEFERRED["depth"] > 0:
-        _DEFERRED["pending"] = signum
-        return
     raise Interrupted() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-
-@contextlib.contextmanager
-def signals_deferred():
-    """Hold SIGTERM and SIGINT for the block (a write and its record, including the record's own rename and
-    the clean-up of its temporary file), then honour one that came: it is raised as the block ends. Only the
-    main thread defers (signals are handled there); nested blocks raise at the outermost end."""
-    import signal
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _DEFERRED["depth"] += 1
-    try:
-        yield
-    finally:
-        _DEFERRED["depth"] -= 1
-        signum = _DEFERRED["pending"] if _DEFERRED["depth"] == 0 else None
-        if signum is not None:
-            _DEFERRED["pending"] = None
-            raise Interrupted() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def run(main, exit_process=False):
@@ -187,8 +158,15 @@ def _run(main):
 
 
 def _run_main(main):
+    global _STAGED
+    outer, _STAGED = _STAGED, {}   # a command run inside another keeps its own outputs
     try:
-        main()
+        try:
+            main()
+        finally:   # a normal end or sys.exit: every output was checked and written, now they replace their files
+            while _STAGED and sys.exc_info()[0] in (None, SystemExit):
+                path = next(iter(_STAGED))   # in the order they were written
+                _install(path, *_STAGED.pop(path))
     except common.UserError as e:
         sys.stderr.write(f"error: {e}\n")
         sys.exit(2)
@@ -209,6 +187,9 @@ def _run_main(main):
                          f"{written_so_far()}\n")
         sys.exit(2)
     finally:
+        for tmp, _ in (_STAGED or {}).values():
+            _discard(tmp)
+        _STAGED = outer
         end_distributed(wait=False)
 
 
@@ -276,24 +257,25 @@ def check_batch_bytes(inputs, shape, what="--batch"):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Outputs: one guard for every file any script writes
+# Outputs: one way to write any file, one lock per run
 # ----------------------------------------------------------------------------------------------------------
 
 # Every file a script writes goes through write_output (whole files) or open_append (logs that grow a line at a
-# time). The guard refuses to write over an input of the same command, a link, a folder or a special file,
-# a file another run holds, and any existing file that this project did not write for the same purpose.
-# What was written, and for what, is kept in one record per output folder (RECORD): {file name: {"kind",
-# "by", "sha256"}} (no sha256 for appended logs). A whole file is written to a temporary file, fsynced and
-# renamed over the old one, so a failed or interrupted write leaves the previous file as it was.
+# time). A whole file goes to a new temporary file beside it (<name>.tmp<pid>), is fsynced and renamed over its
+# path: a failed or interrupted write leaves the previous file as it was, and a rename never writes through a
+# link, into a FIFO or into an inode another name shares. The guard refuses an output that is an input of the
+# command, a folder, or one another run holds. What a run is and what it wrote is its own record, the file a
+# resume reads: a certification log's sidecar (<log>.json), a training run's checkpoint. Tables, figures and
+# reports replace only files their folder's record (outputs.json) lists with that content, and, inside a
+# command, only as it ends, once every output has been checked and written.
 
 def open_file(path, mode, new=False, encoding=None):
-    """Open a file this project writes or keeps (an output, a temporary, a lock, the record): never through a
-    symbolic link, never waiting on a FIFO, never a device. mode: "r", "a" or "w" (plus "b" for bytes).
+    """Open a file this project writes (an appended log, a temporary, a lock): never through a symbolic link,
+    never waiting on a FIFO, never a device. mode: "r", "a" or "w" (plus "b" for bytes); new=True creates the
+    file or refuses (O_EXCL); "w" does not truncate. A refusal is a UserError naming the path.
 
-    O_NOFOLLOW refuses a link as the last part of the path; O_NONBLOCK makes the open of a FIFO return at once
-    (a FIFO or device is then refused by its type, read from the open descriptor, so nothing can swap the file
-    in between); new=True adds O_EXCL (a temporary file: created here, or refused). "w" does not truncate: only
-    a new file is written whole. Raises UserError with one line naming the path.
+    O_NOFOLLOW refuses a link as the last part of the path; O_NONBLOCK makes the open of a FIFO return at once,
+    and the type is read from the open descriptor, so nothing can swap the file in between.
     """
     import stat
     flags = {"r": os.O_RDONLY, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT, "w": os.O_WRONLY | os.O_CREAT}[mode[0]]
@@ -313,8 +295,7 @@ def open_file(path, mode, new=False, encoding=None):
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise common.UserError(f"{path!r} is not a regular file (a FIFO, device or socket); move it away")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
+        os.set_blocking(fd, True)
         return os.fdopen(fd, mode, encoding=encoding)
     except BaseException:
         os.close(fd)
@@ -340,11 +321,9 @@ def locked_file(path, wait=False):
         f = open_file(path, "a")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
                     break
-            except FileNotFoundError:
-                pass
         except BaseException:
             f.close()
             raise
@@ -352,22 +331,16 @@ def locked_file(path, wait=False):
     try:
         yield
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(path)   # still holding the lock: whoever opens the name next makes a new file
-        except OSError:
-            pass
         f.close()
 
 
 @contextlib.contextmanager
 def exclusive_lock(path, what):
-    """Hold an exclusive lock on the file `path` (created if missing, removed at the end: locked_file) for the
-    block: one run per output.
-
-    A second run asking for the same lock gets a UserError at once (no waiting). The lock is the kernel's
-    (flock): it is released when the block ends or the process dies, however it dies, so a killed run never
-    leaves a stale lock. Where fcntl does not exist (Windows) there is no lock.
-    """
+    """Hold an exclusive lock on the file `path` (locked_file) for the block: one run per output. A second run
+    asking for the same lock gets a UserError at once. The kernel's lock is released however the process ends,
+    so a killed run never leaves a stale lock. Where fcntl does not exist (Windows) there is no lock."""
     try:
         held = locked_file(path)
         held.__enter__()
@@ -405,10 +378,8 @@ def folder_lock(folder, what):
     finally:
         os.close(fd)
         if made:   # a command that wrote nothing (refused, failed) leaves no folder: rmdir takes only an empty one
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(folder)
-            except OSError:
-                pass
 
 
 def is_locked(path):
@@ -428,29 +399,6 @@ def is_locked(path):
     return False
 
 
-def fsync_dir(path):
-    """fsync the folder holding path, so that a rename into it survives a power cut (POSIX; a no-op elsewhere)."""
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-RECORD = ".rs-outputs.json"
-
-
-RECORD_LOCK = ".rs-outputs.lock"
-
-
-RECORD_TMP = ".rs-outputs.json.tmp"   # the record's next version, before its rename
-
-
 _WRITTEN = []        # the files this process has completed, for the message of a failed write
 
 
@@ -458,6 +406,9 @@ _HELD_LOCKS = set()  # realpaths of the exclusive_locks this process holds (not 
 
 
 _INPUTS = []         # the files the running command reads (set_inputs): never written over
+
+
+_STAGED = None       # inside run: {path: (its temporary file, kind)} of tables and reports, renamed at the end
 
 
 def set_inputs(paths):
@@ -481,206 +432,165 @@ def written_so_far():
     return f"completed before it: {names}; every other file is as it was, and {rest}"
 
 
-def _read_record(folder):
-    path = os.path.join(folder, RECORD)
+def output_problem(path, inputs=()):
+    """Why this command may not write `path` (a message), or None: not a file name, a folder, an input of the
+    command (through a link or a hard link too), or an output another run holds (its <path>.lock)."""
+    if os.path.basename(path) in ("", ".", "..", OUTPUTS):
+        return f"{path!r} is not a file name this command may write"
+    if os.path.isdir(path) and not os.path.islink(path):
+        return f"{path!r} is a folder; name a file inside it"
+    for given in list(inputs) + _INPUTS:
+        if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
+            return f"{path!r} is an input of this command ({given!r}); choose another output"
+    lock = path + ".lock"
+    if os.path.realpath(lock) not in _HELD_LOCKS and is_locked(lock):
+        return f"{path!r} is being written by another run (it holds {lock!r}); wait for it or choose another output"
+    return None
+
+
+def check_output(path, inputs=()):
+    """output_problem as a UserError."""
+    problem = output_problem(path, inputs)
+    common.check(problem is None, problem)
+
+
+def write_output(path, kind, write, inputs=(), now=False):
+    """Write the file `path` (a `kind`: 'table', 'checkpoint', ..., for messages) through the guard; returns path.
+
+    write(f): puts the whole content into the binary file object f. The content goes to a new temporary file,
+    is fsynced and replaces `path` in one rename; a failed write (disk full, `ulimit -f`, Ctrl-C) removes the
+    temporary file, leaves `path` as it was and says so. A temporary file a killed writer left (its process
+    gone) is removed first.
+
+    now=True: a file of a run's own state (a checkpoint, a sidecar, a log), which its run's record covers,
+    renamed at once. Otherwise a table, figure or report: it replaces only a file its folder's record
+    (outputs.json) lists as this kind with the content recorded (owned_problem), and, inside a command (run),
+    only as the command ends, so that a command refused at its last output has changed no file.
+    """
+    check_output(path, inputs)
+    problem = None if now else owned_problem(path, kind)
+    common.check(problem is None, problem)
+    make_outdir(os.path.dirname(os.path.abspath(path)))
+    for left in glob.glob(glob.escape(path) + ".tmp*"):
+        pid = left[len(path) + 4:]
+        if pid.isdigit() and not alive(int(pid)) and os.path.isfile(left) and not os.path.islink(left):
+            os.remove(left)
+    if _STAGED and path in _STAGED:   # written twice in one command: the last content counts
+        _discard(_STAGED.pop(path)[0])
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open_file(tmp, "wb", new=True) as f:
+            try:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            except BaseException:
+                _discard(tmp)
+                raise
+    except OSError as e:
+        raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
+                               f"is intact; {written_so_far()}") from None
+    if _STAGED is not None and not now:
+        _STAGED[path] = tmp, kind
+    else:
+        _install(path, tmp, None if now else kind)
+    return path
+
+
+OUTPUTS = "outputs.json"   # a folder's record of the tables, figures and reports written into it
+
+
+def read_outputs(folder):
+    """The record of the tables, figures and reports in `folder`: {file name: {"kind", "by", "sha256"}}."""
+    path = os.path.join(folder, OUTPUTS)
     if not os.path.lexists(path):
         return {}
-    try:
-        with open_file(path, "r", encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise common.UserError(f"{path}: cannot read this folder's record of outputs ({type(e).__name__}); remove it "
-                               f"(the files it listed then count as not written by this project)") from None
-    common.check(isinstance(record, dict) and all(isinstance(v, dict) for v in record.values()),
+    record = readers.read_json_object(path, "record of outputs")
+    common.check(all(isinstance(v, dict) for v in record.values()),
                  f"{path}: not a record of outputs (expected {{file name: {{kind, by, sha256}}}}); remove it")
     return record
 
 
-def _save_record(folder, record):
-    """Write the record through a new temporary file, fsync, rename: it is always one whole version."""
-    import stat
-    path, tmp = os.path.join(folder, RECORD), os.path.join(folder, RECORD_TMP)
-    if os.path.lexists(tmp) and stat.S_ISREG(os.lstat(tmp).st_mode):
-        os.remove(tmp)   # a reserved name, written only here under the folder's lock: a stopped writer's
-    f = open_file(tmp, "w", new=True, encoding="utf-8")
+def _save_outputs(folder, record):
+    tmp = os.path.join(folder, f"{OUTPUTS}.tmp{os.getpid()}")
     try:
-        with f:
-            f.write(json.dumps(record, indent=1, sort_keys=True))   # one write, not one per token
+        with open_file(tmp, "wb", new=True) as f:
+            f.write((json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, os.path.join(folder, OUTPUTS))
     except BaseException:
-        if os.path.lexists(tmp):   # gone once the rename is done
-            os.remove(tmp)
+        _discard(tmp)
         raise
 
 
-TEMPORARY = "temporary"   # the record's kind for a file being written: listed before it exists
-
-
-def _remove_leftovers(folder, record):
-    """Remove the temporary files the record lists (a writer stopped before it could remove its own): the
-    record names each before it is created, so only files this project made go, and only regular files."""
-    import stat
-    for name in [n for n, entry in record.items() if entry.get("kind") == TEMPORARY]:
-        path = os.path.join(folder, name)
-        try:
-            if stat.S_ISREG(os.lstat(path).st_mode):
-                os.remove(path)
-        except FileNotFoundError:
-            pass
-        del record[name]
-
-
-@contextlib.contextmanager
-def _folder_record(folder):
-    """The output record of `folder` under its lock (one writer at a time in a folder), with the temporary
-    files of stopped writers removed; yields (record, save), save() writing the record as it is now."""
-    make_outdir(folder)
-    with signals_deferred(), locked_file(os.path.join(folder, RECORD_LOCK), wait=True):   # one file write at most
-        record = _read_record(folder)
-        if any(entry.get("kind") == TEMPORARY for entry in record.values()):
-            _remove_leftovers(folder, record)
-            _save_record(folder, record)
-        yield record, lambda: _save_record(folder, record)
-
-
-def output_problem(path, kind, inputs=(), record=None, append=False, claimed=False, source=None):
-    """Why `path` may not be written as `kind` by this command (a message), or None when it may.
-
-    inputs: the files this command reads (an output may not be one of them, links and hard links included).
-    record: the folder's record (read when None). append: the file grows (no checksum is kept for it).
-    claimed: the caller has read the file's own record (a certification log's sidecar naming certify.py),
-    so a file missing from the folder's record (copied from elsewhere) may still be resumed or replaced.
-    source: what the output is made from (source_of: an input's path relative to the output's folder); a
-    file that the record says was made from another source is not replaced (two inputs, one output name).
-    """
-    name = os.path.basename(path)
-    if name in ("", ".", "..", RECORD, RECORD_LOCK, RECORD_TMP):
-        return f"{path!r} is not a file name this command may write"
-    if os.path.islink(path):
-        return f"{path!r} is a symbolic link (to {os.readlink(path)!r}); name a plain file"
-    for given in list(inputs) + _INPUTS:
-        if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
-            return f"{path!r} is an input of this command ({given!r}); choose another output"
-    if os.path.exists(path):
-        import stat
-        mode = os.stat(path).st_mode
-        if stat.S_ISDIR(mode):
-            return f"{path!r} is a folder; name a file inside it"
-        if not stat.S_ISREG(mode):
-            return f"{path!r} is not a regular file (a FIFO, device or socket); choose another output"
-    lock = path + ".lock"
-    if os.path.realpath(lock) not in _HELD_LOCKS and is_locked(lock):
-        return f"{path!r} is being written by another run (it holds {lock!r}); wait for it or choose another output"
-    if not os.path.exists(path):
+def owned_problem(path, kind):
+    """Why a table, figure or report may not replace the existing `path` (a message), or None: only a file its
+    folder's record lists, as this kind, with the content recorded (or the one before a rename a stop cut
+    short), is replaced; anything else there is a user's."""
+    if not os.path.lexists(path):
         return None
-    record = _read_record(os.path.dirname(os.path.abspath(path))) if record is None else record
-    entry = record.get(name)
-    if entry is None and claimed:
-        return None
-    if entry is None or entry.get("kind") == TEMPORARY:
-        return (f"{path!r} exists and was not written by this project (no entry in "
-                f"{os.path.join(os.path.dirname(path), RECORD)!r}); move it away or choose another output")
+    folder, name = os.path.split(os.path.abspath(path))
+    entry = read_outputs(folder).get(name)
+    if entry is None or os.path.islink(path) or not os.path.isfile(path):
+        return (f"{path!r} exists and was not written by this project (not in {os.path.join(folder, OUTPUTS)!r}); "
+                f"move it away or choose another output")
     if entry.get("kind") != kind:
         return f"{path!r} was written as {entry.get('kind')!r}, not as {kind!r}; choose another output"
-    if source is not None and entry.get("from") not in (None, source):
-        return (f"{path!r} was made from {entry['from']!r}, not from {source!r}: two inputs would share one output; "
-                f"choose another output (--outdir) or move it away")
-    if not content_is_recorded(path, entry, whole=not append):   # claimed or not: the record's hash decides
-        return (f"{path!r} changed since {entry.get('by', 'this project')} wrote it; move it away or choose "
-                f"another output")
+    if file_sha256(path) not in (entry.get("sha256"), entry.get("was")):
+        return f"{path!r} changed since {entry.get('by')} wrote it; move it away or choose another output"
     return None
 
 
-def content_is_recorded(path, entry, whole=True):
-    """True when the file's bytes are what its record entry says this project wrote: the whole content's hash
-    (or "was", the content before a replacement that a stop may have cut short: write_output), or for a log
-    that grows, the hash of the first "size" bytes (what it held when last closed: lines are only added). An
-    entry of an older version without a hash counts as a log; whole=False accepts that for any entry."""
-    if entry.get("append") and "size" in entry:
-        return os.path.getsize(path) >= entry["size"] and file_sha256(path, entry["size"]) == entry.get("sha256")
-    if entry.get("append") or not whole:
-        return True
-    return file_sha256(path) in (entry.get("sha256"), entry.get("was"))
+def _discard(tmp):
+    with contextlib.suppress(OSError):
+        os.remove(tmp)
 
 
-def _entry(kind, sha256=None, append=False, size=None):
-    """A record entry: kind, the script that wrote it, the content's sha256; a log that grows (append) keeps
-    the hash of its first `size` bytes, what it held when last closed (none while it is first opened)."""
-    entry = {"kind": kind, "by": os.path.basename(sys.argv[0] or "python")}
-    if append:
-        entry["append"] = True
-        if sha256 is not None:
-            entry["sha256"], entry["size"] = sha256, size
-    elif sha256 is not None:
-        entry["sha256"] = sha256
-    return entry
-
-
-def write_output(path, kind, write, inputs=(), append=False, claimed=False, source=None):
-    """Write the file `path` as `kind` ('table', 'checkpoint', ...) through the guard; returns path.
-
-    write(f): puts the whole content into the binary file object f. The content goes to a new temporary file,
-    is fsynced and replaces `path` in one rename; a failed write (disk full, `ulimit -f`, Ctrl-C) removes the
-    temporary file, leaves `path` as it was and says so. append=True: a log that open_append extends later.
-    source: what the output is made from, kept in the record (output_problem).
-
-    The record changes with the file, so that a stop at any point (a kill included) leaves a folder the next
-    run accepts: the temporary file is listed before it is created (a later run removes it if it is left),
-    and the new content's hash is recorded before the rename, beside the old one ("was"), until the rename
-    is done.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    name = os.path.basename(path)
-    with _folder_record(folder) as (record, save):
-        problem = output_problem(path, kind, inputs, record, append, claimed, source)
-        common.check(problem is None, problem)
-        before, tmp = record.get(name), f"{path}.tmp{os.getpid()}"
-        common.check(not os.path.lexists(tmp), f"{tmp!r} exists (a file left by another program?); move it away")
-        record[os.path.basename(tmp)] = {"kind": TEMPORARY, "of": name}
-        made = False
-        try:
-            save()
-            f = open_file(tmp, "wb", new=True)
-            made = True
-            with f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            entry = _entry(kind, file_sha256(tmp), append, os.path.getsize(tmp))
-            if source is not None:
-                entry["from"] = source
-            if not append and os.path.exists(path):
-                entry["was"] = file_sha256(path)
-            record[name] = entry
-            save()
-            os.replace(tmp, path)
-        except BaseException as e:
-            if made and os.path.lexists(tmp):
-                os.remove(tmp)
-            record.pop(os.path.basename(tmp), None)
-            if before is None:
-                record.pop(name, None)
-            else:
-                record[name] = before
-            try:
-                save()
-            except (OSError, common.UserError):
-                pass   # the record as last saved is valid too: the next run removes the temporary it lists
-            if isinstance(e, OSError):
-                raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
-                                       f"is intact; {written_so_far()}") from None
-            raise
-        del record[os.path.basename(tmp)]
-        entry.pop("was", None)
-        try:
-            save()
-        except (OSError, common.UserError):
-            pass   # the record saved before the rename lists the new content too: nothing is lost
+def _install(path, tmp, kind=None):
+    """Rename the temporary file `tmp` over `path`; kind: a table, figure or report, whose new hash goes into its
+    folder's record first, beside the old one ("was") until the rename is done, so that a stop anywhere leaves
+    a record that accepts the file."""
+    folder, name = os.path.split(os.path.abspath(path))
+    try:
+        if kind is not None:
+            record = read_outputs(folder)
+            record[name] = {"kind": kind, "by": os.path.basename(sys.argv[0] or "python"), "sha256": file_sha256(tmp)}
+            if os.path.isfile(path):
+                record[name]["was"] = file_sha256(path)
+            _save_outputs(folder, record)
+        os.replace(tmp, path)   # atomic: a stop leaves the old file or the new one
+        if kind is not None:
+            record[name].pop("was", None)
+            _save_outputs(folder, record)
+    except OSError as e:
+        _discard(tmp)
+        raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
+                               f"is intact; {written_so_far()}") from None
     fsync_dir(path)
     _WRITTEN.append(path)
-    return path
+
+
+def alive(pid):
+    """True when the process `pid` runs now (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # another user's process
+        pass
+    return True
+
+
+def fsync_dir(path):
+    """fsync the folder holding path, so that a rename into it survives a power cut (POSIX; a no-op elsewhere)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    with contextlib.suppress(OSError):
+        os.fsync(fd)
+    os.close(fd)
 
 
 def write_text_output(path, kind, text, inputs=()):
@@ -688,91 +598,21 @@ def write_text_output(path, kind, text, inputs=()):
     return write_output(path, kind, lambda f: f.write(text.encode("utf-8", "backslashreplace")), inputs)
 
 
-def write_json(obj, path, kind="settings", inputs=(), claimed=False):
-    """obj as pretty JSON (args.json, sidecars, summaries), through the guard."""
+def write_json(obj, path, kind="settings", inputs=()):
+    """obj as pretty JSON (args.json, sidecars, summaries), through the guard, at once (a run's record)."""
     text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
-    return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, claimed=claimed)
+    return write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, now=True)
 
 
-def open_append(path, kind, header, inputs=(), claimed=False, source=None):
-    """Open the log `path` (kind `kind`) to append rows, through the guard; a new or empty file gets `header`
-    (a line) first. The record lists the log before it is created. The caller flushes each row: a kill leaves
-    at most a torn last line, which the readers drop (read_log_prefix)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    with _folder_record(folder) as (record, save):
-        problem = output_problem(path, kind, inputs, record, append=True, claimed=claimed, source=source)
-        common.check(problem is None, problem)
-        entry = record.get(os.path.basename(path))
-        if not (entry and entry.get("kind") == kind and entry.get("append") and os.path.exists(path)):
-            record[os.path.basename(path)] = _entry(kind, append=True)   # a new log, or one adopted (claimed)
-            if source is not None:
-                record[os.path.basename(path)]["from"] = source
-            save()
+def open_append(path, header, inputs=()):
+    """Open the log `path` to append rows, through the guard; a new or empty file gets `header` (a line) first.
+    The caller flushes each row: a kill leaves at most a torn last line, which the readers drop."""
+    check_output(path, inputs)
     f = open_file(path, "a", encoding="utf-8")
     if f.tell() == 0:
         f.write(header + "\n")
         f.flush()
-    return AppendedLog(f, path)
-
-
-class AppendedLog:
-    """A log open for appending (open_append), used like a text file. Closing it records the length and hash
-    of its content, so that a later run can tell that the file is still the one this project wrote (a log
-    only grows: the recorded bytes stay its prefix, a stop in between included)."""
-
-    def __init__(self, f, path):
-        self.file, self.path = f, path
-
-    def write(self, text):
-        return self.file.write(text)
-
-    def flush(self):
-        self.file.flush()
-
-    def fileno(self):
-        return self.file.fileno()
-
-    def tell(self):
-        return self.file.tell()
-
-    def close(self):
-        if self.file.closed:
-            return
-        self.file.close()
-        self.record_prefix()
-
-    def record_prefix(self):
-        """Record the length and hash of the log's complete lines now (close does; a log with a row per epoch
-        does at each row). A torn last line (a write cut short) is left out: a resume cuts it off."""
-        folder, name = os.path.dirname(os.path.abspath(self.path)), os.path.basename(self.path)
-        try:
-            with _folder_record(folder) as (record, save):
-                if name in record and record[name].get("append"):
-                    size = complete_lines_size(self.path)
-                    record[name].update(sha256=file_sha256(self.path, size), size=size)
-                    save()
-        except (OSError, common.UserError):
-            pass   # the entry saved before still names a prefix of the file: nothing is lost
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def complete_lines_size(path, block=1 << 16):
-    """The number of bytes of `path` up to and including its last newline (0 if none)."""
-    with open(path, "rb") as f:
-        end = f.seek(0, os.SEEK_END)
-        while end > 0:
-            start = max(0, end - block)
-            f.seek(start)
-            chunk = f.read(end - start)
-            if b"\n" in chunk:
-                return start + chunk.rindex(b"\n") + 1
-            end = start
-    return 0
+    return f
 
 
 def copy_training_log(source, path):
@@ -782,77 +622,46 @@ def copy_training_log(source, path):
     return write_text_output(path, "training log copy", "\t".join(readers.TRAIN_LOG_COLUMNS) + "\n" + text, [source])
 
 
-def remove_output(path, kind, claimed=False):
-    """Remove a file this project wrote as `kind` (certify.py --overwrite); anything else is refused."""
-    if not os.path.lexists(path):
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    with _folder_record(folder) as (record, save):
-        problem = output_problem(path, kind, (), record, append=True, claimed=claimed)
-        if problem is not None:
-            raise common.UserError(problem.replace("choose another output", "refusing to remove it"))
+def remove_output(path):
+    """Remove an output of this command's run (certify.py --overwrite, merged parts) through the guard."""
+    check_output(path)
+    if os.path.lexists(path):
         os.remove(path)
-        record.pop(os.path.basename(path), None)
-        save()
 
 
-def adopt_outputs(paths, kind):
-    """Enter existing files in their folders' records as written by this project as `kind` (for files made without a record, e.g. copied in from elsewhere). Only for files you know this project wrote."""
-    for path in paths:
-        with _folder_record(os.path.dirname(os.path.abspath(path))) as (record, save):
-            record[os.path.basename(path)] = _entry(kind, file_sha256(path))
-            save()
+DEMO_RECORD = ".demo"   # scripts/demo.sh's record of its folder: {path: sha256} of every file it wrote
 
 
-def remove_outputs(folder, also=()):
-    """Remove the folder tree `folder` if it holds only what this project wrote (scripts/demo.sh starts afresh
-    this way, not with rm -rf): every file listed in its folder's record with its content (logs: as growing),
-    the records and locks themselves, and the names in `also` at the top. Anything else (a user's file, a
-    link, a FIFO, a changed output) stops it before anything is removed, with one line naming it."""
-    import re
-    import stat
-    own_names = {RECORD, RECORD_LOCK, RECORD_TMP}
+def record_tree(folder):
+    """Write the record of the folder tree `folder` (scripts/demo.sh, once its run is done): every file in it
+    with its sha256, so that remove_tree can tell the demo's files from a user's."""
+    files = {os.path.relpath(os.path.join(root, name), folder): file_sha256(os.path.join(root, name))
+             for root, _, names in os.walk(folder) for name in sorted(names) if name != DEMO_RECORD}
+    write_json(files, os.path.join(folder, DEMO_RECORD), "record of a folder")
+
+
+def remove_tree(folder):
+    """Remove the folder tree `folder` if it holds only the files its record (record_tree) lists, each with its
+    content: scripts/demo.sh starts afresh this way, not with rm -rf. Anything else (a user's file, a link, a
+    FIFO, a changed file, or no record: an interrupted demo) stops it before anything is removed."""
+    record = readers.read_json_object(os.path.join(folder, DEMO_RECORD), "record of a folder")
     files, folders, foreign = [], [], []
-
-    def is_own_lock(name, path):   # empty, and the lock of a recorded output, of a rank's part, or of a run
-        base = re.sub(r"\.rank\d+$", "", name[:-len(".lock")])
-        return name.endswith(".lock") and os.path.getsize(path) == 0 and (name == "run.lock" or base in record)
     for root, dirs, names in os.walk(folder):   # os.walk does not enter links to folders
         folders.append(root)
-        record = _read_record(root)
         for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
             path = os.path.join(root, name)
-            entry = record.get(name)
-            if not stat.S_ISREG(os.lstat(path).st_mode):
-                foreign.append(path)
-            elif name in own_names or (root == folder and name in also) or is_own_lock(name, path):
-                files.append(path)
-            elif entry is None or entry.get("kind") == TEMPORARY or not content_is_recorded(path, entry):
-                foreign.append(path)
-            else:
-                files.append(path)
+            key = os.path.relpath(path, folder)
+            ours = key == DEMO_RECORD or (os.path.isfile(path) and not os.path.islink(path)
+                                          and record.get(key) == file_sha256(path))
+            (files if ours else foreign).append(path)
     if foreign:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         raise common.UserError(f"{folder!r} holds files this project did not write, or that changed since: "
                                f"{', '.join(foreign[:3])}{more}; move them away, or choose another folder")
-    for path in sorted(files, key=lambda p: os.path.basename(p) in own_names):   # the records last
+    for path in files:
         os.remove(path)
     for root in sorted(folders, key=len, reverse=True):
         os.rmdir(root)
-
-
-def source_of(path, output):
-    """An input's name as an output's record keeps it: its path relative to the output's folder (links
-    resolved; no machine's absolute path in a committed record)."""
-    folder = os.path.dirname(os.path.abspath(output))
-    return os.path.relpath(os.path.realpath(path), os.path.realpath(folder))
-
-
-def recorded_source(output):
-    """The input an output was made from, as its folder's record names it (a path), or None if unrecorded."""
-    folder = os.path.dirname(os.path.abspath(output))
-    source = (_read_record(folder).get(os.path.basename(output)) or {}).get("from")
-    return os.path.normpath(os.path.join(folder, source)) if isinstance(source, str) else None
 
 
 def file_sha256(path, size=None):
@@ -1059,39 +868,29 @@ def save_checkpoint(state, path, kind="checkpoint", inputs=()):
     inputs: files the command reads, never written over (hard links included). torch.save fills a buffer in
     memory first: a write that fails inside torch's zip writer surfaces as a RuntimeError, not an OSError."""
     import io
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    write_output(path, kind, lambda f: f.write(buffer.getbuffer()), inputs)
+
+    def write(f):
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        f.write(buffer.getbuffer())
+    write_output(path, kind, write, inputs, now=True)
 
 
-def numpy_array_globals():
-    """What unpickling a plain numpy array needs (the RNG state in checkpoints of ours from before they stored
-    it as tensors), under numpy 2's and numpy 1's module names. Object arrays stay refused: their items
-    would still have to pass the weights-only unpickler."""
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy 1.x
-        from numpy.core.multiarray import _reconstruct
-    numeric_dtypes = [type(np.dtype(code)) for code in "?bBhHiIlLqQefdFD"]   # not object ('O') arrays
-    return [np.ndarray, np.dtype, *numeric_dtypes, (_reconstruct, "numpy._core.multiarray._reconstruct"),
-            (_reconstruct, "numpy.core.multiarray._reconstruct")]
-
-
-_LOADED_SHA256 = {}   # realpath -> sha256 of the bytes safe_load last read from it in this process
+_LOADED_SHA256 = {}   # path as given -> sha256 of the bytes safe_load last read through it in this process
 
 
 def loaded_sha256(path):
     """The sha256 of the bytes that safe_load read from `path` (the last time, in this process): the identity a
     record gives the model it used, taken from those very bytes, never from reading the path again (a training
     run may replace the file in between). None if it was not loaded."""
-    return _LOADED_SHA256.get(os.path.realpath(path))
+    return _LOADED_SHA256.get(path)
 
 
 def safe_load(path, device="cpu", trust=False, what="checkpoint"):
     """torch.load that cannot run code from the file (its pickle is read with weights_only=True).
 
-    Allowed: tensors, plain Python values (dicts, lists, numbers, strings) and plain numpy arrays: every
-    checkpoint released with Cohen et al., SmoothAdv, Consistency, SmoothMix, CAT-RS and the paper, and ours.
+    Allowed: tensors and plain Python values (dicts, lists, numbers, strings): every checkpoint released with
+    Cohen et al., SmoothAdv, Consistency, SmoothMix, CAT-RS and the paper, and ours.
     A file whose pickle names anything else (a class, a function) could run code while loading: it is a
     UserError naming the file, what it asks for and the flag --trust-checkpoint. trust=True (that flag)
     loads with weights_only=False, which runs whatever the file holds: only for files from a trusted source.
@@ -1105,15 +904,14 @@ def safe_load(path, device="cpu", trust=False, what="checkpoint"):
             data = f.read()
     except OSError as e:
         raise common.UserError(f"cannot read {what} {path!r} ({e.strerror or type(e).__name__})") from None
-    _LOADED_SHA256[os.path.realpath(path)] = hashlib.sha256(data).hexdigest()
+    _LOADED_SHA256[path] = hashlib.sha256(data).hexdigest()
     if trust:
         try:
             return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
         except Exception as e:
             raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
     try:
-        with torch.serialization.safe_globals(numpy_array_globals()):
-            return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+        return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
     except Exception as e:
         if "Weights only load failed" not in str(e):
             raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
@@ -1172,6 +970,18 @@ def strip_module_prefix(state_dict):
     return {".".join(p for p in k.split(".") if p != "module"): v for k, v in state_dict.items()}
 
 
+def check_weights(path, state_dict, model):
+    """Every tensor the model holds in floating point (parameters, float buffers) is real floating point and
+    finite in the checkpoint; integer buffers (num_batches_tracked) may stay integers. load_state_dict would
+    cast an integer or complex tensor silently. A violation is a UserError naming the checkpoint and tensor."""
+    own = common.unwrap(model).state_dict()
+    for name, value in state_dict.items():
+        if value.is_complex() or (name in own and own[name].is_floating_point() and not value.is_floating_point()):
+            raise common.UserError(f"checkpoint {path!r}: tensor {name!r} is {value.dtype}, not real floating point")
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise common.UserError(f"checkpoint {path!r}: tensor {name!r} has non-finite values (a diverged run?)")
+
+
 def load_model(path, dataset=None, arch=None, device="cpu", trust=False, precision="fp32"):
     """Build the architecture named by the checkpoint (or `arch`) and load its weights with strict key matching.
 
@@ -1187,13 +997,12 @@ def load_model(path, dataset=None, arch=None, device="cpu", trust=False, precisi
                                                  "lenet": "digits"}.get(arch, "cifar10")
     common.check(arch in common.ARCHS, f"checkpoint {path!r} names an unknown architecture {arch!r}; pass --arch")
     model = common.get_architecture(arch, dataset)
+    check_weights(path, strip_module_prefix(ckpt["state_dict"]), model)
     try:
         model.load_state_dict(strip_module_prefix(ckpt["state_dict"]), strict=True)
     except RuntimeError as e:
         first = str(e).split("\n\t")[1][:200] if "\n\t" in str(e) else str(e)[:200]
         raise common.UserError(f"checkpoint {path!r} does not fit architecture {arch!r} on {dataset}: {first}") from None
-    bad = [k for k, v in ckpt["state_dict"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    common.check(not bad, f"checkpoint {path!r} has non-finite weights ({', '.join(bad[:2])}): a diverged run?")
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     bad = [k for k, v in ckpt["state_dict"].items() if dtype is not None and v.is_floating_point() and
            not torch.isfinite(v.to(dtype)).all()]
@@ -1263,22 +1072,20 @@ def check_training_settings(settings):
 class TSVLog:
     """Append rows to a TSV file with a fixed header, each row flushed at once (a killed run keeps its rows).
 
-    A new log (append=False) replaces an earlier log of the same kind; every write goes through the guard."""
+    A new log (append=False) replaces an earlier one; every write goes through the guard."""
 
-    def __init__(self, path, columns, kind, append=False, sync=False, inputs=(), source=None):
+    def __init__(self, path, columns, append=False, sync=False, inputs=()):
         self.columns, self.sync = list(columns), sync   # sync: fsync every row (the epoch log)
         header = "\t".join(self.columns)
         if not append:
-            write_output(path, kind, lambda f: f.write((header + "\n").encode()), inputs, append=True,
-                         source=source)
-        self.file = open_append(path, kind, header, inputs, source=source)
+            write_output(path, "log", lambda f: f.write((header + "\n").encode()), inputs, now=True)
+        self.file = open_append(path, header, inputs)
 
     def row(self, **values):
         cells = [values.get(c, "") for c in self.columns]
         print("\t".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in cells), file=self.file, flush=True)
         if self.sync:
             os.fsync(self.file.fileno())
-            self.file.record_prefix()
 
     def close(self):
         self.file.close()
@@ -1575,14 +1382,10 @@ def _rng_state():
 
 def _set_rng_state(state):
     import random
-    if not state:
-        return
     torch.set_rng_state(state["torch"].cpu())
-    numpy_state = state["numpy"]
-    if isinstance(numpy_state, dict):   # its key saved as a tensor (checkpoints hold tensors only); a tuple as is
-        numpy_state = dict(numpy_state, state=dict(numpy_state["state"],
-                                                   key=numpy_state["state"]["key"].cpu().numpy().astype(np.uint32)))
-    np.random.set_state(numpy_state)
+    numpy_state = state["numpy"]   # its key saved as a tensor: checkpoints hold tensors only
+    np.random.set_state(dict(numpy_state, state=dict(numpy_state["state"],
+                                                     key=numpy_state["state"]["key"].cpu().numpy().astype(np.uint32))))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
@@ -1594,14 +1397,18 @@ def save_training_checkpoint(outdir, model, optimizer, scheduler, epoch, args, e
 
     args: the run's arguments (Namespace or dict) with at least arch, dataset, sigma. extra: a dict of
     the method's state needed to resume (kept indices, sampling weights, ...). The file is a Cohen-style
-    checkpoint ({'arch', 'state_dict', ...}) that certify.py reads unchanged.
+    checkpoint ({'arch', 'state_dict', ...}) that certify.py reads unchanged. It is the run's record: it also
+    holds the size and sha256 of log.tsv as it is now, which a resume checks (start_or_resume).
     """
     if not is_main_process():
         return
     args = dict(vars(args) if isinstance(args, argparse.Namespace) else args)
+    log = os.path.join(outdir, "log.tsv")
+    size = os.path.getsize(log) if os.path.isfile(log) else 0
     state = {"arch": args["arch"], "dataset": args["dataset"], "sigma": args["sigma"], "epoch": epoch,
              "state_dict": common.unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "args": args, "rng": _rng_state(), "extra": extra or {}}
+             "scheduler": scheduler.state_dict(), "args": args, "rng": _rng_state(), "extra": extra or {},
+             "log": {"size": size, "sha256": file_sha256(log) if size else None}}
     save_checkpoint(state, os.path.join(outdir, CHECKPOINT))
     if save_every and epoch % save_every == 0:
         save_checkpoint(state, os.path.join(outdir, f"checkpoint_epoch{epoch}.pth.tar"))
@@ -1618,8 +1425,8 @@ def resume_mismatches(saved_args, args):
     part by part, so the message names what differs."""
     diff = []
     if isinstance(args.get("run"), dict) and not isinstance(saved_args.get("run"), dict):
-        diff.append("the checkpoint records no run identity (script and data): it was not written by a training "
-                    "run of this version, so what it was trained on cannot be checked")
+        diff.append("the checkpoint records no run identity (script and data), so what it was trained on cannot "
+                    "be checked")
     for k in sorted(set(saved_args) & set(args) - RESUME_MAY_CHANGE):
         old, new = saved_args[k], args[k]
         if k == "run" and isinstance(old, dict) and isinstance(new, dict):
@@ -1630,26 +1437,6 @@ def resume_mismatches(saved_args, args):
         elif old != new and not (isinstance(new, (list, tuple)) and list(new) == list(old or [])):
             diff.append(f"{k} {old!r} -> {new!r}")
     return diff
-
-
-# The files a training run writes into its folder (training scripts, ddrs.py train), with their kinds
-RUN_OUTPUTS = [(r"checkpoint(_epoch\d+)?\.pth\.tar", "checkpoint"), (r"args\.json", "settings of a run"),
-               (r"log\.tsv", "training log"), (r"pA_epoch\d+_(discard|weights)\.tsv", "pA estimates"),
-               (r"discard\.json", "discard summary")]
-
-
-def check_run_outputs(outdir):
-    """Every file of the run folder that the run may write (RUN_OUTPUTS) may be written by it (the guard's
-    verdict, output_problem): checked when the run starts, before any epoch, not when the file is due."""
-    import re
-    if not os.path.isdir(outdir):
-        return
-    for name in sorted(os.listdir(outdir)):
-        for pattern, kind in RUN_OUTPUTS:
-            if re.fullmatch(pattern, name):
-                problem = output_problem(os.path.join(outdir, name), kind, append=kind in ("training log",
-                                                                                          "pA estimates"))
-                common.check(problem is None, problem)
 
 
 def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False, args=None):
@@ -1664,15 +1451,14 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     """
     path = os.path.join(outdir, CHECKPOINT)
     if not resume:
-        common.check(not os.path.isfile(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "
-                                        f"continue it, or choose another --outdir")
-        check_run_outputs(outdir)
+        common.check(not os.path.lexists(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "
+                                                f"continue it, or choose another --outdir")
         return 0, {}
     common.check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
     # On the CPU: load_state_dict copies weights and optimizer state to the model's device; the rest (generator
     # states, a method's kept indices) is host data, whatever device the run was saved from.
     ckpt = load_checkpoint(path, "cpu", trust)
-    missing = [k for k in ("epoch", "optimizer", "scheduler") if k not in ckpt]
+    missing = [k for k in ("epoch", "optimizer", "scheduler", "rng", "log") if k not in ckpt]
     common.check(not missing, f"--resume: {path!r} lacks {', '.join(missing)} (not a checkpoint of a training run "
                        f"of ours); start a new run in another --outdir")
     for key, value in (expect or {}).items():
@@ -1681,6 +1467,12 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     diff = resume_mismatches(ckpt.get("args") or {}, args or {})
     common.check(not diff, f"--resume: {outdir!r} was trained with other settings ({'; '.join(diff)}); resume with "
                     f"the same ones, or start a new run in another --outdir")
+    log, kept = os.path.join(outdir, "log.tsv"), ckpt["log"]
+    common.check(isinstance(kept, dict) and os.path.isfile(log) and os.path.getsize(log) >= kept.get("size", 0) and
+                 (not kept.get("size") or file_sha256(log, kept["size"]) == kept.get("sha256")),
+                 f"--resume: {log!r} is missing or changed since the run wrote it (its checkpoint records what it "
+                 f"held); start a new run in another --outdir")
+    check_weights(path, strip_module_prefix(ckpt["state_dict"]), model)
     try:
         common.unwrap(model).load_state_dict(strip_module_prefix(ckpt["state_dict"]))
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -1688,8 +1480,7 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     except (RuntimeError, ValueError, KeyError) as e:
         raise common.UserError(f"--resume: {path!r} does not fit this model/optimizer ({type(e).__name__}); "
                                f"use the same settings or another --outdir") from None
-    check_run_outputs(outdir)   # before any epoch is trained
-    _set_rng_state(ckpt.get("rng"))
+    _set_rng_state(ckpt["rng"])
     return int(ckpt["epoch"]), ckpt.get("extra") or {}
 
 
@@ -1706,8 +1497,8 @@ def open_train_log(outdir, start_epoch):
         rows = [r for r in readers.read_train_log(path) if int(r["epoch"]) < start_epoch]
         text = "".join("\t".join(str(r[c]) for c in readers.TRAIN_LOG_COLUMNS) + "\n" for r in rows)
         header = "\t".join(readers.TRAIN_LOG_COLUMNS) + "\n"
-        write_output(path, "training log", lambda f: f.write((header + text).encode()), append=True)
-    return TSVLog(path, readers.TRAIN_LOG_COLUMNS, "training log", append=start_epoch > 0, sync=True)
+        write_output(path, "training log", lambda f: f.write((header + text).encode()), now=True)
+    return TSVLog(path, readers.TRAIN_LOG_COLUMNS, append=start_epoch > 0, sync=True)
 
 
 def log_epoch(log, epoch, epochs, run_start, first_epoch, row):
@@ -1750,10 +1541,15 @@ def progress_line(prefix, every=60.0):
 
 
 def check_gradnorm_output(path, inputs):
-    """The guard's verdict on a gradient-norm file made from the checkpoint inputs[0] (measure_grad_norms)."""
-    source = source_of(inputs[0], path) if inputs and inputs[0] else None
-    problem = output_problem(path, "gradient norms", inputs, source=source)
-    common.check(problem is None, problem)
+    """The guard's verdict on a gradient-norm file made from the checkpoint inputs[0] (measure_grad_norms): its
+    record (<path>.json) names the checkpoint's sha256, so a file of another checkpoint is never replaced."""
+    check_output(path, inputs)
+    check_output(path + ".json", inputs)
+    old = readers.read_json_object(path + ".json", "record of gradient norms") if os.path.isfile(path + ".json") \
+        else {}
+    sha = loaded_sha256(inputs[0]) if inputs else None
+    common.check(old.get("checkpoint_sha256") in (None, sha), f"{path!r} was made from another checkpoint "
+                 f"({old.get('checkpoint')!r}): two inputs would share one output; choose another output (--outdir)")
 
 
 def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs=()):
@@ -1762,7 +1558,7 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
     Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the
     training set without augmentation). pA: fraction of n noisy copies labelled correctly (count_correct).
     grad_norm: per_example_grad_norms of loss_fn. Returns the rows as a dict of lists. inputs[0]: the
-    checkpoint, the output's source: a file of another checkpoint at `path` is refused before any work.
+    checkpoint loaded (load_model), which the file's record <path>.json names with its sha256.
     """
     check_gradnorm_output(path, inputs)
     seed_everything(seed)
@@ -1773,31 +1569,29 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
     norms = common.per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
     rows = {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
             "grad_norm": norms.tolist()}
-    log = TSVLog(path, readers.GRADNORM_COLUMNS, "gradient norms", inputs=inputs,
-                 source=source_of(inputs[0], path) if inputs and inputs[0] else None)
-    for i in range(len(probe_idx)):
-        log.row(**{k: v[i] for k, v in rows.items()})
-    log.close()
+    lines = ["\t".join(readers.GRADNORM_COLUMNS)] + ["\t".join(f"{v[i]:.6g}" if isinstance(v[i], float) else
+                                                            str(v[i]) for v in rows.values())
+                                                  for i in range(len(probe_idx))]
+    ckpt = inputs[0] if inputs else None
+    record = {"script": os.path.basename(sys.argv[0] or "python"), "checkpoint": ckpt and os.path.relpath(ckpt),
+              "checkpoint_sha256": ckpt and loaded_sha256(ckpt), "probe": probe, "N": n, "seed": seed, "sigma": sigma}
+    record = {k: v for k, v in record.items() if v is not None}   # no checkpoint: a model given from Python
+    write_json(record, path + ".json", "record of gradient norms", inputs)   # first: it names what replaces
+    write_output(path, "gradient norms", lambda f: f.write(("\n".join(lines) + "\n").encode()), inputs, now=True)
     return rows
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Certification logs (certify.py, ddrs.py): the settings a log is resumed under, resume, torchrun parts
+# Certification logs (certify.py, ddrs.py): the run's record (its sidecar), resume, torchrun parts
 # ----------------------------------------------------------------------------------------------------------
 
-# Columns added since logs were first written (nY, pA_certified): a log without them resumes in its own.
-NEWER_COLUMNS = ("nY", "pA_certified")
 # Settings that change what a line means: a resumed file must have been written with the same ones.
 CHECKED_SETTINGS = ("script", "data", "mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N",
-                    "alpha", "seed",
-                    "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta", "final_look",
-                    "grid_test", "ddrs")
+                    "alpha", "seed", "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta",
+                    "final_look", "grid_test", "ddrs")
+IDENTITY = ("script", "data", "checkpoint_sha256")   # never unknown in a log that is resumed
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
 NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
-# What a sidecar written before a setting existed meant by it.
-SETTING_DEFAULTS = {"precision": "fp32", "early_abstain": False, "channels_last": False, "fold_bn": False,
-                    "compile": False, "save_counts": False, "sound": False, "radii": None, "beta": None,
-                    "final_look": None, "grid_test": None, "ddrs": None}
 
 
 def part_files(outfile):
@@ -1806,24 +1600,62 @@ def part_files(outfile):
     return sorted(parts, key=lambda p: int(p.rsplit(".rank", 1)[1]))
 
 
+def run_files(outfile):
+    """The files of the certification run writing `outfile` that exist now: the log, its vote counts
+    (<outfile>.counts, where its sidecar says it keeps them) and their per-rank parts. No log: no run."""
+    logs = [p for p in [outfile] + part_files(outfile) if os.path.lexists(p)]
+    try:
+        keeps = logs and readers.read_json_object(outfile + ".json", "settings file of a log").get("save_counts")
+    except common.UserError:
+        keeps = False
+    counts = [p for p in [outfile + ".counts"] + part_files(outfile + ".counts") if os.path.lexists(p)]
+    return logs + (counts if keeps is True else [])
+
+
 def read_rows(path, columns):
     """The complete lines of a log being resumed, and the byte size they take (readers.read_log_prefix)."""
     return readers.read_log_prefix(path, columns)
 
 
-def resume_columns(outfile, columns):
-    """The columns to write: an existing log from before a NEWER_COLUMNS column keeps its own."""
-    for path in [outfile] + part_files(outfile):
-        if os.path.isfile(path):
-            header = readers.read_header(path).split("\t")
-            older = tuple(c for c in columns if c not in NEWER_COLUMNS or c in header)
-            return older if header == list(older) else columns
-    return columns
-
-
 def counts_columns(num_classes):
     """Columns of the --save-counts file: idx, then one column of votes per class."""
     return ("idx",) + tuple(str(k) for k in range(num_classes))
+
+
+def log_problem(outfile):
+    """Why the existing files of the run at `outfile` are not the ones its sidecar records (a message), or None.
+
+    The sidecar (<outfile>.json) is the run's record: it names certify.py (or ddrs.py), the checkpoint's hash,
+    the log's columns, whether vote counts are kept, and the size and sha256 of what each file held when the
+    run last stopped writing ("written"). A log only grows, so that prefix must still be there: an edit is
+    refused, a log that a stopped run lengthened is resumed, and a log copied with its sidecar is recognised.
+    """
+    files = run_files(outfile)
+    sidecar = outfile + ".json"
+    if not files:
+        return None
+    try:
+        old = readers.read_json_object(sidecar, "settings file of a log")
+    except common.UserError:
+        old = {}
+    if old.get("script") not in ("certify.py", "ddrs.py certify") or not old.get("checkpoint_sha256"):
+        return (f"{files[0]!r} exists and was not written by this project (no settings file {sidecar!r} of "
+                f"certify.py claims it); move it away or choose another --outfile")
+    written = old.get("written") if isinstance(old.get("written"), dict) else {}
+    if os.path.basename(sidecar) in written and written[os.path.basename(sidecar)] != settings_sha256(old):
+        return f"{sidecar!r} changed since {old['script']} wrote it; move it away or choose another --outfile"
+    for path in files:
+        if os.path.islink(path) or not os.path.isfile(path):
+            return f"{path!r} is not a plain file (a link, FIFO or device); move it away"
+        counts = path[len(outfile):].startswith(".counts")
+        if not counts and os.path.getsize(path) > 0 and readers.read_header(path) != "\t".join(old.get("columns", [])):
+            return (f"{path!r} exists and was not written by this project (not the columns {sidecar!r} names); "
+                    f"move it away or choose another --outfile")
+        kept = written.get(os.path.basename(path))
+        if isinstance(kept, dict) and not (os.path.getsize(path) >= kept.get("size", 0) and
+                                           file_sha256(path, kept.get("size", 0)) == kept.get("sha256")):
+            return f"{path!r} changed since {old['script']} wrote it; move it away or choose another --outfile"
+    return None
 
 
 def check_resumable(outfile, settings, columns, counts=None):
@@ -1835,12 +1667,10 @@ def check_resumable(outfile, settings, columns, counts=None):
     common.check(os.path.isfile(sidecar), f"{outfile!r} exists but its settings file {sidecar!r} does not; "
                                           f"pass --overwrite to replace it or choose another --outfile")
     old = readers.read_json_object(sidecar, "settings file of a log")
-    for k in ("script", "data"):   # identity: refused when it differs, noted when an older sidecar lacks it
-        if k not in old:
-            sys.stderr.write(f"note: {sidecar!r} does not record the run's {k} (an older version wrote it); "
-                             f"resuming on the other settings alone\n")
-            old[k] = settings[k]
-    old = {k: old.get(k, SETTING_DEFAULTS.get(k)) for k in CHECKED_SETTINGS + NOTED_SETTINGS}
+    missing = [k for k in CHECKED_SETTINGS if k not in old or (k in IDENTITY and old[k] is None)]
+    common.check(not missing, f"{sidecar!r} does not record {', '.join(missing)}, so what {outfile!r} was made with "
+                              f"cannot be checked; pass --overwrite to start again or choose another --outfile")
+    old = {k: old.get(k) for k in CHECKED_SETTINGS + NOTED_SETTINGS}
     diff = [f"{k} {old[k]!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if old[k] != settings[k]]
     common.check(not diff, f"{outfile!r} was written with other settings ({'; '.join(diff)}); rerun with the "
                            f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
@@ -1856,76 +1686,82 @@ def check_resumable(outfile, settings, columns, counts=None):
                              f"but may differ from those an uninterrupted run would write (noise or rounding)\n")
 
 
+def check_outputs(outfile, counts, inputs):
+    """Before any work (rank 0): every file of the run may be written (the guard), and those that exist are
+    the ones its sidecar records (log_problem)."""
+    for path in [outfile, outfile + ".json", outfile + ".counts"] + part_files(outfile) + \
+            part_files(outfile + ".counts"):
+        check_output(path, inputs)
+    problem = log_problem(outfile)
+    common.check(problem is None, problem)
+    common.check(not counts or not os.path.lexists(counts[0]) or counts[0] in run_files(outfile),
+                 f"{counts and counts[0]!r} exists and was not written by this project (no log's sidecar keeps "
+                 f"vote counts); move it away or choose another --outfile")
+
+
 def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=()):
     """Single writer (rank 0): start or resume the outfile; returns the set of idx already done in any file.
 
-    --overwrite removes the outfile, its parts and sidecar (only files certify.py wrote as such, by the
-    output record: remove_output). Otherwise torn last lines are cut off. The sidecar is written
-    before the TSV, so a TSV without one was not written by us. counts: optional (path, columns) of the
-    --save-counts file, started or resumed alike (the TSV decides what is done). Every write goes through
-    the guard (write_output, open_append).
+    --overwrite removes every file of the run it replaces (run_files: its vote counts too, kept or not now).
+    Otherwise torn last lines are cut off, and vote counts of examples the log lacks (a stop between the two
+    writes) are dropped. The sidecar is written before the TSV, so a TSV without one was not written by us;
+    it records what each file holds now ("written", log_problem). counts: optional (path, columns) of the
+    --save-counts file, started or resumed alike (the TSV decides what is done).
     """
-    files = [(outfile, columns, "certification log")] + ([(*counts, "vote counts")] if counts else [])
-    claimed = sidecar_claims(outfile)
-    for main_path, cols, kind in files:   # check every file before changing any
-        for path in [main_path] + part_files(main_path):
-            problem = output_problem(path, kind, inputs, append=True, claimed=claimed)
-            common.check(problem is None, problem)
-    sidecar_problem = output_problem(outfile + ".json", "settings of a log", inputs, claimed=claimed)
-    common.check(sidecar_problem is None, sidecar_problem)
+    check_outputs(outfile, counts, inputs)
+    if overwrite:
+        for path in run_files(outfile):
+            remove_output(path)
+    files = [(outfile, columns)] + ([counts] if counts else [])
     done = set()
-    for main_path, cols, kind in files:   # the log first: it decides what is done
-        for path in [main_path] + part_files(main_path):
-            if overwrite:
-                remove_output(path, kind, claimed)
-            elif os.path.exists(path):
-                rows, keep = read_rows(path, cols)
-                if main_path == outfile:
-                    done.update(int(row.split("\t", 1)[0]) for row in rows)
-                ids = [int(row.split("\t", 1)[0]) for row in rows]
-                if main_path == outfile or (set(ids) <= done and len(set(ids)) == len(ids)):
-                    with open_file(path, "a") as f:   # cut a torn last line
-                        f.truncate(keep)
-                else:   # counts of examples the log lacks (a stop between the two writes): the rerun redraws them
-                    seen, kept = set(), []
-                    for i, row in zip(ids, rows):
-                        if i in done and i not in seen:
-                            seen.add(i)
-                            kept.append(row + "\n")
-                    text = "\t".join(cols) + "\n" + "".join(kept)
-                    write_output(path, kind, lambda f: f.write(text.encode("utf-8")), inputs, True, claimed)
-    write_json(settings, outfile + ".json", "settings of a log", inputs, claimed)
-    for path, cols, kind in files:
-        open_tsv(path, cols, kind, inputs, claimed).close()
-        for part in part_files(path):   # recorded now: every rank appends to its own part later
-            open_append(part, kind, "\t".join(cols), inputs, claimed).close()
+    for main_path, cols in files:   # the log first: it decides what is done
+        for path in [p for p in [main_path] + part_files(main_path) if os.path.exists(p)]:
+            rows, keep = read_rows(path, cols)
+            ids = [int(row.split("\t", 1)[0]) for row in rows]
+            if main_path == outfile:
+                done.update(ids)
+            if main_path == outfile or (set(ids) <= done and len(set(ids)) == len(ids)):
+                with open_file(path, "a") as f:   # cut a torn last line
+                    f.truncate(keep)
+            else:   # counts of examples the log lacks: the rerun redraws them
+                seen, kept = set(), []
+                for i, row in zip(ids, rows):
+                    if i in done and i not in seen:
+                        seen.add(i)
+                        kept.append(row + "\n")
+                text = "\t".join(cols) + "\n" + "".join(kept)
+                write_output(path, "vote counts", lambda f: f.write(text.encode("utf-8")), inputs, now=True)
+    settings = json.loads(json.dumps(settings, default=str))   # as the sidecar will hold them
+    write_json(dict(settings, written=written_now(outfile, settings)), outfile + ".json", "settings of a log", inputs)
+    for path, cols in files:
+        for log in [path] + part_files(path):   # every rank appends to its own part later
+            open_append(log, "\t".join(cols), inputs).close()
     return done
 
 
-def sidecar_claims(outfile):
-    """True when <outfile>.json is certify.py's own record of the log (it names certify.py or ddrs.py, or is a
-    sidecar of an older version, with the checkpoint's hash): the log may be resumed or replaced even where
-    the folder's record of outputs does not list it (a log copied from another machine)."""
-    try:
-        old = readers.read_json_object(outfile + ".json", "settings file of a log")
-    except common.UserError:
-        return False
-    if old.get("script", "certify.py") not in ("certify.py", "ddrs.py certify") or "checkpoint_sha256" not in old:
-        return False
-    # the record names the log's columns: a file beside it with another first line is not that log
-    columns = old.get("columns")
-    for path in [outfile] + part_files(outfile):
-        if os.path.isfile(path) and os.path.getsize(path) > 0 and isinstance(columns, list):
-            header = readers.read_header(path)
-            if header not in ("\t".join(columns), "\t".join(columns[:-1])):   # [:-1]: logs from before nY
-                return False
-    return True
+def settings_sha256(sidecar):
+    """The sha256 of a sidecar's settings (all but "written"), in a canonical JSON form."""
+    import hashlib
+    text = json.dumps({k: v for k, v in sidecar.items() if k != "written"}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def open_tsv(path, columns, kind="certification log", inputs=(), claimed=False):
-    """Open a TSV for appending through the guard; a new or empty file gets the header first. prepare_outputs
-    has checked (and, for a log copied here, recorded) every file before this is called."""
-    return open_append(path, kind, "\t".join(columns), inputs, claimed)
+def written_now(outfile, settings):
+    """The sidecar's "written": {file name: {size, sha256}} of the run's files as they are now, and the sha256
+    of the sidecar's own settings under its name."""
+    files = {os.path.basename(p): {"size": os.path.getsize(p), "sha256": file_sha256(p)} for p in run_files(outfile)}
+    return dict(files, **{os.path.basename(outfile) + ".json": settings_sha256(settings)})
+
+
+def record_written(outfile):
+    """Record in the sidecar what the run's files hold now (rank 0, once its lines are complete and merged)."""
+    sidecar = readers.read_json_object(outfile + ".json", "settings file of a log")
+    write_json(dict(sidecar, written=written_now(outfile, sidecar)), outfile + ".json", "settings of a log")
+
+
+def open_tsv(path, columns, kind="certification log", inputs=()):
+    """Open a TSV for appending through the guard (open_append); prepare_outputs has checked every file."""
+    return open_append(path, "\t".join(columns), inputs)
 
 
 def merge_parts(outfile, columns, kind="certification log"):
@@ -1943,23 +1779,10 @@ def merge_parts(outfile, columns, kind="certification log"):
             for row in read_rows(path, columns)[0]:
                 rows.setdefault(int(row.split("\t", 1)[0]), row)
     text = "".join(line + "\n" for line in ["\t".join(columns)] + [rows[i] for i in sorted(rows)])
-    write_output(outfile, kind, lambda f: f.write(text.encode("utf-8")), append=True)
+    write_output(outfile, kind, lambda f: f.write(text.encode("utf-8")), now=True)
     for path in parts:
-        remove_output(path, kind)
+        remove_output(path)
     return len(rows)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Set-up: arguments, model, data, settings
-# ----------------------------------------------------------------------------------------------------------
-
-def check_outputs(outfile, counts, inputs):
-    """The guard's verdict on every output before any work (rank 0): each may be written as what it is."""
-    for path in [outfile, outfile + ".json"] + ([counts[0]] if counts else []):
-        problem = output_problem(path, "settings of a log" if path.endswith(".json") else
-                                           "vote counts" if counts and path == counts[0] else "certification log",
-                                           inputs, append=not path.endswith(".json"), claimed=sidecar_claims(outfile))
-        common.check(problem is None, problem)
 
 
 def lock_outputs(locks, outfile):
@@ -1968,4 +1791,4 @@ def lock_outputs(locks, outfile):
     locks.enter_context(exclusive_lock(outfile + ".lock", f"--outfile {outfile!r}"))
     for part in part_files(outfile):
         common.check(not is_locked(part + ".lock"), f"{part!r} is still written by a worker of an "
-                                                         f"earlier run; stop it first")
+                                                    f"earlier run; stop it first")

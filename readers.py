@@ -10,10 +10,7 @@ import numpy as np
 from scipy.special import ndtri
 
 import common
-if getattr(common, "PROJECT", None) != "acr-weakness":   # a student's common.py earlier on sys.path is not ours
-    raise ImportError(f"{getattr(common, '__file__', common)} shadows this project's module: rename it")
 
-PROJECT = "acr-weakness"
 
 COHEN_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")   # certification log (Cohen et al.)
 GRADNORM_COLUMNS = ("idx", "label", "pA", "grad_norm")                      # --gradnorm measurements
@@ -259,7 +256,7 @@ def check_comparable(logs, allow=(), command="this analysis", assumed=None):
     return differs
 
 
-# The sidecar's fields that readers use, with their contract (a field may be missing: older logs lack some).
+# The sidecar's fields that readers use, with their contract (a field may be missing: a log from elsewhere).
 SIDECAR_FIELDS = {
     "script": lambda v: isinstance(v, str),
     "mode": lambda v: v in ("certify", "predict", "grid", "label"),

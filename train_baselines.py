@@ -21,9 +21,6 @@ Shared protocol: SGD (momentum 0.9, wd 1e-4, lr 0.1), lr x0.1 every --lr_step ep
 epoch (decays from epoch 50 on, as the paper's code; the CAT-RS/Consistency/SmoothAdv scripts decay one epoch
 later), a loader batch of 256 cut into m chunks with one step each (MACER: 64 images x m copies, one step).
 """
-import signal
-if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import contextlib
 import functools
@@ -36,9 +33,6 @@ import torch.nn.functional as F
 
 import common
 import machinery
-for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
-    if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
 METHODS = ("smoothadv", "macer", "consistency", "smoothmix", "catrs", "stability")
 
@@ -600,7 +594,7 @@ def make_target_mode(args):
     machinery.save_checkpoint({"counts": counts, "N": N, "sigma": sigma, "dataset": dataset,
                                "checkpoint": os.path.relpath(args.checkpoint)}, args.out, "CAT-RS target",
                            [args.checkpoint])
-    machinery.remove_output(partial, "partial CAT-RS target")
+    machinery.remove_output(partial)
     print(f"wrote {args.out}")
 
 

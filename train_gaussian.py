@@ -15,9 +15,6 @@ CIFAR-10, the paper's schedule (150 epochs, lr 0.1, x0.1 every 50), into runs/tr
 Gradient norms of Table 2 (TSV idx label pA grad_norm, written beside the checkpoint):
     python train_gaussian.py --gradnorm runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --probe 200
 """
-import signal
-if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import os
 import time
@@ -26,9 +23,6 @@ import torch
 
 import common
 import machinery
-for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
-    if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
 
 def parse_args():

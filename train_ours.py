@@ -25,9 +25,6 @@ Table 5 (ablation), the eight rows for sigma 0.5 on CIFAR-10 (add --data-dir):
 Gradient norms with and without the attack (Table 2, Fig. 5; TSV idx label pA grad_norm beside CKPT):
     python train_ours.py --gradnorm runs/train_ours_cifar10_sigma0.5/checkpoint.pth.tar --probe 1000
 """
-import signal
-if __name__ == "__main__":   # Ctrl-C while torch loads: stop quietly (machinery.run takes over from there)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse
 import os
 import sys
@@ -41,9 +38,6 @@ from scipy.special import ndtri   # scipy.stats' norm.ppf, bit for bit, without 
 import common
 import readers
 import machinery
-for module in (common, machinery):   # a student's module of one of these names earlier on sys.path is not ours
-    if getattr(module, "PROJECT", None) != "acr-weakness":
-        raise ImportError(f"{getattr(module, '__file__', module)} shadows this project's module: rename it")
 
 # Paper Table 6 (CIFAR-10) and Table 7 (ImageNet), per sigma. digits: our CPU demo (not in the paper),
 # scaled to its 20-epoch schedule.
@@ -205,7 +199,7 @@ def shared_counts(counts, labels, indices, n, path, device):
     (idx label count n) by rank 0: what train() does around discard_hard and the reweighting estimate."""
     counts = machinery.broadcast(counts.to(device)).cpu()
     if machinery.is_main_process():
-        log = machinery.TSVLog(path, readers.PA_COLUMNS, "pA estimates")
+        log = machinery.TSVLog(path, readers.PA_COLUMNS)
         for i, label, c in zip(torch.as_tensor(indices).tolist(), labels.tolist(), counts.tolist()):
             log.row(idx=i, label=label, count=c, n=n)
         log.close()

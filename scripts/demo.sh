@@ -41,17 +41,18 @@ if [ "${DEMO_NATIVE_ISA:-0}" != 1 ]; then
 fi
 
 # The demo folder is the demo's own: start afresh, but never delete a folder the demo did not make (its
-# marker), nor anything in it that the project did not write (each folder's record of outputs lists those,
-# with their content's hash): tools/remove_outputs.py checks the whole tree before it removes a file.
+# marker), nor anything in it that the demo did not write (its record, the marker .demo, lists every file with
+# its content's hash when the demo ends): tools/remove_outputs.py checks the whole tree before it removes a file.
 if [ -L "$OUT" ] || { [ -e "$OUT" ] && [ ! -f "$OUT/.demo" ]; }; then   # a link is not the demo's folder either
     echo "demo: $OUT exists and was not made by the demo; set DEMO_OUT to another folder" >&2
     exit 2
 fi
 if [ -e "$OUT" ]; then   # a previous demo's outputs, each checked against the records before it goes
-    "$PYTHON" tools/remove_outputs.py "$OUT" --also .demo || exit 2
+    "$PYTHON" tools/remove_outputs.py "$OUT" || exit 2
 fi
 mkdir -p "$OUT/train" "$OUT/certify"
 touch "$OUT/.demo"
+trap '"$PYTHON" tools/remove_outputs.py --record "$OUT"' EXIT   # however the demo ends, Ctrl-C included
 start=$SECONDS
 
 # model NAME SCRIPT FLAGS...: train NAME on digits, then certify every test digit; lines prefixed [NAME].

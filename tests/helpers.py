@@ -68,16 +68,13 @@ def project_files(root):
 
 
 def as_if_copied(*paths):
-    """Drop the files from their folder's record of outputs, as if they had been copied here from another machine
-    (or written by an older version): a test that edits a sidecar or log by hand to play such a file uses this,
-    since an edit of a file the record lists is refused as an edit."""
+    """Drop what the sidecars among `paths` record of their log's content ("written"), as if the log had been
+    copied here from another machine without it: a test that edits a sidecar or log by hand to play such a file
+    uses this, since an edit of what a sidecar records is refused as an edit."""
     import json
-    import os
-    import machinery as m
     for path in map(str, paths):
-        record_path = os.path.join(os.path.dirname(os.path.abspath(path)), m.RECORD)
-        if os.path.exists(record_path):
-            record = json.load(open(record_path))
-            record.pop(os.path.basename(path), None)
-            with open(record_path, "w") as f:
-                json.dump(record, f)
+        if path.endswith(".json"):
+            side = json.load(open(path))
+            side.pop("written", None)
+            with open(path, "w") as f:
+                json.dump(side, f)

@@ -487,28 +487,6 @@ def test_a_virtual_environment_inside_a_clone_is_neither_scanned_nor_shown_by_gi
     assert narrative_lines(clone) == ["own.py:1: " + history]
 
 
-@pytest.mark.parametrize("shadow, module", [("common", "train_ours"), ("common", "certify"), ("certify", "ddrs"),
-                                            ("common", "analyze"), ("machinery", "train_gaussian")])
-def test_a_students_own_module_of_the_same_name_earlier_on_sys_path_is_one_clear_line_at_import(tmp_path, shadow,
-                                                                                              module):
-    (tmp_path / f"{shadow}.py").write_text("def helper():\n    return 1\n")
-    code = f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {ROOT!r}]; import {module}"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode != 0
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError:") and f"{shadow}.py shadows this project's module" in last, done.stderr
-
-
-def test_without_a_shadowing_module_every_script_imports(tmp_path):
-    """The negative control of the test above: a student's modules of these names in the working directory, and
-    the project's folder first on sys.path: every script imports."""
-    for shadow in ("common", "certify", "machinery"):
-        (tmp_path / f"{shadow}.py").write_text("def helper():\n    return 1\n")
-    code = f"import sys; sys.path[:0] = [{ROOT!r}]; import train_ours, certify, ddrs, analyze, train_gaussian"
-    ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert ok.returncode == 0, ok.stderr
-
-
 def test_the_makefile_points_at_readme_sections_and_files_that_exist():
     text = open(os.path.join(ROOT, "Makefile")).read()
     headings = re.findall(r"^## (.+)$", open(os.path.join(ROOT, "README.md")).read(), flags=re.M)

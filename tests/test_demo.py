@@ -198,12 +198,11 @@ def test_demo_refuses_a_link_as_its_folder(tmp_path, target):
 
 def test_demo_keeps_a_users_file_put_into_its_own_folder(tmp_path):
     """A folder the demo made (its marker) with a user's notes put in it since: refused, the notes kept; the
-    demo's own files (its record lists them) do not stop it."""
+    demo's own files (its record, the marker, lists them) do not stop it."""
     out = tmp_path / "demo"
     out.mkdir()
-    (out / ".demo").write_text("")
-    (out / ".rs-outputs.json").write_text('{"report.md": {"kind": "analyze.py output", "by": "analyze.py"}}')
     (out / "report.md").write_text("old report")
+    machinery.record_tree(str(out))
     (out / "notes.txt").write_text("precious")
     result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                             env=dict(os.environ, DEMO_OUT=str(out), PYTHON=sys.executable))
@@ -216,8 +215,8 @@ def test_demo_keeps_a_users_file_or_link_deep_in_its_folder(tmp_path):
     link there, stops it, and every file stays."""
     out = tmp_path / "demo"
     (out / "train" / "gaussian").mkdir(parents=True)
-    (out / ".demo").write_text("")
     machinery.write_text_output(str(out / "train" / "gaussian" / "args.json"), "settings", "{}")
+    machinery.record_tree(str(out))
     (out / "train" / "gaussian" / "notes.txt").write_text("precious")
     elsewhere = tmp_path / "elsewhere.txt"
     elsewhere.write_text("mine")
@@ -230,7 +229,7 @@ def test_demo_keeps_a_users_file_or_link_deep_in_its_folder(tmp_path):
         assert result.returncode == 2 and planted in result.stderr and len(result.stderr.splitlines()) == 1
         assert (out / "train" / "gaussian" / "args.json").read_text() == "{}"
     assert elsewhere.read_text() == "mine" and (out / "train" / "gaussian" / "link").is_symlink()
-    # with only the demo's own files left, the demo's start removes the tree (records and locks included)
+    # with only the demo's own files left, the demo's start removes the tree (its record included)
     (out / "train" / "gaussian" / "link").unlink()
-    machinery.remove_outputs(str(out), [".demo"])
+    machinery.remove_tree(str(out))
     assert not out.exists()

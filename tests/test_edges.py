@@ -91,11 +91,6 @@ def test_json_nested_without_end_is_one_line(tmp_path):
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(common.UserError, match="must be JSON"):
         readers.read_json_object(str(path), "settings file")
-    folder = tmp_path / "out"
-    folder.mkdir()
-    (folder / machinery.RECORD).write_text("{\"a\": " * 100_000 + "1" + "}" * 100_000)
-    with pytest.raises(common.UserError, match="record of outputs"):
-        machinery._read_record(str(folder))
 
 
 def test_a_checkpoint_whose_keys_are_not_names_is_refused(tmp_path):
@@ -176,14 +171,20 @@ def test_a_failed_download_leaves_no_folder_behind(tmp_path, monkeypatch):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "kept"
 
 
-@pytest.mark.parametrize("script", ["certify.py", "analyze.py"])
-def test_ctrl_c_while_a_script_imports_stops_it_without_a_traceback(script, tmp_path):
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, script), "--help"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.3)   # torch is still loading
+def test_ctrl_c_during_a_command_stops_it_quietly_with_exit_code_130(tmp_path):
+    """SIGINT once the command runs (machinery.run handles it): one line naming it, no traceback, exit 130."""
+    code = ("import sys, time; sys.path.insert(0, %r); import machinery\n"
+            "def main():\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n"
+            "machinery.run(main, exit_process=True)\n") % ROOT
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert proc.returncode == 130 and "Traceback" not in err and err.strip().splitlines() == [err.strip()], err
+    assert "SIGINT" in err
 
 
 # ---- sizes: every size flag bounded before anything is allocated or planned ----------------------------------
@@ -354,26 +355,32 @@ def certify_into(ckpt, out, capsys):
     return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("helper", ["o.tsv.lock", "o.tsv.json", ".rs-outputs.lock", ".rs-outputs.json",
-                                    ".rs-outputs.json.tmp", "o.tsv.json.tmp<pid>", "o.tsv.counts"])
-def test_a_link_in_place_of_a_helper_file_is_refused_and_its_target_is_not_made(ckpt, tmp_path, capsys, helper):
+@pytest.mark.parametrize("helper", ["o.tsv.lock", "o.tsv.json", "o.tsv.json.tmp<pid>", "o.tsv.counts"])
+def test_a_link_in_place_of_a_helper_file_is_never_written_through(ckpt, tmp_path, capsys, helper):
+    """A lock or a temporary file is opened without following a link (refused); a sidecar replaces a link by
+    its rename (the link goes, its target is not made); a counts file this run does not write is left alone."""
     helper = helper.replace("<pid>", str(os.getpid()))   # the temporary file of this process's sidecar
     os.symlink(tmp_path / "target", tmp_path / helper)
     code, err = certify_into(ckpt, str(tmp_path / "o.tsv"), capsys)
-    if helper == "o.tsv.counts":   # not an output of this command (no --save-counts): left alone
-        assert code == 0
+    if helper in ("o.tsv.counts", "o.tsv.json"):
+        assert code == 0, err
     else:
         assert code == 2 and len(err.strip().splitlines()) == 1 and "link" in err, err
-    assert not (tmp_path / "target").exists() and os.path.islink(tmp_path / helper)
+    assert not (tmp_path / "target").exists()
+    assert os.path.islink(tmp_path / helper) == (helper != "o.tsv.json")
 
 
-@pytest.mark.parametrize("helper", ["o.tsv.lock", "o.tsv.json", ".rs-outputs.lock", ".rs-outputs.json"])
-def test_a_fifo_in_place_of_a_helper_file_is_refused_at_once(ckpt, tmp_path, capsys, helper):
+@pytest.mark.parametrize("helper", ["o.tsv.lock", "o.tsv.json"])
+def test_a_fifo_in_place_of_a_helper_file_is_never_waited_on(ckpt, tmp_path, capsys, helper):
+    """A FIFO where the lock goes is refused at once; one where the sidecar goes is replaced by its rename."""
     os.mkfifo(tmp_path / helper)
     start = time.time()
     code, err = certify_into(ckpt, str(tmp_path / "o.tsv"), capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1 and time.time() - start < 30, err
-    assert "FIFO" in err or "not a regular file" in err or "cannot read" in err, err
+    assert time.time() - start < 30
+    if helper == "o.tsv.lock":
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+    else:
+        assert code == 0 and os.path.isfile(tmp_path / helper), err
 
 
 # "Ours" by content, one output per input, resume checks before work -------------------------------------
@@ -397,7 +404,7 @@ def test_a_checkpoint_copied_into_a_new_folder_is_refused_before_any_epoch(tmp_p
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "checkpoint.pth.tar").write_bytes((tmp_path / "a" / "checkpoint.pth.tar").read_bytes())
     code, out, err = train_into(tmp_path / "b", capsys, "--epochs", 2, "--resume")
-    assert code == 2 and "not written by this project" in err and "epoch" not in out
+    assert code == 2 and "missing or changed since" in err and "epoch" not in out
     assert sorted(p.name for p in (tmp_path / "b").iterdir() if not p.name.startswith(".")) in (
         ["checkpoint.pth.tar"], ["checkpoint.pth.tar", "run.lock"])
 
@@ -504,7 +511,6 @@ def test_a_resume_from_a_checkpoint_without_its_run_identity_is_refused(tmp_path
     ckpt = torch.load(path, weights_only=False)
     del ckpt["args"]["run"]
     torch.save(ckpt, path)
-    machinery.adopt_outputs([str(path)], "checkpoint")   # ours, as an older version wrote it
     code, out, err = train_into(tmp_path / "a", capsys, "--epochs", 2, "--resume")
     assert code == 2 and "no run identity" in err and "epoch 2" not in out
 

@@ -63,13 +63,15 @@ def test_guard_refuses_links_folders_fifos_inputs_and_foreign_files(tmp_path):
     os.link(data, hard)
     machinery.set_inputs([str(data)])
     try:
-        for path, why in ((notes, "not written by this project"), (link, "symbolic link"), (fifo, "not a regular"),
-                          (tmp_path / "folder.md", "is a folder"), (hard, "input of this command")):
+        for path, why in ((notes, "not written by this project"), (link, "not written by this project"),
+                          (fifo, "not written by this project"), (tmp_path / "folder.md", "is a folder"),
+                          (hard, "input of this command")):
             with pytest.raises(common.UserError, match=why):
                 machinery.write_text_output(str(path), "analyze.py output", "x\n")
     finally:
         machinery.set_inputs([])
     assert notes.read_text() == "mine\n" and data.read_text() == "idx\n" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert os.path.islink(link)
 
 
 def test_guard_rewrites_its_own_output_but_not_one_changed_since_or_of_another_kind(tmp_path):
@@ -86,6 +88,24 @@ def test_guard_rewrites_its_own_output_but_not_one_changed_since_or_of_another_k
     assert open(path).read() == "two\nedited by hand\n"
 
 
+def test_outputs_of_a_command_replace_theirs_only_as_it_ends(tmp_path):
+    """Inside machinery.run, whole files wait for the command's end: an error after the first leaves it as it
+    was; now=True (a run's record, a checkpoint) writes at once."""
+    first, second = tmp_path / "a.md", tmp_path / "b.md"
+    machinery.write_text_output(str(first), "analyze.py output", "before\n")   # outside a command: at once
+
+    def main():
+        machinery.write_text_output(str(first), "analyze.py output", "after\n")
+        machinery.write_output(str(second), "settings", lambda f: f.write(b"now\n"), now=True)
+        assert first.read_text() == "before\n" and second.read_text() == "now\n"
+        raise common.UserError("refused at the last output")
+    with pytest.raises(SystemExit):
+        machinery.run(main)
+    assert first.read_text() == "before\n" and not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+    machinery.run(lambda: machinery.write_text_output(str(first), "analyze.py output", "after\n"))
+    assert first.read_text() == "after\n"
+
+
 def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
     path = str(tmp_path / "out.md")
     machinery.write_text_output(path, "analyze.py output", "complete\n")
@@ -96,7 +116,7 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
     with pytest.raises(common.UserError, match="not written .File too large., its previous content is intact"):
         machinery.write_output(path, "analyze.py output", fails)
     assert open(path).read() == "complete\n"
-    assert sorted(os.listdir(tmp_path)) == [".rs-outputs.json", "out.md"]   # the record's lock is gone too
+    assert sorted(os.listdir(tmp_path)) == ["out.md", "outputs.json"]
 
 
 def test_a_write_over_ulimit_f_fails_in_one_line_and_keeps_the_old_file(tmp_path):
@@ -117,14 +137,15 @@ def test_a_write_over_ulimit_f_fails_in_one_line_and_keeps_the_old_file(tmp_path
 
 
 def test_sigterm_exits_143_in_one_line_and_leaves_the_files_valid(tmp_path):
-    """SIGTERM during a long command: exit 143, one line, and every file written so far complete."""
+    """SIGTERM during a long command: exit 143, one line, and every file written so far (now=True: at once, not
+    at the command's end) complete."""
     import signal
     import subprocess
     import sys
     import time
     code = ("import sys, time; sys.path.insert(0, %r); import machinery\n"
             "def main():\n"
-            "    machinery.write_text_output(%r, 'analyze.py output', 'done\\n')\n"
+            "    machinery.write_output(%r, 'analyze.py output', lambda f: f.write(b'done\\n'), now=True)\n"
             "    print('ready', flush=True)\n"
             "    time.sleep(60)\n"
             "machinery.run(main)\n") % (ROOT, str(tmp_path / "a.md"))
@@ -420,3 +441,17 @@ def test_a_lock_file_lives_only_while_held_and_its_removal_cannot_give_the_lock_
     release.set()
     worker.join(30)
     assert not os.path.exists(path) and os.listdir(tmp_path) == []
+
+
+def test_a_command_refused_at_its_last_output_has_replaced_none(tmp_path, capsys):
+    """`analyze.py table DIR/table.tsv --out DIR --format tsv`: table.tsv is its input, so table.md and
+    table.tex, written before it, must not replace anything either (the guard installs outputs at the end)."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    log = grid_log(folder / "table.tsv")
+    lines = open(log).read().splitlines()
+    cols = lines[0].split("\t")[:6] + ["nA", "N"]
+    open(log, "w").write("\t".join(cols) + "\n" + "0\t1\t1\t0.5\t1\t0:00:01\t90\t100\n")
+    code, _, err = run_analyze(["table", log, "--out", folder, "--format", "tsv"], capsys)
+    assert code == 2 and "is an input of this command" in err, err
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["table.tsv"]

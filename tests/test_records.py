@@ -80,6 +80,57 @@ def test_the_checkpoint_hash_is_of_the_bytes_loaded_even_if_the_file_is_replaced
     assert side["checkpoint_sha256"] == loaded != machinery.file_sha256(str(mine))
 
 
+def test_the_checkpoint_hash_through_a_link_flipped_after_the_read_is_that_of_the_bytes_loaded(ckpt, tmp_path,
+                                                                                               monkeypatch):
+    """A "latest" link replaced by another process while certify.py runs: the sidecar names the model whose
+    bytes were loaded, never null (the hash is kept by the path as given, not by where the link points)."""
+    mine, other = tmp_path / "a.pth.tar", tmp_path / "b.pth.tar"
+    shutil.copy(ckpt, mine)
+    digits_checkpoint(other, steps=5, seed=3)
+    link = tmp_path / "latest.pth.tar"
+    os.symlink(mine, link)
+    real = machinery.load_model
+
+    def load_then_flip(path, *a, **k):
+        result = real(path, *a, **k)
+        os.remove(link)
+        os.symlink(other, link)
+        return result
+    monkeypatch.setattr(machinery, "load_model", load_then_flip)
+    out = tmp_path / "log.tsv"
+    assert run_main(certify.main, certify_argv(str(link), out, 2)) == 0
+    side = json.load(open(str(out) + ".json"))
+    assert side["checkpoint_sha256"] == hashlib.sha256(mine.read_bytes()).hexdigest()
+
+
+def test_a_sidecar_without_the_checkpoint_hash_is_not_resumed(ckpt, tmp_path, capsys):
+    from helpers import as_if_copied
+    out = tmp_path / "log.tsv"
+    assert run_main(certify.main, certify_argv(ckpt, out, 2)) == 0
+    side = json.load(open(str(out) + ".json"))
+    side["checkpoint_sha256"] = None
+    open(str(out) + ".json", "w").write(json.dumps(side))
+    as_if_copied(str(out) + ".json")
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert run_main(certify.main, certify_argv(ckpt, out, 4)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "checkpoint_sha256" in err[0], err
+    assert out.read_bytes() == before
+
+
+def test_overwrite_leaves_no_file_of_the_replaced_run(ckpt, tmp_path):
+    """--save-counts at N = 200, then --overwrite at N = 300 without it: the old vote counts go with the log."""
+    out = tmp_path / "log.tsv"
+    assert run_main(certify.main, certify_argv(ckpt, out, 2) + ["--save-counts"]) == 0
+    assert (tmp_path / "log.tsv.counts").exists()
+    argv = certify_argv(ckpt, out, 2)
+    argv[argv.index("--N") + 1] = "300"
+    assert run_main(certify.main, argv + ["--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.tsv", "log.tsv.json"]
+    assert json.load(open(str(out) + ".json"))["N"] == 300
+
+
 def test_a_row_whose_radius_exceeds_its_counts_is_refused_by_every_analysis(tmp_path, capsys):
     log = tmp_path / "gaussian_noise_0.5.tsv"
     shutil.copy(LOG, log)
@@ -132,7 +183,7 @@ def test_a_closed_or_broken_stdout_never_stops_or_fails_the_work(how, tmp_path):
         done = proc
     assert done.returncode == 0 and "Traceback" not in err and "rror" not in err, err
     assert sorted(os.listdir(out)) == sorted(["table.md", "table.tex", "table.tsv", "certified_accuracy.png",
-                                              "certified_accuracy.pdf", machinery.RECORD])
+                                              "certified_accuracy.pdf", "outputs.json"])
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),

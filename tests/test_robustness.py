@@ -5,8 +5,9 @@ with other settings, non-finite values, a kill between two writes, stale tempora
 that does not fit the data, bad target files, live workers of an earlier run, and the noisy evaluation's
 dependence on the loader's workers."""
 import errno
-import json
+import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -111,7 +112,9 @@ def test_no_command_writes_over_its_own_input(ckpt, tmp_path, monkeypatch, capsy
     other.write_text("my notes\n")
     code, err = run(certify, ["--checkpoint", ckpt, "--outfile", other, *CLI, "--overwrite"], monkeypatch, capsys)
     assert code == 2 and "not written by this project" in err and other.read_text() == "my notes\n"
-    for out in (victim, other):
+    for out in (victim, victim.parent / "link.pth.tar"):   # the input, by its name or through a link
+        if out != victim:
+            os.symlink(victim, out)
         code, err = run(train_baselines, ["--make-catrs-target", "--checkpoint", victim, "--out", out, "--N", 2],
                         monkeypatch, capsys)
         assert code == 2 and one_line(err)
@@ -186,13 +189,12 @@ def test_stale_temporaries_are_removed_and_a_full_disk_is_one_line(tmp_path, mon
     out = tmp_path / "run"
     argv = [*DIGITS, "--max-batches", 1, "--outdir", out]
     assert run(train_gaussian, [*argv, "--epochs", 1], monkeypatch)[0] == 0
-    # a writer killed mid-save leaves its temporary file, which the folder's record lists (it is listed before
-    # it is created); a file of the same pattern that the record does not list is someone else's: it stays
-    (out / "checkpoint.pth.tar.tmp4242").write_bytes(b"x" * 1000)
-    (out / "notes.tmp4243").write_bytes(b"a user's file")
-    record = json.loads((out / machinery.RECORD).read_text())
-    record["checkpoint.pth.tar.tmp4242"] = {"kind": machinery.TEMPORARY, "of": "checkpoint.pth.tar"}
-    (out / machinery.RECORD).write_text(json.dumps(record))
+    # a writer killed mid-save leaves its temporary file <name>.tmp<pid> (that process gone), which the next
+    # write of that name removes; a file of another name is someone else's: it stays
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / f"checkpoint.pth.tar.tmp{dead.pid}").write_bytes(b"x" * 1000)
+    (out / f"notes.tmp{dead.pid}").write_bytes(b"a user's file")
     before = (out / "checkpoint.pth.tar").read_bytes()
 
     def no_space(*a, **k):
@@ -201,8 +203,8 @@ def test_stale_temporaries_are_removed_and_a_full_disk_is_one_line(tmp_path, mon
     code, err = run(train_gaussian, [*argv, "--epochs", 2, "--resume"], monkeypatch, capsys)
     assert code == 2 and one_line(err) and "No space left" in err
     assert (out / "checkpoint.pth.tar").read_bytes() == before    # the last good checkpoint stays
-    assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == ["notes.tmp4243"]
-    assert (out / "notes.tmp4243").read_bytes() == b"a user's file"
+    assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == [f"notes.tmp{dead.pid}"]
+    assert (out / f"notes.tmp{dead.pid}").read_bytes() == b"a user's file"
 
 
 # 8. checks before anything is written ---------------------------------------------------------------------

@@ -119,15 +119,35 @@ def test_released_formats_and_ours_load_without_the_flag(tmp_path, monkeypatch):
     assert run_main(train_gaussian, [*argv, "--resume"], monkeypatch) == 0
 
 
-def test_an_old_checkpoint_of_ours_with_numpy_rng_arrays_still_loads(tmp_path):
+def test_a_checkpoint_holding_numpy_arrays_needs_the_flag(tmp_path):
+    """Ours and the released ones hold tensors and plain values only: a numpy array asks the unpickler for
+    numpy's classes, and an object array would run its items' code."""
     import numpy as np
-    path = tmp_path / "old.pth.tar"
+    path = tmp_path / "np.pth.tar"
     torch.save({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25, "state_dict": digits_state_dict(),
                 "rng": {"numpy": np.random.get_state(), "torch": torch.get_rng_state()}}, path)
-    ckpt = machinery.load_checkpoint(str(path))
-    assert ckpt["rng"]["numpy"][1].dtype == np.uint32
+    with pytest.raises(common.UserError, match="--trust-checkpoint"):
+        machinery.load_checkpoint(str(path))
     # an object array is not a plain array: refused like any other object
     torch.save({"state_dict": {}, "x": np.array([Payload(str(tmp_path / "m"))], dtype=object)}, path)
     with pytest.raises(common.UserError, match="--trust-checkpoint"):
         machinery.load_checkpoint(str(path))
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("bad", ["complex", "integer", "nan", "inf"])
+def test_a_weight_that_is_not_real_finite_floating_point_is_refused_naming_the_tensor(tmp_path, bad):
+    """load_state_dict would cast an integer or complex tensor into the model silently; NaN or inf weights
+    certify nothing. Integer buffers (num_batches_tracked) stay integers and load."""
+    state = digits_state_dict()
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    value = state[name]
+    state[name] = {"complex": value.to(torch.complex64), "integer": value.round().to(torch.int64),
+                   "nan": value.clone().fill_(float("nan")), "inf": value.clone().fill_(float("inf"))}[bad]
+    path = tmp_path / "bad.pth.tar"
+    torch.save({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25, "state_dict": state}, path)
+    with pytest.raises(common.UserError, match=f"checkpoint .*{path.name}.*tensor '{name}'"):
+        machinery.load_model(str(path))
+    good = tmp_path / "good.pth.tar"
+    torch.save({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25, "state_dict": digits_state_dict()}, good)
+    assert machinery.load_model(str(good))[0] is not None

@@ -1,5 +1,6 @@
-"""Remove a folder tree that holds only what this project wrote (machinery.remove_outputs); anything else in
-it stops the removal before a file goes. Usage: python tools/remove_outputs.py FOLDER [--also NAME ...]."""
+"""Remove a folder tree that holds only the files its record lists (machinery.remove_tree), or write that record
+(--record: machinery.record_tree); anything else in the tree stops the removal before a file goes.
+Usage: python tools/remove_outputs.py [--record] FOLDER."""
 import signal
 
 if __name__ == "__main__":
@@ -15,10 +16,12 @@ import machinery  # noqa: E402
 def main(argv=None):
     p = machinery.ArgumentParser(description=__doc__)
     p.add_argument("folder")
-    p.add_argument("--also", nargs="*", default=[], help="more file names at the top that the caller made")
+    p.add_argument("--record", action="store_true", help="write the record of every file now in the folder")
     args = p.parse_args(argv)
-    if os.path.lexists(args.folder):
-        machinery.remove_outputs(args.folder, args.also)
+    if args.record:
+        machinery.record_tree(args.folder)
+    elif os.path.lexists(args.folder):
+        machinery.remove_tree(args.folder)
 
 
 if __name__ == "__main__":
