@@ -170,138 +170,15 @@ read_columns, read_lines, check_rows = readers.read_table, readers.read_lines, r
 read_log, read_sidecar = readers.read_certification_log, readers.read_sidecar
 read_train_pA, read_gradnorm = readers.read_train_pA, readers.read_gradient_norms
 read_ecdf_or_log = readers.read_ecdf_or_log
+# which log is which, and what each analysis refuses (readers.load_logs)
+load_logs, label_from_path, sigma_from_path, strip_sigma = (readers.load_logs, readers.label_from_path,
+                                                            readers.sigma_from_path, readers.strip_sigma)
+shown, REFUSED = readers.shown, readers.REFUSED
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Labels, sigma, N and alpha of a log
+# N and alpha of a log
 # ----------------------------------------------------------------------------------------------------------
-
-SIGMA_PATTERNS = (r"(?:noise|sigma)[_=-]?(\d+(?:\.\d+)?)",    # noise_0.25, sigma0.5, sigma=1.0
-                  r"_(\d+\.\d+)(?=\.(?:csv|tsv)$)")          # catrs_0.25.csv (the published ECDF files)
-GENERIC_STEMS = ("", "noise", "sigma", "certify", "log", "results")
-SPLITS = ("test", "train", "val", "valid", "validation")   # Cohen's layout: <model>/noise_<s>/<split>/sigma_<s>
-
-
-def sigma_from_path(path):
-    """sigma written in the file name, else in its folders (innermost first); None if nowhere."""
-    parts = os.path.normpath(path).split(os.sep)[::-1]
-    for part in parts:
-        for pattern in SIGMA_PATTERNS:
-            m = re.search(pattern, part)
-            if m:
-                return float(m.group(1))
-    return None
-
-
-def strip_sigma(name):
-    """A file or folder name without its sigma part and extension: noise_0.25.tsv -> '', ours_sigma0.5 -> ours."""
-    for pattern in SIGMA_PATTERNS:
-        name = re.sub(pattern, "", name)
-    return re.sub(r"\.(tsv|csv|txt)$", "", name).strip("_-. ")
-
-
-def label_from_path(path):
-    """The file name without sigma, else the first telling folder above it.
-
-    The recognised layouts: the paper's certify/cifar10/ours/noise_0.5.tsv -> ours; the CAT-RS repository's
-    cifar10/noise_0.5/catrs/noise_0.5.tsv -> catrs; ours runs/certify/train_ours_cifar10_sigma0.5.tsv ->
-    train_ours_cifar10 (our own output files lose their prefix: ecdf_ours_0.5.tsv -> ours); Cohen et al.'s
-    <model>/noise_<training sigma>/<split>/sigma_<certification sigma> -> <model>/noise_<training sigma>
-    (split folders are skipped, and a training-noise folder keeps its model folder in the label)."""
-    stem = re.sub(r"\.(tsv|csv|txt)$", "", os.path.basename(path))
-    label = re.sub(r"^(ecdf|gradnorm)_", "", strip_sigma(os.path.basename(path)))
-    if label.lower() not in GENERIC_STEMS:
-        return label
-    folders = os.path.dirname(os.path.abspath(path)).split(os.sep)[::-1]   # innermost first
-    for i, folder in enumerate(folders):
-        if folder.lower() in SPLITS:
-            continue
-        if sigma_from_path(folder) is not None and strip_sigma(folder).lower() in GENERIC_STEMS:
-            above = next((f for f in folders[i + 1:] if strip_sigma(f).lower() not in GENERIC_STEMS), "")
-            return f"{above}/{folder}" if above else folder      # the training noise, with its model
-        return strip_sigma(folder) or folder
-    return stem
-
-
-def shown(text):
-    """A label as tables and figures can show it: bytes of a file name that are not UTF-8 as \\xff; a tab, line
-    break or '|', which would break a table, refused (common.check_cell)."""
-    return common.check_cell(os.fsencode(text).decode("utf-8", "backslashreplace"), "the label")
-
-
-def per_log(values, logs, flag):
-    """A --labels/--sigmas list must give one value per log."""
-    common.check(values is None or len(values) == len(logs),
-                 f"{flag} got {len(values or [])} values for {len(logs)} logs; give one per log")
-    return values or [None] * len(logs)
-
-
-# What each analysis does with each kind of certification log (readers.LOG_KINDS): the kinds listed here are
-# refused, in one line, before anything is written; every other kind is handled, and the reports say how
-# (a grid log has no ACR and its accuracy is exact at its levels; label mode, DDRS and semi-elastic logs are
-# named with what their radii certify). A PREDICT log has no radius: the reader refuses it for every analysis.
-NO_PA = "its nA / N is biased by the adaptive stopping, so it estimates no pA; certify without --radii"
-PER_INPUT_SIGMA = "each input was certified at its own sigma, and the conversion assumes one sigma per log"
-NO_VOTES = "its radii do not follow from the votes of one sigma; compare it with --over images"
-PREDICT_REFUSED = {"PREDICT": "it has no radius; certify without --predict"}
-REFUSED = {
-    "table": PREDICT_REFUSED, "envelope": PREDICT_REFUSED, "ablation": PREDICT_REFUSED, "paper": PREDICT_REFUSED,
-    "compare": PREDICT_REFUSED,
-    "compare --over test-set": {**PREDICT_REFUSED, "grid": "it records no vote counts to redraw; compare it with "
-                                                          "--over images",
-                                "grid without r = 0": "it records no vote counts to redraw; compare it with "
-                                                      "--over images",
-                                "DDRS": NO_VOTES, "semi-elastic": NO_VOTES},
-    "ecdf": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA},
-    "budget": {**PREDICT_REFUSED, "grid": NO_PA, "grid without r = 0": NO_PA, "DDRS": PER_INPUT_SIGMA,
-               "semi-elastic": PER_INPUT_SIGMA},
-    "trainpa": {**PREDICT_REFUSED, "grid": readers.NO_NY, "grid without r = 0": readers.NO_NY,   # its reader says so
-                "test split": "trainpa measures the training set; certify with certify.py --split train"},
-    "gradnorm --acr": {**PREDICT_REFUSED,   # a grid log's ACR shows as n/a
-                       "train split": "Table 2's ACR is the test set's; certify with certify.py --split test"},
-}
-
-
-# Settings an analysis sets side by side by design (readers.check_comparable): budget converts each log from its
-# own budget to the one asked for.
-BY_DESIGN = {"budget": ("budget",)}
-
-
-def load_logs(paths, labels=None, sigmas=None, reader=read_log, command=None, allow=(), assumed=None):
-    """Read every log first (bad input fails before anything is written); attach label, sigma and sidecar.
-    command: the analysis (a key of REFUSED), whose refused kinds of certification log stop it here, and which
-    sets these logs side by side: settings that differ between them (readers.check_comparable) stop it too,
-    except those in `allow` (--allow-different) and BY_DESIGN's, which a note on stderr names. assumed: the
-    budget the command gives logs that record none ({"N": --N, "alpha": --alpha}), checked as theirs."""
-    labels, sigmas = per_log(labels, paths, "--labels"), per_log(sigmas, paths, "--sigmas")
-    logs = []
-    for path, label, sigma in zip(paths, labels, sigmas):
-        log = reader(path)
-        log["sidecar"] = read_sidecar(path)
-        if command is not None and "radius" in log:   # a certification log (not an ECDF or a pA estimate file)
-            readers.check_log_kinds(log, log["sidecar"], REFUSED[command], f"analyze.py {command}")
-        log["label"] = shown(label or label_from_path(path))
-        own, guessed = log["sidecar"].get("sigma"), sigma_from_path(path)
-        if sigma is None and isinstance(own, (int, float)) and guessed is not None and float(own) != guessed:
-            print(f"note: {path}: sigma {own} from its settings file {path}.json, not {guessed} as its path "
-                  f"suggests (certified at another sigma than the model was trained with?)", file=sys.stderr)
-        common.check(sigma is None or own is None or float(sigma) == float(own),
-                     f"{path}: --sigmas gives {sigma}, but its settings file records sigma {own} (the sigma it was "
-                     f"certified at, which its radii are in units of); drop --sigmas or give {own}")
-        if sigma is None:   # what certify.py recorded wins over a guess from the path
-            sigma = own if own is not None else guessed
-        common.check(sigma is None or (isinstance(sigma, (int, float)) and sigma > 0),
-                     f"{path}: sigma must be > 0 (got {sigma})")
-        log["sigma"] = None if sigma is None else float(sigma)
-        logs.append(log)
-    if command is not None:
-        for setting, line in readers.check_comparable(logs, set(allow) | set(BY_DESIGN.get(command, ())),
-                                                      f"analyze.py {command}", assumed):
-            if setting in allow:
-                print(f"note: the logs differ in {line} (--allow-different {setting}): each row is about its model "
-                      f"and that setting together", file=sys.stderr)
-    return logs
-
 
 def need_sigma(log):
     """sigma of a log where a conversion needs it; a UserError saying how to give it otherwise."""
