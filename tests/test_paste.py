@@ -19,12 +19,12 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import copy_size  # noqa: E402
 
 # lines a student pastes, at most (docs/python.md shows each block's size); compare_sides holds the claim family
-# with Holm's step-down, the p-values its intervals give, the bounds of each row and best-over-sigma rows over
-# each side's own sigmas besides the intervals
+# with Holm's step-down, the p-values its intervals give, the bounds of each row, best-over-sigma rows over
+# each side's own sigmas and the seed design (paired or unpaired seeds) besides the intervals
 BUDGETS = {"certify:certify": 80, "certify:predict": 70, "grid:grid_certify": 300, "train_ours:ours_loss": 80,
            "train_ours:discard_hard": 100, "train_ours:radius_weights": 40, "train_baselines:smoothadv_loss": 100,
            "train_baselines:macer_loss": 60, "train_baselines:consistency_loss": 50,
-           "train_baselines:smoothmix_loss": 110, "train_baselines:catrs_loss": 110, "compare:compare_sides": 300,
+           "train_baselines:smoothmix_loss": 110, "train_baselines:catrs_loss": 110, "compare:compare_sides": 340,
            "ddrs:optimize_sigma": 80}
 # the other blocks a student looks for: pure too, no budget
 MORE_BLOCKS = ["common:sphere_pgd", "ddrs:semi_elastic_radius", "analyze:acr", "analyze:certified_accuracy",

@@ -29,6 +29,7 @@ import common  # noqa: E402
 import machinery  # noqa: E402
 
 ALPHA, SIGMA, RADII, LEVEL = 0.001, 0.5, [0.25, 0.5, 0.75, 1.0, 1.5], 0.95
+PAIR_SEEDS = True   # False (--ignore-train-seeds): the logs record no training seed, so matched seeds go unpaired
 P0 = {   # the distribution of p0 (pA before the shifts)
     "u-shaped": lambda rng, n: rng.beta(0.2, 0.2, n),
     "near-half": lambda rng, n: rng.beta(30, 30, n),
@@ -173,7 +174,7 @@ def one_run(spec, z, rng, s, images, family=None):
         pa, pb = matched_sides(p0a, p0b, s, tau, omega, rho, k, rng)
     side_a = [certify_log(p, N, counts, rng, z, idx_a, f"a{j}") for j, p in enumerate(pa)]
     side_b = [certify_log(p, N, counts, rng, z, idx_b, f"b{j}") for j, p in enumerate(pb)]
-    if rho is not None:    # the settings files record the training seeds: compare pairs the seeds
+    if rho is not None and PAIR_SEEDS:   # the settings files record the training seeds: compare pairs the seeds
         for j in range(k):
             side_a[j]["sidecar"]["train_seed"] = side_b[j]["sidecar"]["train_seed"] = j
     names = [m for m, *_ in compare.compare_sides(side_a[:1], side_a[:1], RADII, LEVEL)[0]] if family else None
@@ -239,6 +240,9 @@ def calibration_report(results, command, seconds, jobs, family=None):
              (f"The family: {', '.join(family)} (the rows a scenario's logs have), declared as `compare --family` "
               "does: Bonferroni intervals, Holm's step-down verdicts; the other rows are exploratory and not counted "
               "here. " if family else "The family: every row (Bonferroni intervals and verdicts). ") +
+             f"compare's seed rule: one t critical value and no floor on 0/1 rows from {compare.RICH_SEEDS} seeds a "
+             "side on; matched seeds " + ("paired (their training seeds recorded). " if PAIR_SEEDS else
+                                          "compared unpaired (no training seed recorded). ") +
              "Power: the share of the family's rows with a true difference (under the alternative) that get the "
              "verdict of its sign; beside it the effect it holds for (the true ΔACR of the alternative; every "
              "row's in the power table below) and the seed spread (the SD of a side's per-seed ACR over its seeds, "
@@ -303,7 +307,15 @@ def main(argv=None):
     p.add_argument("--out", help="folder for report.md")
     p.add_argument("--family", nargs="+", metavar="ROW", help="calibrate compare --family with these rows (e.g. ACR "
                    "'P(pA>=0.99)' 'P(pA<0.5)' 'clean accuracy'): Holm's verdicts, the other rows exploratory")
+    p.add_argument("--rich-seeds", type=int, default=compare.RICH_SEEDS, help="calibrate compare with this many "
+                   f"seeds a side as the point from which one t and no floor apply (default compare's, "
+                   f"{compare.RICH_SEEDS})")
+    p.add_argument("--ignore-train-seeds", action="store_true", help="record no training seed in the simulated "
+                   "logs: matched seeds are compared unpaired")
     args = p.parse_args(argv)
+    common.check(args.rich_seeds >= 2, f"--rich-seeds must be >= 2 (got {args.rich_seeds})")
+    global PAIR_SEEDS
+    compare.RICH_SEEDS, PAIR_SEEDS = args.rich_seeds, not args.ignore_train_seeds   # the workers fork after this
     family = compare.family_names(args.family)
     common.check(args.runs >= 1 and args.heavy_runs >= 1, f"--runs and --heavy-runs must be >= 1 (got {args.runs}, "
                                                           f"{args.heavy_runs})")
