@@ -42,6 +42,9 @@ read -r -a B <<< "$(seeds $C/certify/ours_noise_0.5.tsv)"
 read -r -a S <<< "$(train_seeds "${A[@]}" "${B[@]}")"
 run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels gaussian ours --train-seeds "${S[@]}" \
     "${CLAIM[@]}" --out $C/compare
+# the same claim with the seeds taken as unrelated (no --train-seeds): what pairing by seed adds
+run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels gaussian ours "${CLAIM[@]}" \
+    --out $C/compare/unpaired_seeds
 if [ ${#A[@]} -gt 1 ] && [ ${#B[@]} -gt 1 ]; then   # Table 8's layout: mean ± std over the training seeds
     run "$PYTHON" analyze.py table --group-by-seed "${A[@]}" "${B[@]}" --radii 0 0.25 0.5 0.75 1 1.25 1.5 \
         --out $C/seeds

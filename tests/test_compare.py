@@ -437,7 +437,8 @@ def test_the_committed_compare_files_are_the_output_of_compare_cpu_sh(tmp_path):
                          env=dict(os.environ, DRY_RUN="1", PYTHON=sys.executable))
     assert dry.returncode == 0, dry.stderr
     lines = [shlex.split(line[2:]) for line in dry.stdout.splitlines() if line.startswith("+ ")]
-    assert len([a for a in lines if a[2] == "compare"]) == 1 + 5 + 16 + 7   # ours, Figure 3, Table 5, DDRS
+    assert len([a for a in lines if a[2] == "compare"]) == 2 + 5 + 16 + 7   # ours (seeds paired, unpaired),
+    # Figure 3, Table 5, DDRS
     for folder, names in (("compare", ("compare.tsv", "compare.md")), ("seeds", ("table_seeds.md",))):
         found = [a for a in lines if a[a.index("--out") + 1] == f"results/cifar10_cpu/{folder}"]
         if folder == "seeds" and not found:   # the seed table exists once seeds 1 and 2 are certified
