@@ -703,3 +703,17 @@ def test_train_seeds_on_the_command_line_pair_the_seeds_and_contradictions_are_r
     c = side("c", lambda j: f'{{"N": {N}, "alpha": {ALPHA}, "sigma": {SIGMA}, "train_seed": {j}}}')
     assert run_main(analyze.main, ["compare", *a, "--vs", *c, "--sigmas", *[SIGMA] * 4, "--train-seeds", 0, 1, 1, 0]) == 2
     assert "records training seed 0, but --train-seeds gives 1" in capsys.readouterr().err
+
+
+def test_certify_records_the_checkpoints_training_seed_and_a_bad_one_is_refused(tmp_path):
+    """certify.py's sidecar field train_seed: the --seed a training script stored in the checkpoint's args,
+    None for a checkpoint without it; a settings file with a negative one is refused when read."""
+    assert certify.train_seed({"args": {"seed": 3, "sigma": 0.5}}) == 3
+    assert certify.train_seed({"args": {"seed": 0}}) == 0
+    assert certify.train_seed({"state_dict": {}}) is None                     # a released checkpoint
+    assert certify.train_seed({"args": {"seed": True}}) is None and certify.train_seed({"args": None}) is None
+    rng = np.random.default_rng(44)
+    path = write_log(tmp_path / "a.tsv", certify_log(rng, latent(rng, 20)),
+                     sidecar=f'{{"N": {N}, "alpha": {ALPHA}, "sigma": {SIGMA}, "train_seed": -1}}')
+    with pytest.raises(common.UserError, match="train_seed"):
+        analyze.load_logs([str(path)])
