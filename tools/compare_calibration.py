@@ -9,6 +9,10 @@ one when pA > 1/2 (else a wrong one, certified from its own votes), and the radi
 row is its expectation over images, seeds and votes (--over images: 2,000,000 simulated images with the exact
 vote probabilities), or over the votes on the fixed images of the scenario (--over test-set: exact).
 
+Matched seeds (the seed study): seed j of both sides is training seed j, recorded in the logs' settings so that
+compare pairs the seeds; its shift and interaction are correlated rho across the sides. --rich-seeds and
+--ignore-train-seeds calibrate compare under another seed rule on the same simulated logs.
+
     python tools/compare_calibration.py --out results/compare_calibration
 """
 import argparse
