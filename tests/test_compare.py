@@ -701,7 +701,8 @@ def test_train_seeds_on_the_command_line_pair_the_seeds_and_contradictions_are_r
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "one seed per log (4), got 3" in err[0]
     c = side("c", lambda j: f'{{"N": {N}, "alpha": {ALPHA}, "sigma": {SIGMA}, "train_seed": {j}}}')
-    assert run_main(analyze.main, ["compare", *a, "--vs", *c, "--sigmas", *[SIGMA] * 4, "--train-seeds", 0, 1, 1, 0]) == 2
+    flags = ["compare", *a, "--vs", *c, "--sigmas", *[SIGMA] * 4, "--train-seeds", 0, 1, 1, 0]
+    assert run_main(analyze.main, flags) == 2
     assert "records training seed 0, but --train-seeds gives 1" in capsys.readouterr().err
 
 
