@@ -346,6 +346,16 @@ def seed_design(logs_a, logs_b):
     return "paired" if known and len(seeds_a) >= 2 and sorted(seeds_a) == sorted(seeds_b) else "unpaired"
 
 
+def seed_designs(ga, gb, sigmas):
+    """{sigma: seed_design} of the sides' logs by sigma ({sigma: [logs]}); where "paired", both sides' logs are
+    put in the order of their training seeds, so that row j of each side is the same seed."""
+    design = {s: seed_design(ga[s], gb[s]) for s in sigmas}
+    for s in sigmas:
+        if design[s] == "paired":
+            ga[s], gb[s] = sorted(ga[s], key=training_seed), sorted(gb[s], key=training_seed)
+    return design
+
+
 def compare_scope(side_a, side_b):
     """What two sides can be compared on: each side's logs by sigma, the sigmas both have, and whether there
     are ACR rows (no grid log) and pA rows (every log has nY)."""
@@ -429,11 +439,9 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     stack = lambda group, store, name: np.stack([store[id(log)][name] for log in group])
     ceiling = max(common.radius_ceiling(log) for log in logs)   # no ACR difference beyond +-ceiling
     out, per_sigma, crits, roles, pvalues, clamped = [], {}, [], {}, {}, []
-    design = {s: seed_design(ga[s], gb[s]) for s in sigmas}
+    design = seed_designs(ga, gb, sigmas)   # paired seeds put in training-seed order
     for s in sigmas:
         prefix = f"σ={'?' if s is None else float(s)} " if len(sigmas) > 1 else ""   # as analyze.fmt_sigma
-        if design[s] == "paired":        # seed j of A against seed j of B
-            ga[s], gb[s] = (sorted(g, key=training_seed) for g in (ga[s], gb[s]))
         for name in names:
             fa, fb = stack(ga[s], values, name), stack(gb[s], values, name)
             va, vb = (stack(ga[s], variances, name), stack(gb[s], variances, name)) if votes else (None, None)
@@ -467,10 +475,9 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     facts = {"paired": paired, "n": n_shared if paired else {k: len(rows_of[id(g[0])]) for k, g in
                                                            (("A", side_a), ("B", side_b))},
              "left": left, "m": m, "z": float(-ndtri((1 - level) / m / 2)), "with_acr": with_acr, "with_pA": with_pA,
-             "sigmas": sigmas, "seeds": seeds, "seed_design": design, "over": "images" if votes is None else "test-set",
-             "critical": max(crits), "roles": roles, "pvalues": pvalues, "family": family is not None,
-             "undecided": undecided, "one_side": sorted(str(s) for s in {**ga, **gb} if s not in sigmas),
-             "clamped": clamped}
+             "sigmas": sigmas, "seeds": seeds, "seed_design": design, "over": "test-set" if votes else "images",
+             "critical": max(crits), "roles": roles, "pvalues": pvalues, "family": family is not None, "clamped": clamped,
+             "undecided": undecided, "one_side": sorted(str(s) for s in {**ga, **gb} if s not in sigmas)}
     return rows, facts
 
 
