@@ -546,6 +546,12 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
         torch.distributed.destroy_process_group()
 
 
+def train_seed(ckpt):
+    """The --seed a training script recorded in the checkpoint's args, or None (a checkpoint from elsewhere)."""
+    seed = (ckpt.get("args") or {}).get("seed") if isinstance(ckpt.get("args"), dict) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else None
+
+
 def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None):
     """certify_all's set-up, before anything is written: the model (fast_model), the data, the outfile, its
     columns, the grid plan, the settings its sidecar records, and the resume check. Returns a namespace."""
@@ -593,6 +599,8 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
                 "checkpoint": os.path.relpath(args.checkpoint),
                 "checkpoint_sha256": sha,
                 "arch": args.arch or ckpt.get("arch"), "sigma": sigma, "N": args.N, "alpha": args.alpha,
+                # the training seed of the checkpoint (its --seed): compare pairs sides trained with the same seeds
+                "train_seed": train_seed(ckpt),
                 "N0": None if args.predict else args.N0,  # PREDICT has no selection step
                 "seed": args.seed, "seed_value": None, "skip": args.skip,
                 "candidate": "label" if args.label_mode else "selected", "batch": args.batch, "device_type": device.type,

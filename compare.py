@@ -43,10 +43,13 @@ import readers
 # Training seeds: the k seed means of a side vary by sigma_seed^2 + sigma_c^2 / n (sigma_c^2: the seed-by-
 # image interaction, read off the two-way layout's residual mean square), so s^2 / k with k - 1 degrees of
 # freedom estimates the seed part of the variance of d exactly, and the spread over images, less the
-# interaction it also holds, gives the image part (n - 1 degrees of freedom). Each part keeps its own critical
-# value (the seeds' t at their Welch-Satterthwaite degrees of freedom, the images' t or z) and the half-width
-# is sqrt(sum of critical^2 x variance) (MOVER); 0/1 rows are widened to at least the one-model score interval
-# on the seed means.
+# interaction it also holds, gives the image part (n - 1 degrees of freedom). Paired seeds (seed_design: both
+# sides' logs record the same training seeds, each once): seed j of B minus seed j of A is one two-way layout
+# of differences, whose k per-seed means give the seed part (k - 1 degrees of freedom); what a seed decides on
+# both sides (initialisation, data order) then cancels. Unpaired seeds: each side's s^2 / k. With RICH_SEEDS
+# or more a side, one t at the Welch-Satterthwaite degrees of freedom of all parts; with fewer, each part
+# keeps its own critical value (the seeds' t, the images' t or z) and the half-width is sqrt(sum of critical^2
+# x variance) (MOVER), and 0/1 rows are widened to at least the one-model score interval on the seed means.
 # A side with one log has no seed term: its verdict is about that model, not its training method.
 # Multiplicity: Bonferroni over every row tested (rows where both sides certify nothing are tested but not
 # shown), each at level 1 - (1 - level) / m, so all intervals hold together with probability >= level under
@@ -105,13 +108,29 @@ def satterthwaite(terms):
     return math.inf if denom == 0 else total * total / denom
 
 
-def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
+RICH_SEEDS = 5   # seeds a side from which the seed part is known well enough for one critical value and no floor
+
+
+def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None, matched=False):
     """(d, low, high, critical value) of one row: fa, fb each side's (seeds, images) values (paired: one image
-    order), binary for 0/1 values, a its two-sided error; vote_a, vote_b: votes' variance bounds (or None)."""
+    order), binary for 0/1 values, a its two-sided error; vote_a, vote_b: votes' variance bounds (or None);
+    matched: row j of fa and of fb come from the same training seed (paired seeds: the seed term is the spread
+    of the k per-seed differences)."""
     from scipy.stats import t as student_t   # here: scipy.stats takes seconds to import
+    if matched and not fa.shape[0] == fb.shape[0] >= 2:
+        raise ValueError(f"matched: both sides need the same number of seeds, at least 2 (got {fa.shape[0]} and "
+                         f"{fb.shape[0]})")
     d = float(fb.mean() - fa.mean())
     (ea, dfa, ca), (eb, dfb, cb) = seed_layout(fa), seed_layout(fb)
     one_model = fa.shape[0] == fb.shape[0] == 1
+    if matched and paired:                 # one two-way layout of the per-image, per-seed differences
+        e, df, c = seed_layout(fb - fa)
+        seeds, inter = [(e, df)], c
+    elif matched:                          # other images a side: the k differences of the seed means
+        k = fa.shape[0]
+        seeds, inter = [(float(np.var(fb.mean(1) - fa.mean(1), ddof=1)) / k, k - 1)], ca + cb
+    else:
+        seeds, inter = [(e, df) for e, df in ((ea, dfa), (eb, dfb)) if df > 0], ca + cb
     if vote_a is not None:                 # test-set: the votes' variance (k = 1) or the seeds' spread (k > 1)
         known = [float(v.sum()) / v.size ** 2 for f, v in ((fa, vote_a), (fb, vote_b)) if f.shape[0] == 1]
         images = [(sum(known), math.inf)]
@@ -124,23 +143,28 @@ def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None):
             return (d, *analyze.newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), -ndtri(a / 2)),
                     -ndtri(a / 2))
         if paired:
-            images = [(max(float(np.var(mb - ma, ddof=1)) / len(ma) - ca - cb, 0.0), len(ma) - 1)]
+            images = [(max(float(np.var(mb - ma, ddof=1)) / len(ma) - inter, 0.0), len(ma) - 1)]
         else:
             images = [(max(float(np.var(m, ddof=1)) / len(m) - c, 0.0), len(m) - 1) for m, c in ((ma, ca), (mb, cb))]
-    seeds = [(e, df) for f, e, df in ((fa, ea, dfa), (fb, eb, dfb)) if df > 0]
-    # each independent part keeps its own critical value (Zou and Donner's MOVER): a pooled Satterthwaite t is
-    # liberal when a 1-2 df seed part meets a well-known image part (3.7x the error at k = 2, test_compare.py)
     crit = lambda terms: (-ndtri(a / 2) if math.isinf(df := satterthwaite(terms)) else student_t.isf(a / 2, df))
     v_img, v_seed = sum(v for v, _ in images), sum(v for v, _ in seeds)
-    half = math.sqrt((crit(images) ** 2 * v_img if v_img > 0 else 0.0) +
-                     (crit(seeds) ** 2 * v_seed if v_seed > 0 else 0.0))
-    if not binary and v_img + v_seed == 0:   # no spread at all (a log against itself): never zero width. With
-        reach = float(max(np.abs(fa).max(), np.abs(fb).max()))   # |differences| <= R, n of them all 0 has
-        half = max(half, reach * (1 - (a / 2) ** (1 / fa.shape[1])))   # probability <= (1 - |delta| / R)^n
+    # with RICH_SEEDS or more a side (4+ degrees of freedom in every seed part) one Welch-Satterthwaite t over all
+    # parts holds the error and 0/1 rows need no floor (results/compare_calibration/seeds); with fewer, each
+    # independent part keeps its own critical value (Zou and Donner's MOVER): a pooled t is liberal when a 1-2
+    # df seed part meets a well-known image part (3.7x the error at k = 2, test_compare.py)
+    rich = bool(seeds) and all(df >= RICH_SEEDS - 1 for _, df in seeds)
+    if rich:
+        half = crit(images + seeds) * math.sqrt(v_img + v_seed)
+    else:
+        half = math.sqrt((crit(images) ** 2 * v_img if v_img > 0 else 0.0) +
+                         (crit(seeds) ** 2 * v_seed if v_seed > 0 else 0.0))
+    if (rich or not binary) and v_img + v_seed == 0:   # no spread at all (a log against itself): never zero
+        reach = 1.0 if binary else float(max(np.abs(fa).max(), np.abs(fb).max()))   # width. |differences| <= R,
+        half = max(half, reach * (1 - (a / 2) ** (1 / fa.shape[1])))   # n all 0 has probability <= (1 - |delta| / R)^n
     t = half / math.sqrt(v_img + v_seed) if v_img + v_seed > 0 else -ndtri(a / 2)
     low, high = d - half, d + half
-    if binary and vote_a is None:          # never narrower than the one-model score interval on the seed means
-        z = -ndtri(a / 2)
+    if binary and vote_a is None and not rich:   # few seeds: never narrower than the one-model score interval
+        z = -ndtri(a / 2)                        # on the seed means
         ma, mb = fa.mean(0), fb.mean(0)
         floor = (analyze.tango_interval(float(np.maximum(mb - ma, 0).sum()), float(np.maximum(ma - mb, 0).sum()), len(ma), z)
                  if paired else analyze.newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), z))
@@ -308,6 +332,34 @@ def own_best_rows(ga, gb, own_a, own_b, radii, values, variances, a):
     return out
 
 
+def training_seed(log):
+    """The training seed of a log's model: log["train_seed"] (compare --train-seeds), else the one its settings
+    file records (certify.py reads it from the checkpoint), else None."""
+    seed = log.get("train_seed")
+    return seed if seed is not None else (log.get("sidecar") or {}).get("train_seed")
+
+
+def seed_design(logs_a, logs_b):
+    """How the two sides' logs at one sigma relate over training seeds: "paired" when both have at least 2 logs
+    whose recorded training seeds are the same set, each once a side (seed j of both sides shares what a seed
+    decides: initialisation, data order); "unpaired" for several seeds otherwise; None with one log a side."""
+    if len(logs_a) == len(logs_b) == 1:
+        return None
+    seeds_a, seeds_b = [training_seed(log) for log in logs_a], [training_seed(log) for log in logs_b]
+    known = None not in seeds_a + seeds_b and len(set(seeds_a)) == len(seeds_a) and len(set(seeds_b)) == len(seeds_b)
+    return "paired" if known and len(seeds_a) >= 2 and sorted(seeds_a) == sorted(seeds_b) else "unpaired"
+
+
+def seed_designs(ga, gb, sigmas):
+    """{sigma: seed_design} of the sides' logs by sigma ({sigma: [logs]}); where "paired", both sides' logs are
+    put in the order of their training seeds, so that row j of each side is the same seed."""
+    design = {s: seed_design(ga[s], gb[s]) for s in sigmas}
+    for s in sigmas:
+        if design[s] == "paired":
+            ga[s], gb[s] = sorted(ga[s], key=training_seed), sorted(gb[s], key=training_seed)
+    return design
+
+
 def compare_scope(side_a, side_b):
     """What two sides can be compared on: each side's logs by sigma, the sigmas both have, and whether there
     are ACR rows (no grid log) and pA rows (every log has nY)."""
@@ -378,6 +430,23 @@ def check_sides(side_a, side_b, radii, level, votes, family):
     return [common.check_float(f"radii[{i}]", r, ge=0) for i, r in enumerate(radii)]
 
 
+def image_rows(side_a, side_b):
+    """Rows of each log on the images every log certified (paired images), else, where the sides share none, on
+    each side's own shared images: ({log id: rows}, the number of shared images (0: unpaired), {path: rows left
+    out})."""
+    rows_of, n_shared, left = analyze.shared_images(side_a + side_b)
+    common.check(n_shared != 1, "the logs share one image: an interval needs at least 2 (the spread over images)")
+    if n_shared == 0:
+        left = {}
+        for side, name in ((side_a, "A"), (side_b, "B")):
+            own, n_own, own_left = analyze.shared_images(side)
+            common.check(n_own > 1, f"the logs of side {name} share {'no image' if n_own == 0 else 'one image'} (idx, "
+                                    f"label): one test set a side, and an interval needs at least 2 images")
+            rows_of.update(own)
+            left.update(own_left)
+    return rows_of, n_shared, left
+
+
 def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     """Rows (metric, a, b, diff, low, high, verdict) comparing side B with side A (diff = b - a), and facts. Each
     side: logs (a model, or a training seed, each) as read_certification_log gives them, compared per 'sigma'.
@@ -389,17 +458,8 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     ga, gb, sigmas, with_acr, with_pA = compare_scope(side_a, side_b)
     logs = side_a + side_b
     radii, undecided, no_clean = decided_rows(logs, radii)
-    rows_of, n_shared, left = analyze.shared_images(logs)
+    rows_of, n_shared, left = image_rows(side_a, side_b)
     paired = n_shared > 0
-    common.check(n_shared != 1, "the logs share one image: an interval needs at least 2 (the spread over images)")
-    if not paired:                       # no image in common: each side on its own shared images
-        left = {}
-        for side, name in ((side_a, "A"), (side_b, "B")):
-            own, n_own, own_left = analyze.shared_images(side)
-            common.check(n_own > 1, f"the logs of side {name} share {'no image' if n_own == 0 else 'one image'} (idx, "
-                                    f"label): one test set a side, and an interval needs at least 2 images")
-            rows_of.update(own)
-            left.update(own_left)
     values, variances = {}, {}
     for log in logs:
         rows = rows_of[id(log)]
@@ -417,6 +477,7 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     stack = lambda group, store, name: np.stack([store[id(log)][name] for log in group])
     ceiling = max(common.radius_ceiling(log) for log in logs)   # no ACR difference beyond +-ceiling
     out, per_sigma, crits, roles, pvalues, clamped = [], {}, [], {}, {}, []
+    design = seed_designs(ga, gb, sigmas)   # paired seeds put in training-seed order
     for s in sigmas:
         prefix = f"σ={'?' if s is None else float(s)} " if len(sigmas) > 1 else ""   # as analyze.fmt_sigma
         for name in names:
@@ -424,7 +485,7 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
             va, vb = (stack(ga[s], variances, name), stack(gb[s], variances, name)) if votes else (None, None)
             bound = ceiling if name == "ACR" else 1.0
             interval = lambda a: (lambda r: (max(r[1], -bound), min(r[2], bound), r[3], r[1] < -bound or r[2] > bound))(
-                row_interval(fa, fb, name != "ACR", paired, a, va, vb))
+                row_interval(fa, fb, name != "ACR", paired, a, va, vb, design[s] == "paired"))
             low, high, crit, cut = interval((1 - level) / (m if name in claims else 1))
             clamped += [prefix + name] if cut else []
             d = float(fb.mean() - fa.mean())
@@ -452,10 +513,10 @@ def compare_sides(side_a, side_b, radii, level=0.95, votes=None, family=None):
     facts = {"paired": paired, "n": n_shared if paired else {k: len(rows_of[id(g[0])]) for k, g in
                                                            (("A", side_a), ("B", side_b))},
              "left": left, "m": m, "z": float(-ndtri((1 - level) / m / 2)), "with_acr": with_acr, "with_pA": with_pA,
-             "sigmas": sigmas, "seeds": seeds, "over": "images" if votes is None else "test-set",
-             "critical": max(crits), "roles": roles, "pvalues": pvalues, "family": family is not None,
+             "sigmas": sigmas, "seeds": seeds, "seed_design": design, "over": "test-set" if votes else "images",
+             "critical": max(crits), "roles": roles, "pvalues": pvalues, "family": family is not None, "clamped": clamped,
              "undecided": undecided, "one_side": sorted(str(s) for s in {**ga, **gb} if s not in sigmas),
-             "clamped": clamped, "no_clean": no_clean}
+             "no_clean": no_clean}
     return rows, facts
 
 
@@ -497,6 +558,24 @@ def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alph
     return md
 
 
+def seed_words(facts):
+    """compare.md's sentence on the seed design (paired or unpaired seeds) and how the seed term enters."""
+    design = set(facts["seed_design"].values()) - {None}
+    rich = all(n[s] == 1 or n[s] >= RICH_SEEDS for n in facts["seeds"] for s in facts["sigmas"])   # as row_interval
+    paired = ("Paired seeds: both sides' logs record the same training seeds (settings file or --train-seeds), "
+              "so seed j of one side is compared with seed j of the other, and the seed term is the spread of "
+              "the k per-seed differences (s² / k, k − 1 degrees of freedom).")
+    unpaired = ("Unpaired seeds: the logs do not record the same training seeds on both sides, so the seed term is "
+                "each side's spread between its seeds (s² / k a side).")
+    text = paired if design == {"paired"} else unpaired if design == {"unpaired"} else \
+        f"{paired} {unpaired[:-1]} at the other sigmas."
+    return text + (" The seed and image parts share one t critical value at their Welch-Satterthwaite degrees of "
+                   f"freedom ({RICH_SEEDS} seeds or more a side)." if rich else
+                   " Each part keeps its own critical value (the seeds' t at their Welch-Satterthwaite degrees of "
+                   f"freedom), and with fewer than {RICH_SEEDS} seeds a side no 0/1 row is narrower than the "
+                   "one-model score interval on the per-seed means.")
+
+
 def compare_words(rows, facts, labels, level):
     """compare.md's sentences: what differs beyond noise, the design, and what the interval accounts for."""
     roles = facts["roles"] if facts["family"] else {}
@@ -533,8 +612,7 @@ def compare_words(rows, facts, labels, level):
                   for i in (0, 1))
     lines.append(f"- Training seeds per sigma ({k})." + (
         f" With one seed ({', '.join(one)}), the verdict is about these models, not their training methods."
-        if one else " The interval includes the spread between seeds (its s² / k, with a t critical value at "
-                    "its Welch-Satterthwaite degrees of freedom)."))
+        if one else " " + seed_words(facts)))
     if facts["critical"] > 2 * facts["z"]:
         lines.append(f"- Few seeds: the seed term has few degrees of freedom, so the widest interval reaches "
                      f"{facts['critical']:.1f} standard errors (against {facts['z']:.2f} with many seeds); with "
@@ -554,6 +632,8 @@ def compare_words(rows, facts, labels, level):
                      "(--over test-set): each image's variance is bounded over a 99.9 % Clopper-Pearson interval of "
                      "its probability (1/4 where its count is unknown); the class cA and the images stay fixed." +
                      shared)
+    one_model = set(facts["seed_design"].values()) == {None}   # with seeds, the seed sentence says how
+    score = "0/1 rows by score intervals (Tango's paired, Newcombe's unpaired), ACR by t." if one_model else ""
     if facts["family"]:
         claim = [m for m, role in facts["roles"].items() if role == "claim"]
         lines.append(f"- The claim, declared before the run: {', '.join(claim)} ({facts['m']} rows). Its intervals "
@@ -566,13 +646,13 @@ def compare_words(rows, facts, labels, level):
     else:
         lines.append(f"- Multiplicity: Bonferroni over the {facts['m']} rows tested (rows where both sides certify "
                      f"nothing are not shown), each at {100 * (1 - (1 - level) / facts['m']):.2f} % "
-                     f"(z = {facts['z']:.2f}), so all hold together with probability at least {100 * level:g} %; "
-                     f"0/1 rows by score intervals (Tango's paired, Newcombe's unpaired), ACR by t." +
+                     f"(z = {facts['z']:.2f}), so all hold together with probability at least {100 * level:g} %" +
+                     (f"; {score}" if score else ".") +
                      ("" if facts["with_acr"] else " No ACR row: grid logs certify grid radii only."))
     if facts["family"] or facts["clamped"]:
-        lines.append(("- 0/1 rows by score intervals (Tango's paired, Newcombe's unpaired), ACR by t. " if
-                      facts["family"] else "- ") + "No interval reaches past what its row can take (a share "
-                     "difference within [-1, 1], an ACR difference within the largest radius the logs allow)" +
+        lines.append("- " + (f"{score} " if facts["family"] and score else "") + "No interval reaches past what "
+                     "its row can take (a share difference within [-1, 1], an ACR difference within the largest "
+                     "radius the logs allow)" +
                      (f"; cut there: {', '.join(facts['clamped'])}." if facts["clamped"] else "."))
     return "\n".join(lines)
 
@@ -589,6 +669,18 @@ def check_same_images(logs):
         common.check(data == named[0][1], f"{path}: certified on other images than {named[0][0]} (data "
                                           f"{data[0]} {data[1]} vs {named[0][1][0]} {named[0][1][1]}): its idx "
                                           f"are not the same examples")
+
+
+def set_train_seeds(logs, seeds):
+    """Give each log its training seed (--train-seeds, one per log); refused where the count differs or a log's
+    settings file records another."""
+    common.check(len(seeds) == len(logs), f"--train-seeds takes one seed per log ({len(logs)}), got {len(seeds)}")
+    for log, seed in zip(logs, seeds):
+        common.check(seed >= 0, f"--train-seeds: a seed is >= 0 (got {seed})")
+        own = (log.get("sidecar") or {}).get("train_seed")
+        common.check(own is None or own == seed, f"{log['path']}: its settings file records training seed {own}, "
+                                                 f"but --train-seeds gives {seed}")
+        log["train_seed"] = seed
 
 
 def add_command(sub):
@@ -614,6 +706,9 @@ def add_command(sub):
                    "carries the certification's Monte Carlo noise), or on these very images over the votes")
     s.add_argument("--sigmas", nargs="+", type=float, help="one sigma per log, A's then B's (default: from the "
                                                             "sidecar or the path)")
+    s.add_argument("--train-seeds", nargs="+", type=int, metavar="SEED", help="one training seed (the training "
+                   "script's --seed) per log, A's then B's, for logs whose settings file records none: sides "
+                   "with the same seeds are paired over seeds (default: from the settings files)")
     s.add_argument("--N", type=int, help="--over test-set: N of logs that record none (no N column, no sidecar)")
     s.add_argument("--alpha", type=float, help="--over test-set: alpha of logs whose sidecar records none")
     s.add_argument("--out", help="folder for compare.tsv and compare.md")
@@ -632,6 +727,8 @@ def compare_command(args):
                              command="compare --over test-set" if args.over == "test-set" else "compare",
                              allow=args.allow_different, assumed={"N": args.N, "alpha": args.alpha})
     check_same_images(logs)
+    if args.train_seeds is not None:
+        set_train_seeds(logs, args.train_seeds)
     labels = [analyze.shown(x) for x in args.labels or [analyze.label_from_path(p) for p in (side_a[0], side_b[0])]]
     if labels[0] == labels[1]:
         labels = [f"A ({labels[0]})", f"B ({labels[1]})"]

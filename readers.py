@@ -272,6 +272,7 @@ SIDECAR_FIELDS = {
     "columns": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
     "data": lambda v: v is None or isinstance(v, str),
     "candidate": lambda v: v in ("label", "selected"), "seed_value": lambda v: v is None or _is_int(v),
+    "train_seed": lambda v: v is None or (_is_int(v) and v >= 0),
 }
 
 

@@ -25,10 +25,27 @@ seeds() {
     echo "$log ${others[*]}"
 }
 
+# train_seeds LOG...: the training seed of each log's model: S for a log under seed<S>/ (scripts/seeds_cpu.sh
+# trains it with --seed S), 0 for the committed run (the training scripts' default --seed). Their settings files
+# record no training seed, so compare gets them from --train-seeds; sides with the same seeds are paired over
+# seeds (seed S of both methods shares its initialisation and data order).
+train_seeds() {
+    local log seeds=()
+    for log in "$@"; do
+        if [[ $log =~ /seed([0-9]+)/ ]]; then seeds+=("${BASH_REMATCH[1]}"); else seeds+=(0); fi
+    done
+    echo "${seeds[*]}"
+}
+
 C=results/cifar10_cpu
 read -r -a A <<< "$(seeds $C/certify/gaussian_noise_0.5.tsv)"
 read -r -a B <<< "$(seeds $C/certify/ours_noise_0.5.tsv)"
-run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels gaussian ours "${CLAIM[@]}" --out $C/compare
+read -r -a S <<< "$(train_seeds "${A[@]}" "${B[@]}")"
+run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels gaussian ours --train-seeds "${S[@]}" \
+    "${CLAIM[@]}" --out $C/compare
+# the same claim with the seeds taken as unrelated (no --train-seeds): what pairing by seed adds
+run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels gaussian ours "${CLAIM[@]}" \
+    --out $C/compare/unpaired_seeds
 if [ ${#A[@]} -gt 1 ] && [ ${#B[@]} -gt 1 ]; then   # Table 8's layout: mean ± std over the training seeds
     run "$PYTHON" analyze.py table --group-by-seed "${A[@]}" "${B[@]}" --radii 0 0.25 0.5 0.75 1 1.25 1.5 \
         --out $C/seeds
@@ -49,7 +66,9 @@ for pair in discard:gaussian weight:gaussian attack:gaussian discard_weight:gaus
     b=${pair%%:*} a=${pair##*:}
     read -r -a A <<< "$(seeds $T/certify/$a/noise_0.25.tsv)"
     read -r -a B <<< "$(seeds $T/certify/$b/noise_0.25.tsv)"
-    run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels "$a" "$b" --out $T/compare/${b}_vs_$a
+    read -r -a S <<< "$(train_seeds "${A[@]}" "${B[@]}")"
+    run "$PYTHON" analyze.py compare "${A[@]}" --vs "${B[@]}" --labels "$a" "$b" --train-seeds "${S[@]}" \
+        --out $T/compare/${b}_vs_$a
 done
 
 all_seeds=() several=1   # Table 8's layout for the eight rows, once each has more than one training seed

@@ -439,7 +439,8 @@ def test_the_committed_compare_files_are_the_output_of_compare_cpu_sh(tmp_path):
                          env=dict(os.environ, DRY_RUN="1", PYTHON=sys.executable))
     assert dry.returncode == 0, dry.stderr
     lines = [shlex.split(line[2:]) for line in dry.stdout.splitlines() if line.startswith("+ ")]
-    assert len([a for a in lines if a[2] == "compare"]) == 1 + 5 + 16 + 7   # ours, Figure 3, Table 5, DDRS
+    assert len([a for a in lines if a[2] == "compare"]) == 2 + 5 + 16 + 7   # ours (seeds paired, unpaired),
+    # Figure 3, Table 5, DDRS
     for folder, names in (("compare", ("compare.tsv", "compare.md")), ("seeds", ("table_seeds.md",))):
         found = [a for a in lines if a[a.index("--out") + 1] == f"results/cifar10_cpu/{folder}"]
         if folder == "seeds" and not found:   # the seed table exists once seeds 1 and 2 are certified
@@ -723,3 +724,131 @@ def test_compare_sides_and_test_set_votes_refuse_bad_arguments_naming_them():
                                ("sigma", -0.5, ValueError), ("sigma", "0.5", TypeError)]:
         with pytest.raises(error, match=name):
             compare.test_set_votes(**{name: value})
+
+
+# ---- training seeds: the paired-seed design, and the seed rule at five seeds ----
+
+def seeded(log, seed):
+    """The log with a settings file that records its training seed (certify.py reads it from the checkpoint)."""
+    return dict(log, sidecar=dict(log["sidecar"], train_seed=seed))
+
+
+def test_seeds_are_paired_only_when_both_sides_record_the_same_training_seeds():
+    rng = np.random.default_rng(40)
+    pY = latent(rng, 200)
+    logs = lambda seeds, side: [seeded(certify_log(rng, pY, f"{side}{j}.tsv"), s) for j, s in enumerate(seeds)]
+    assert compare.seed_design(logs([0, 1, 2], "a"), logs([2, 0, 1], "b")) == "paired"    # the same set, any order
+    assert compare.seed_design(logs([0, 1, 2], "a"), logs([0, 1, 3], "b")) == "unpaired"  # another seed
+    assert compare.seed_design(logs([0, 1, 2], "a"), logs([0, 1], "b")) == "unpaired"     # one fewer
+    assert compare.seed_design(logs([0, 0, 1], "a"), logs([0, 0, 1], "b")) == "unpaired"  # a seed twice
+    assert compare.seed_design(logs([0, 1, None], "a"), logs([0, 1, None], "b")) == "unpaired"   # unknown
+    assert compare.seed_design(logs([0], "a"), logs([0], "b")) is None                    # one model a side
+    a, b = logs([0, 1, 2], "a"), logs([2, 1, 0], "b")
+    rows, facts = compare.compare_sides(a, b, RADII)
+    assert facts["seed_design"] == {SIGMA: "paired"}
+    assert "Paired seeds" in compare.compare_words(rows, facts, ["a", "b"], 0.95)
+    rows, facts = compare.compare_sides(a, logs([3, 4, 5], "b"), RADII)
+    assert facts["seed_design"] == {SIGMA: "unpaired"}
+    assert "Unpaired seeds" in compare.compare_words(rows, facts, ["a", "b"], 0.95)
+
+
+def test_paired_seeds_compare_seed_j_with_seed_j_whatever_the_order_of_the_logs():
+    """Each seed of B is that seed of A with its first 20 images made correct (the seeds' spread shared): paired
+    seeds see almost no seed spread in the difference, and listing B's logs in another order changes nothing."""
+    rng = np.random.default_rng(41)
+    pY = latent(rng, 400)
+    a = [seeded(certify_log(rng, shifted(rng, pY, share), f"a{j}.tsv"), j) for j, share in enumerate((0, .05, .1))]
+    b = [seeded(dict(log, path=f"b{j}.tsv", correct=log["correct"] | (np.arange(400) < 20)), j)
+         for j, log in enumerate(a)]
+    same, _ = verdicts(a, b)
+    turned, _ = verdicts(a, b[::-1])
+    assert same["clean accuracy"] == turned["clean accuracy"]
+    unpaired, _ = verdicts(a, [dict(log, sidecar={"alpha": ALPHA}) for log in b])
+    width = lambda rows: rows["clean accuracy"][2] - rows["clean accuracy"][1]
+    assert width(same) < 0.5 * width(unpaired)
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_the_paired_seed_interval_covers_a_known_truth_and_is_narrower_when_seeds_correlate(k):
+    """Seed effects (variance 1) correlated 0.85 across the sides, image effects and interaction as in the
+    unpaired test above, truth 0.3: the paired interval at error a misses it at most at rate a (plus simulation
+    error) and is narrower than the unpaired one on the same data, on average (with three seeds its 2 degrees of
+    freedom take back part of the gain)."""
+    rng = np.random.default_rng(50 + k)
+    a, reps, n, rho = 0.05 / 4, 3_000, 100, 0.85
+    misses, widths = 0, []
+    for _ in range(reps):
+        seed_a = rng.normal(0, 1, (k, 1))
+        seed_b = rho * seed_a + np.sqrt(1 - rho ** 2) * rng.normal(0, 1, (k, 1))
+        image = rng.normal(0, 0.5 * np.sqrt(n / k), n)
+        fa = seed_a + image + rng.normal(0, 1, (k, n))
+        fb = 0.3 + seed_b + image + rng.normal(0, 0.5 * np.sqrt(n / k), n) + rng.normal(0, 1, (k, n))
+        d, lo, hi, _ = compare.row_interval(fa, fb, False, True, a, matched=True)
+        misses += not lo <= 0.3 <= hi
+        _, ulo, uhi, _ = compare.row_interval(fa, fb, False, True, a)
+        widths.append((hi - lo, uhi - ulo))
+    assert misses / reps <= a + 3 * np.sqrt(a / reps), misses
+    paired, unpaired = np.mean(widths, 0)
+    assert paired < {3: 0.9, 5: 0.7}[k] * unpaired, (paired, unpaired)
+    with pytest.raises(ValueError, match="matched"):
+        compare.row_interval(fa, fb[:2], False, True, a, matched=True)
+
+
+def test_five_seeds_drop_the_floor_and_keep_the_error():
+    """Five seeds a side: no 0/1 row is widened to the one-model score interval on the seed means (narrower
+    than it here), and the family-wise error under the null stays at 5 % in short calibrations with unpaired,
+    paired and rare-row seeds; three seeds keep the floor."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import compare_calibration as cal
+    rng = np.random.default_rng(42)
+    pY = np.clip(latent(rng, 500), 0.3, 0.7)      # many images near 1/2: the seeds' votes disagree on them
+    pB = shifted(rng, pY, 0.01)
+    for k, floored in ((5, False), (3, True)):
+        a, b = [certify_log(rng, pY) for j in range(k)], [certify_log(rng, pB) for j in range(k)]
+        fa = np.stack([log["correct"] for log in a]).astype(float)
+        fb = np.stack([log["correct"] for log in b]).astype(float)
+        ma, mb = fa.mean(0), fb.mean(0)
+        floor = analyze.tango_interval(float(np.maximum(mb - ma, 0).sum()), float(np.maximum(ma - mb, 0).sum()),
+                                       len(ma), -compare.ndtri(0.05 / 2))
+        _, lo, hi, _ = compare.row_interval(fa, fb, True, True, 0.05)
+        assert (lo <= floor[0] and hi >= floor[1]) == floored, (k, lo, hi, floor)
+    runs = 60
+    for name in ("cifar paired, 5 seeds", "cifar paired, 5 matched seeds", "mostly-one paired, 5 seeds (rare rows)"):
+        r = cal.run_scenario(name, cal.SCENARIOS[name], runs, 0)
+        assert r["null"]["any_flag"] / runs <= NOMINAL(runs), name
+        assert 1 - r["alternative"]["any_miss"] / runs >= 0.95 - 3 * np.sqrt(0.05 * 0.95 / runs), name
+
+
+def test_train_seeds_on_the_command_line_pair_the_seeds_and_contradictions_are_refused(tmp_path, capsys):
+    rng = np.random.default_rng(43)
+    pY = latent(rng, 200)
+    side = lambda name, sidecar=None: [write_log(tmp_path / f"{name}{j}.tsv", certify_log(rng, pY),
+                                                 sidecar=sidecar and sidecar(j)) for j in range(2)]
+    a, b = side("a"), side("b")
+    flags = ["compare", *a, "--vs", *b, "--sigmas", *[SIGMA] * 4]
+    assert run_main(analyze.main, flags + ["--out", tmp_path / "u"]) == 0
+    assert "Unpaired seeds" in (tmp_path / "u" / "compare.md").read_text()
+    assert run_main(analyze.main, flags + ["--train-seeds", 0, 1, 0, 1, "--out", tmp_path / "p"]) == 0
+    assert "Paired seeds" in (tmp_path / "p" / "compare.md").read_text()
+    capsys.readouterr()
+    assert run_main(analyze.main, flags + ["--train-seeds", 0, 1, 0]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "one seed per log (4), got 3" in err[0]
+    c = side("c", lambda j: f'{{"N": {N}, "alpha": {ALPHA}, "sigma": {SIGMA}, "train_seed": {j}}}')
+    flags = ["compare", *a, "--vs", *c, "--sigmas", *[SIGMA] * 4, "--train-seeds", 0, 1, 1, 0]
+    assert run_main(analyze.main, flags) == 2
+    assert "records training seed 0, but --train-seeds gives 1" in capsys.readouterr().err
+
+
+def test_certify_records_the_checkpoints_training_seed_and_a_bad_one_is_refused(tmp_path):
+    """certify.py's sidecar field train_seed: the --seed a training script stored in the checkpoint's args,
+    None for a checkpoint without it; a settings file with a negative one is refused when read."""
+    assert certify.train_seed({"args": {"seed": 3, "sigma": 0.5}}) == 3
+    assert certify.train_seed({"args": {"seed": 0}}) == 0
+    assert certify.train_seed({"state_dict": {}}) is None                     # a released checkpoint
+    assert certify.train_seed({"args": {"seed": True}}) is None and certify.train_seed({"args": None}) is None
+    rng = np.random.default_rng(44)
+    path = write_log(tmp_path / "a.tsv", certify_log(rng, latent(rng, 20)),
+                     sidecar=f'{{"N": {N}, "alpha": {ALPHA}, "sigma": {SIGMA}, "train_seed": -1}}')
+    with pytest.raises(common.UserError, match="train_seed"):
+        analyze.load_logs([str(path)])

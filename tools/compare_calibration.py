@@ -9,6 +9,10 @@ one when pA > 1/2 (else a wrong one, certified from its own votes), and the radi
 row is its expectation over images, seeds and votes (--over images: 2,000,000 simulated images with the exact
 vote probabilities), or over the votes on the fixed images of the scenario (--over test-set: exact).
 
+Matched seeds (the seed study): seed j of both sides is training seed j, recorded in the logs' settings so that
+compare pairs the seeds; its shift and interaction are correlated rho across the sides. --rich-seeds and
+--ignore-train-seeds calibrate compare under another seed rule on the same simulated logs.
+
     python tools/compare_calibration.py --out results/compare_calibration
 """
 import argparse
@@ -29,28 +33,46 @@ import common  # noqa: E402
 import machinery  # noqa: E402
 
 ALPHA, SIGMA, RADII, LEVEL = 0.001, 0.5, [0.25, 0.5, 0.75, 1.0, 1.5], 0.95
+PAIR_SEEDS = True   # False (--ignore-train-seeds): the logs record no training seed, so matched seeds go unpaired
 P0 = {   # the distribution of p0 (pA before the shifts)
     "u-shaped": lambda rng, n: rng.beta(0.2, 0.2, n),
     "near-half": lambda rng, n: rng.beta(30, 30, n),
     "mostly-one": lambda rng, n: rng.beta(8, 0.3, n),
 }
 
-# name: (p0, paired, counts, N, seeds, images, over, tau, omega, shift under the alternative)
+# name: (p0, paired, counts, N, seeds, images, over, tau, omega, shift under the alternative, rho: None where
+# the sides' seeds are unrelated (no training seed recorded), else seed j of both sides is training seed j,
+# its shift and interaction correlated rho across the sides)
 SCENARIOS = {
-    "cifar paired": ("cifar", True, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
-    "u-shaped paired": ("u-shaped", True, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
-    "near-half paired N=1e4": ("near-half", True, True, 10 ** 4, 1, 500, "images", 0, 0.5, 0.3),
-    "mostly-one paired (rare rows)": ("mostly-one", True, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
-    "cifar unpaired": ("cifar", False, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
-    "cifar paired, Cohen columns only": ("cifar", True, False, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5),
-    "cifar paired, 2 seeds": ("cifar", True, True, 10 ** 5, 2, 500, "images", 0.15, 0.5, 0.5),
-    "cifar paired, 3 seeds": ("cifar", True, True, 10 ** 5, 3, 500, "images", 0.15, 0.5, 0.5),
-    "cifar paired, 5 seeds": ("cifar", True, True, 10 ** 5, 5, 500, "images", 0.15, 0.5, 0.5),
-    "cifar paired, 10,000 images": ("cifar", True, True, 10 ** 5, 1, 10_000, "images", 0, 0.5, 0.15),
-    "cifar paired, 2 seeds, 10,000 images": ("cifar", True, True, 10 ** 5, 2, 10_000, "images", 0.05, 0.5, 0.3),
-    "test-set: cifar, one model twice": ("cifar", True, True, 10 ** 5, 1, 500, "test-set", 0, 0, 0.1),
-    "test-set: near-half N=1e4, Cohen columns": ("near-half", True, False, 10 ** 4, 1, 500, "test-set", 0, 0, 0.05),
+    "cifar paired": ("cifar", True, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5, None),
+    "u-shaped paired": ("u-shaped", True, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5, None),
+    "near-half paired N=1e4": ("near-half", True, True, 10 ** 4, 1, 500, "images", 0, 0.5, 0.3, None),
+    "mostly-one paired (rare rows)": ("mostly-one", True, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5, None),
+    "cifar unpaired": ("cifar", False, True, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5, None),
+    "cifar paired, Cohen columns only": ("cifar", True, False, 10 ** 5, 1, 500, "images", 0, 0.5, 0.5, None),
+    "cifar paired, 2 seeds": ("cifar", True, True, 10 ** 5, 2, 500, "images", 0.15, 0.5, 0.5, None),
+    "cifar paired, 3 seeds": ("cifar", True, True, 10 ** 5, 3, 500, "images", 0.15, 0.5, 0.5, None),
+    "cifar paired, 5 seeds": ("cifar", True, True, 10 ** 5, 5, 500, "images", 0.15, 0.5, 0.5, None),
+    "cifar paired, 10,000 images": ("cifar", True, True, 10 ** 5, 1, 10_000, "images", 0, 0.5, 0.15, None),
+    "cifar paired, 2 seeds, 10,000 images": ("cifar", True, True, 10 ** 5, 2, 10_000, "images", 0.05, 0.5, 0.3, None),
+    "test-set: cifar, one model twice": ("cifar", True, True, 10 ** 5, 1, 500, "test-set", 0, 0, 0.1, None),
+    "test-set: near-half N=1e4, Cohen columns": ("near-half", True, False, 10 ** 4, 1, 500, "test-set", 0, 0,
+                                                 0.05, None),
+    # the seed study (results/compare_calibration/seeds): named with --scenarios, not run by default
+    "cifar paired, 5 seeds, shift 0.25": ("cifar", True, True, 10 ** 5, 5, 500, "images", 0.15, 0.5, 0.25, None),
+    "mostly-one paired, 5 seeds (rare rows)": ("mostly-one", True, True, 10 ** 5, 5, 500, "images", 0.15, 0.5, 0.5,
+                                               None),
+    "cifar paired, 2 matched seeds": ("cifar", True, True, 10 ** 5, 2, 500, "images", 0.15, 0.5, 0.5, 0.85),
+    "cifar paired, 3 matched seeds": ("cifar", True, True, 10 ** 5, 3, 500, "images", 0.15, 0.5, 0.5, 0.85),
+    "cifar paired, 5 matched seeds": ("cifar", True, True, 10 ** 5, 5, 500, "images", 0.15, 0.5, 0.5, 0.85),
+    "cifar paired, 5 matched seeds, shift 0.25": ("cifar", True, True, 10 ** 5, 5, 500, "images", 0.15, 0.5, 0.25,
+                                                 0.85),
+    "cifar paired, 5 matched seeds, uncorrelated": ("cifar", True, True, 10 ** 5, 5, 500, "images", 0.15, 0.5, 0.5,
+                                                    0.0),
 }
+
+
+DEFAULT = list(SCENARIOS)[:13]   # the general scenarios: images, counts, budgets, modes, a few seeds
 
 
 def scenario_p0(name, rng, n):
@@ -112,7 +134,7 @@ def expected_rows(pA, N, counts, z, rng=None):
 
 def truth(spec, z, rng, images=None):
     """{row: B - A}: over images (a large population, a new seed per image) or on the fixed `images` (p0)."""
-    p0_name, paired, counts, N, k, n, over, tau, omega, shift = spec
+    p0_name, paired, counts, N, k, n, over, tau, omega, shift, rho = spec
     out = {}
     for which, s in (("null", 0.0), ("alternative", shift)):
         if over == "images":
@@ -131,21 +153,45 @@ def truth(spec, z, rng, images=None):
     return out
 
 
+def matched_sides(p0a, p0b, s, tau, omega, rho, k, rng):
+    """pA of the k seeds of each side when seed j of both is training seed j: its shift and its interaction
+    correlated rho across the sides (one draw each, B's the same mixed with a fresh one)."""
+    out_a, out_b = [], []
+    for _ in range(k):
+        seed_a, inter_a = rng.normal(0, tau), rng.normal(0, omega, len(p0a))
+        seed_b = rho * seed_a + np.sqrt(1 - rho ** 2) * rng.normal(0, tau)
+        inter_b = rho * inter_a + np.sqrt(1 - rho ** 2) * rng.normal(0, omega, len(p0b))
+        out_a.append(expit(logit(p0a) + seed_a + inter_a))
+        out_b.append(expit(logit(p0b) + s + seed_b + inter_b))
+    return out_a, out_b
+
+
 def one_run(spec, z, rng, s, images, family=None):
-    """compare.compare_sides on one simulated pair of sides; {row: (low, high, verdict)} of the family's rows (all
-    rows without one: the rows outside a family are exploratory, not part of what is calibrated)."""
-    p0_name, paired, counts, N, k, n, over, tau, omega, shift = spec
+    """compare.compare_sides on one simulated pair of sides: ({row: (low, high, verdict)} of the family's rows
+    (all rows without one: the rows outside a family are exploratory, not part of what is calibrated), each
+    side's per-seed ACR)."""
+    p0_name, paired, counts, N, k, n, over, tau, omega, shift, rho = spec
     p0a = images if images is not None else scenario_p0(p0_name, rng, n)
     p0b = p0a if paired else scenario_p0(p0_name, rng, n)
     idx_a = np.arange(n)
     idx_b = idx_a if paired else idx_a + n
-    side_a = [certify_log(pA_of(p0a, 0.0, tau, omega, rng), N, counts, rng, z, idx_a, f"a{j}") for j in range(k)]
-    side_b = [certify_log(pA_of(p0b, s, tau, omega, rng), N, counts, rng, z, idx_b, f"b{j}") for j in range(k)]
+    if rho is None:
+        pa = [pA_of(p0a, 0.0, tau, omega, rng) for j in range(k)]
+        pb = [pA_of(p0b, s, tau, omega, rng) for j in range(k)]
+    else:
+        pa, pb = matched_sides(p0a, p0b, s, tau, omega, rho, k, rng)
+    side_a = [certify_log(p, N, counts, rng, z, idx_a, f"a{j}") for j, p in enumerate(pa)]
+    side_b = [certify_log(p, N, counts, rng, z, idx_b, f"b{j}") for j, p in enumerate(pb)]
+    if rho is not None and PAIR_SEEDS:   # the settings files record the training seeds: compare pairs the seeds
+        for j in range(k):
+            side_a[j]["sidecar"]["train_seed"] = side_b[j]["sidecar"]["train_seed"] = j
     names = [m for m, *_ in compare.compare_sides(side_a[:1], side_a[:1], RADII, LEVEL)[0]] if family else None
     claim = None if family is None else [m for m in family if m in names or m == "ACR"]   # rows these logs have
     rows, facts = compare.compare_sides(side_a, side_b, RADII, LEVEL,
                                         None if over == "images" else compare.test_set_votes(), claim)
-    return {m: (lo, hi, v) for m, _, _, _, lo, hi, v in rows if facts["roles"].get(m) != "exploratory" or not family}
+    acr = [np.array([np.where(log["correct"], log["radius"], 0.0).mean() for log in side]) for side in (side_a, side_b)]
+    return {m: (lo, hi, v) for m, _, _, _, lo, hi, v in rows
+            if facts["roles"].get(m) != "exploratory" or not family}, acr
 
 
 def run_scenario(name, spec, runs, seed, family=None):
@@ -161,7 +207,10 @@ def run_scenario(name, spec, runs, seed, family=None):
         tally = {"runs": 0, "any_miss": 0, "any_flag": 0, "miss": {}, "flag": {}, "seen": {}, "effects": 0,
                  "found": 0}
         for _ in range(runs):
-            found = one_run(spec, z, rng, s, images, family)
+            found, acr = one_run(spec, z, rng, s, images, family)
+            if spec[4] > 1:    # the seed spread of ACR: each side's SD over its seeds, and that of B - A
+                tally["seed_sd"] = tally.get("seed_sd", 0.0) + float(acr[0].std(ddof=1))
+                tally["diff_sd"] = tally.get("diff_sd", 0.0) + float((acr[1] - acr[0]).std(ddof=1))
             misses = [m for m, (lo, hi, v) in found.items() if m in true[which] and not lo <= true[which][m] <= hi]
             tally["runs"] += 1
             tally["any_miss"] += bool(misses)
@@ -199,13 +248,21 @@ def calibration_report(results, command, seconds, jobs, family=None):
              (f"The family: {', '.join(family)} (the rows a scenario's logs have), declared as `compare --family` "
               "does: Bonferroni intervals, Holm's step-down verdicts; the other rows are exploratory and not counted "
               "here. " if family else "The family: every row (Bonferroni intervals and verdicts). ") +
+             f"compare's seed rule: one t critical value and no floor on 0/1 rows from {compare.RICH_SEEDS} seeds a "
+             "side on; matched seeds " + ("paired (their training seeds recorded). " if PAIR_SEEDS else
+                                          "compared unpaired (no training seed recorded). ") +
              "Power: the share of the family's rows with a true difference (under the alternative) that get the "
-             "verdict of its sign.", "",
+             "verdict of its sign; beside it the effect it holds for (the true ΔACR of the alternative; every "
+             "row's in the power table below) and the seed spread (the SD of a side's per-seed ACR over its seeds, "
+             "and of the per-seed differences B − A, each the mean over the alternative's runs). Seeds `matched`: "
+             "seed j of both sides is training seed j (recorded in the logs' settings, so compare pairs the "
+             "seeds), its logit shift and interaction correlated ρ across the sides.", "",
              "| scenario | p0 | paired | nA N nY | N | seeds | images | over | runs | family-wise error (null) | "
-             "simultaneous coverage (alternative) | power | targets |", "|---" * 13 + "|"]
+             "simultaneous coverage (alternative) | power | ΔACR | seed SD of ACR: a side / B − A | targets |",
+             "|---" * 15 + "|"]
     holds_all = True
     for name, r in results.items():
-        p0_name, paired, counts, N, k, n, over, *_ = SCENARIOS[name]
+        p0_name, paired, counts, N, k, n, over, tau, omega, shift, rho = SCENARIOS[name]
         null, alt = r["null"], r["alternative"]
         fwer, cover = null["any_flag"] / null["runs"], 1 - alt["any_miss"] / alt["runs"]
         fwer_low = analyze.wilson(fwer, null["runs"], 1.959964)[0]
@@ -214,9 +271,13 @@ def calibration_report(results, command, seconds, jobs, family=None):
                 if fwer_low <= 0.05 and cover_high >= 0.94 else "MISSED")
         holds_all &= word != "MISSED"
         lines.append(f"| {name} | {p0_name} | {'yes' if paired else 'no'} | {'yes' if counts else 'no'} | {N:,} | "
-                     f"{k} | {n:,} | {over} | {null['runs']} | {wilson95(null['any_flag'], null['runs'])} | "
+                     f"{k}{'' if rho is None else f' matched (ρ {rho:g})'} | {n:,} | {over} | {null['runs']} | "
+                     f"{wilson95(null['any_flag'], null['runs'])} | "
                      f"{wilson95(alt['runs'] - alt['any_miss'], alt['runs'])} | "
-                     f"{wilson95(alt['found'], alt['effects']) if alt['effects'] else 'n/a'} | {word} |")
+                     f"{wilson95(alt['found'], alt['effects']) if alt['effects'] else 'n/a'} | "
+                     f"{r['truth']['ACR']:+.3f} | " +
+                     (f"{alt['seed_sd'] / alt['runs']:.3f} / {alt['diff_sd'] / alt['runs']:.3f}" if k > 1 else "") +
+                     f" | {word} |")
     lines += ["", f"No target missed beyond Monte Carlo error: {'yes' if holds_all else 'no'}.", "",
               "## Per-row coverage of the true difference under the alternative (each row alone; the family's "
               "Bonferroni share is 0.95 / rows, so each should be near 1)", ""]
@@ -248,19 +309,28 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=1000, help="runs per scenario and hypothesis (default 1000)")
     p.add_argument("--heavy-runs", type=int, default=300, help="the same for the slow scenarios, 10,000 images "
                                                                  "or --over test-set (default 300)")
-    p.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), help="default: all")
+    p.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), help="default: the first 13 (the seed "
+                   "study's scenarios are named here)")
     p.add_argument("--seed", type=int, default=0, help="base seed (scenario i uses seed + i)")
     p.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     p.add_argument("--out", help="folder for report.md")
     p.add_argument("--family", nargs="+", metavar="ROW", help="calibrate compare --family with these rows (e.g. ACR "
                    "'P(pA>=0.99)' 'P(pA<0.5)' 'clean accuracy'): Holm's verdicts, the other rows exploratory")
+    p.add_argument("--rich-seeds", type=int, default=compare.RICH_SEEDS, help="calibrate compare with this many "
+                   f"seeds a side as the point from which one t and no floor apply (default compare's, "
+                   f"{compare.RICH_SEEDS})")
+    p.add_argument("--ignore-train-seeds", action="store_true", help="record no training seed in the simulated "
+                   "logs: matched seeds are compared unpaired")
     args = p.parse_args(argv)
+    common.check(args.rich_seeds >= 2, f"--rich-seeds must be >= 2 (got {args.rich_seeds})")
+    global PAIR_SEEDS
+    compare.RICH_SEEDS, PAIR_SEEDS = args.rich_seeds, not args.ignore_train_seeds   # the workers fork after this
     family = compare.family_names(args.family)
     common.check(args.runs >= 1 and args.heavy_runs >= 1, f"--runs and --heavy-runs must be >= 1 (got {args.runs}, "
                                                           f"{args.heavy_runs})")
     common.check(1 <= args.jobs <= 64, f"--jobs must lie in [1, 64] (got {args.jobs})")
     start = time.time()
-    names = args.scenarios or list(SCENARIOS)
+    names = args.scenarios or DEFAULT
     heavy = lambda spec: spec[5] > 1000 or spec[6] == "test-set"      # 10,000 images or votes bounded per image
     jobs = [(name, SCENARIOS[name], args.heavy_runs if heavy(SCENARIOS[name]) else args.runs,
              args.seed + list(SCENARIOS).index(name), family) for name in names]
