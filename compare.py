@@ -636,7 +636,7 @@ def compare_words(rows, facts, labels, level):
     score = "0/1 rows by score intervals (Tango's paired, Newcombe's unpaired), ACR by t." if one_model else ""
     if facts["family"]:
         claim = [m for m, role in facts["roles"].items() if role == "claim"]
-        lines.append(f"- The claim, declared before the run: {', '.join(claim)} ({facts['m']} rows). Its intervals "
+        lines.append(f"- The claim (--family): {', '.join(claim)} ({facts['m']} rows). Its intervals "
                      f"hold together with probability at least {100 * level:g} % (Bonferroni, each at "
                      f"{100 * (1 - (1 - level) / facts['m']):.2f} %); its verdicts come from Holm's step-down at "
                      f"family-wise error {1 - level:g} on each row's own p-value (the interval's), so a verdict may "
