@@ -1182,3 +1182,23 @@ def per_example_grad_norms(model, loss_fn, x, y, idx=None):
     finally:
         net.train(was_training)
     return torch.tensor(norms, dtype=torch.float64)
+
+
+def probe_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch):
+    """Table 2's measurement: pA and the gradient norm of the training loss on a fixed probe set.
+
+    Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the training
+    set without augmentation). pA: the fraction of n noisy copies labelled correctly (count_correct, noise
+    from the global generators, seeded by `seed`). grad_norm: per_example_grad_norms of loss_fn. Returns
+    {"idx", "label", "pA", "grad_norm"}: lists, one entry per probe example.
+    """
+    check_int("probe", probe)
+    check_int("seed", seed, 0)
+    seed_everything(seed)
+    probe_idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:probe]
+    counts, labels = count_correct(model, dataset, probe_idx, sigma, n, batch)
+    device = next(unwrap(model).parameters()).device
+    xs = torch.stack([dataset[int(i)][0] for i in probe_idx]).to(device)
+    norms = per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
+    return {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
+            "grad_norm": norms.tolist()}

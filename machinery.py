@@ -1365,25 +1365,15 @@ def check_gradnorm_output(path, inputs):
 
 
 def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs=()):
-    """The gradient-norm mode of the training scripts (Table 2, Fig. 5): TSV `idx label pA grad_norm`.
-
-    Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the
-    training set without augmentation). pA: fraction of n noisy copies labelled correctly (count_correct).
-    grad_norm: per_example_grad_norms of loss_fn. Returns the rows as a dict of lists. inputs[0]: the
-    checkpoint loaded (load_model), which the file's record <path>.json names with its sha256.
+    """The gradient-norm mode of the training scripts (Table 2, Fig. 5): common.probe_grad_norms written as
+    the TSV `idx label pA grad_norm` at `path`; returns its rows. inputs[0]: the checkpoint loaded
+    (load_model), which the file's record <path>.json names with its sha256.
     """
     check_gradnorm_output(path, inputs)
-    common.seed_everything(seed)
-    probe_idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:probe]
-    counts, labels = common.count_correct(model, dataset, probe_idx, sigma, n, batch)
-    device = next(common.unwrap(model).parameters()).device
-    xs = torch.stack([dataset[int(i)][0] for i in probe_idx]).to(device)
-    norms = common.per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
-    rows = {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
-            "grad_norm": norms.tolist()}
+    rows = common.probe_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch)
     lines = ["\t".join(readers.GRADNORM_COLUMNS)] + ["\t".join(f"{v[i]:.6g}" if isinstance(v[i], float) else
                                                             str(v[i]) for v in rows.values())
-                                                  for i in range(len(probe_idx))]
+                                                  for i in range(len(rows["idx"]))]
     ckpt = inputs[0] if inputs else None
     record = {"script": os.path.basename(sys.argv[0] or "python"), "checkpoint": ckpt and os.path.relpath(ckpt),
               "checkpoint_sha256": ckpt and loaded_sha256(ckpt), "probe": probe, "N": n, "seed": seed, "sigma": sigma}
