@@ -460,16 +460,8 @@ def write_output(path, kind, write, inputs=(), now=False):
             os.remove(left)
     if _STAGED and path in _STAGED:   # written twice in one command: the last content counts
         _discard(_STAGED.pop(path)[0])
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open_file(tmp, "wb", new=True) as f:
-            try:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            except BaseException:
-                _discard(tmp)
-                raise
+        tmp = _write_temp(path, write)
     except OSError as e:
         raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
                                f"is intact; {written_so_far()}") from None
@@ -495,13 +487,10 @@ def read_outputs(folder):
 
 
 def _save_outputs(folder, record):
-    tmp = os.path.join(folder, f"{OUTPUTS}.tmp{os.getpid()}")
+    path = os.path.join(folder, OUTPUTS)
+    tmp = _write_temp(path, lambda f: f.write((json.dumps(record, indent=1, sort_keys=True) + "\n").encode()))
     try:
-        with open_file(tmp, "wb", new=True) as f:
-            f.write((json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(folder, OUTPUTS))
+        os.replace(tmp, path)
     except BaseException:
         _discard(tmp)
         raise
@@ -523,6 +512,21 @@ def owned_problem(path, kind):
     if file_sha256(path) not in (entry.get("sha256"), entry.get("was")):
         return f"{path!r} changed since {entry.get('by')} wrote it; move it away or choose another output"
     return None
+
+
+def _write_temp(path, write):
+    """A new temporary file beside `path` (<name>.tmp<pid>) holding what write(f) puts in it, fsynced; its path.
+    A failure removes it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open_file(tmp, "wb", new=True) as f:
+        try:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        except BaseException:
+            _discard(tmp)
+            raise
+    return tmp
 
 
 def _discard(tmp):
@@ -735,14 +739,8 @@ def environment():
         versions["numpy_blas"] = f"{blas.get('name')} {blas.get('version', '')}".strip()
     except Exception:       # older numpy: no dict form; the record is informative only
         versions["numpy_blas"] = None
-    cpu, flags = platform.processor() or platform.machine(), []
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
-        flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    except OSError:
-        pass
+    cpu, flags = cpu_info()
+    cpu, flags = cpu or platform.processor() or platform.machine(), flags or []
     wanted = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
     versions["cpu"] = {"model": cpu, "logical_cpus": os.cpu_count(), "extensions": [f for f in wanted if f in flags],
                        "torch_capability": torch.backends.cpu.get_cpu_capability(), **math_kernels()}
@@ -829,15 +827,22 @@ def check_precision(precision, device):
               "results/speed/bf16_cpu.txt); fp32 is faster on this machine", file=sys.stderr)
 
 
-def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
-    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if it has not, None where unknown
-    (no /proc/cpuinfo: not Linux). Without them torch emulates bf16 with fp32 conversions, which costs more
-    than fp32 itself."""
+def cpu_info(cpuinfo="/proc/cpuinfo"):
+    """(the CPU's model name, its list of flags) from /proc/cpuinfo; None for what it does not say (not Linux)."""
     try:
         with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+            lines = f.read().splitlines()
     except OSError:
-        return None
+        return None, None
+    model, flags = ([line.split(":", 1)[1] for line in lines if line.startswith(key)]
+                    for key in ("model name", "flags"))
+    return model[0].strip() if model else None, flags[0].split() if flags else None
+
+
+def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
+    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if it has not, None where unknown.
+    Without them torch emulates bf16 with fp32 conversions, which costs more than fp32 itself."""
+    flags = cpu_info(cpuinfo)[1]
     return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
