@@ -189,17 +189,9 @@ def _run(main):
 
 
 FLOAT32_MAX = 3.4028234663852886e38   # numbers reach the models, optimisers and noise in float32
-
-
 MAX_DRAWS = 10 ** 9                    # --N, --N0: beyond, one example takes hours on any machine
-
-
 MAX_BATCH_BYTES = 2 ** 33              # one pass of noisy inputs (float32) above 8 GiB is a typo, not a setting
-
-
 SIGMA_RANGE = (1e-4, 1e4)              # inputs lie in [0, 1]: below, float32 loses the noise; above, the input
-
-
 SIGMA_MAX_FP16 = 1e3                   # fp16 overflows at 65504: x + 7 sigma must stay below it
 
 
@@ -255,14 +247,10 @@ def check_batch_bytes(inputs, shape, what="--batch"):
 # Outputs: one way to write any file, one lock per run
 # ----------------------------------------------------------------------------------------------------------
 
-# Every file a script writes goes through write_output (whole files) or open_append (logs that grow a line at a
-# time). A whole file goes to a new temporary file beside it (<name>.tmp<pid>), is fsynced and renamed over its
-# path: a failed or interrupted write leaves the previous file as it was, and a rename never writes through a
-# link, into a FIFO or into an inode another name shares. The guard refuses an output that is an input of the
-# command, a folder, or one another run holds. What a run is and what it wrote is its own record, the file a
-# resume reads: a certification log's sidecar (<log>.json), a training run's checkpoint. Tables, figures and
-# reports replace only files their folder's record (outputs.json) lists with that content, and, inside a
-# command, only as it ends, once every output has been checked and written.
+# Every file a script writes goes through write_output (whole files, renamed into place) or open_append (logs
+# that grow a line at a time). What a run is and what it wrote is its own record, the file a resume reads: a
+# certification log's sidecar (<log>.json), a training run's checkpoint. Tables, figures and reports have their
+# folder's record (outputs.json).
 
 def open_file(path, mode, new=False, encoding=None):
     """Open a file this project writes (an appended log, a temporary, a lock): never through a symbolic link,
@@ -383,14 +371,8 @@ def is_locked(path):
 
 
 _WRITTEN = []        # the files this process has completed, for the message of a failed write
-
-
 _HELD_LOCKS = set()  # realpaths of the exclusive_locks this process holds (not "another run")
-
-
 _INPUTS = []         # the files the running command reads (set_inputs): never written over
-
-
 _STAGED = None       # inside run: {path: (its temporary file, kind)} of tables and reports, renamed at the end
 
 
