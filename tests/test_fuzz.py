@@ -368,7 +368,7 @@ def test_training_keeps_its_promises_on_any_command_line_and_run_folder(digits_c
                 torch.save(ckpt, os.path.join(outdir, machinery.CHECKPOINT))
         argv = ["--dataset", "digits", "--sigma", "0.25", "--epochs", "1", "--max-batches", "1", "--batch", "32",
                 "--workers", "0", "--device", "cpu", "--outdir", outdir] + [a for f in flags for a in f]
-        mine = [os.path.join(outdir, n) for n in ("args.json", "log.tsv", machinery.CHECKPOINT)]
+        mine = [os.path.join(outdir, n) for n in ("args.json", "log.tsv", machinery.CHECKPOINT, "run.lock")]
         code = check_promises(lambda a: train_gaussian_main(a), argv, d, mine if folder == "new" else [])
         assert code == 2 or folder == "new" or "--resume" in argv
 
