@@ -65,9 +65,8 @@ def _raise_interrupted(signum, frame):
 def run(main, exit_process=False):
     """Call main(); a UserError becomes one line on stderr and exit code 2.
 
-    SIGINT (Ctrl-C) and SIGTERM stop the command with one line and exit code 130 or 143: files are written
-    through write_output (a temporary file, then os.replace) or appended a line at a time (a torn last line
-    is dropped on resume), so an interrupted command leaves every file valid and resumable.
+    SIGINT (Ctrl-C) and SIGTERM stop the command with one line and exit code 130 or 143, every file valid and
+    resumable (write_output, open_append).
     Under torchrun the process group is always torn down before the process exits (end_distributed): a
     gloo group left alive at exit aborts the process ("terminate called without an active exception").
     exit_process (a script's `if __name__ == "__main__"`): where this process runs only this command (its
@@ -833,10 +832,8 @@ def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
 # ----------------------------------------------------------------------------------------------------------
 
 def save_checkpoint(state, path, kind="checkpoint", inputs=()):
-    """torch.save through the guard (write_output): a temporary file, fsync, then os.replace, so a crash or
-    power cut never leaves a torn checkpoint and a failed write (disk full) leaves the old one in place.
-    inputs: files the command reads, never written over (hard links included). torch.save fills a buffer in
-    memory first: a write that fails inside torch's zip writer surfaces as a RuntimeError, not an OSError."""
+    """torch.save through the guard (write_output, at once: a run's own state). torch.save fills a buffer in
+    memory first: a write that fails inside torch's zip writer would surface as a RuntimeError, not an OSError."""
     import io
 
     def write(f):
