@@ -661,7 +661,7 @@ def parse_args():
                    "the attacks' gradients are not scaled, so prefer bf16)")
     t.add_argument("--channels-last", action="store_true", help="channels-last memory format (faster convolutions)")
     t.add_argument("--sync-bn", action="store_true", help="under torchrun: BatchNorm statistics over the "
-                   "whole batch of all ranks (SyncBatchNorm), as on the paper's single GPU; default: each "
+                   "whole batch of all ranks (SyncBatchNorm, GPUs only), as on the paper's single GPU; default: each "
                    "rank's batch // world_size inputs")
     g = p.add_argument_group("other modes")
     g.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT "

@@ -59,7 +59,7 @@ def parse_args():
                    "same training up to float rounding; compiled at the first step, minutes on ResNet-110; one "
                    "process, not under torchrun)")
     p.add_argument("--sync-bn", action="store_true", help="under torchrun: BatchNorm statistics over the "
-                   "whole batch of all ranks (SyncBatchNorm), as on the paper's single GPU; default: each "
+                   "whole batch of all ranks (SyncBatchNorm, GPUs only), as on the paper's single GPU; default: each "
                    "rank's batch // world_size inputs")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT")
     p.add_argument("--probe", type=int, help="--gradnorm: training examples probed (default 1000)")
