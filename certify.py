@@ -527,8 +527,8 @@ def certify_all(args, locks, sigma_of=None, extra_settings=None, radius_fn=None,
     total = sum(len([i for i in grp if i not in done]) for grp in mine)
     progress = Progress(total, prefix=f"rank 0 of {world}: " if world > 1 else "") if rank == 0 else None
     part = "" if world == 1 else f".rank{rank}"
-    with machinery.open_tsv(run.outfile + part, run.columns, inputs=run.inputs) as out, \
-            (machinery.open_tsv(run.counts[0] + part, run.counts[1], "vote counts", run.inputs) if run.counts else
+    with machinery.open_append(run.outfile + part, "\t".join(run.columns), run.inputs) as out, \
+            (machinery.open_append(run.counts[0] + part, "\t".join(run.counts[1]), run.inputs) if run.counts else
              contextlib.nullcontext(None)) as counts_out:
         if run.plan is not None:
             write_groups(args, run, mine, done, seed, out, counts_out, progress)
@@ -590,7 +590,7 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
     sha = machinery.loaded_sha256(args.checkpoint)   # the bytes loaded, not read again
     common.check(sha is not None, f"the sha256 of checkpoint {args.checkpoint!r} is unknown; a log must name its model")
     num_classes = common.NUM_CLASSES[dataset_name]
-    counts = (outfile + ".counts", machinery.counts_columns(num_classes)) if args.save_counts else None
+    counts = (outfile + ".counts", ("idx",) + tuple(map(str, range(num_classes)))) if args.save_counts else None
     settings = {"script": getattr(args, "script", "certify.py"),
                 "data": machinery.data_fingerprint(dataset_name, args.split, args.data_dir),
                 "mode": "predict" if args.predict else "grid" if plan else "certify", "dataset": dataset_name,

@@ -903,6 +903,114 @@ def split_chunks(batch, m):
     return [tuple(t[i * b:(i + 1) * b] for t in batch) for i in range(m)]
 
 
+def seed_everything(seed):
+    """Seed Python's, numpy's and torch's global generators."""
+    import random
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def epoch_seed(seed, epoch, stream=0):
+    """An integer seed derived from (seed, epoch, stream); streams separate the sampler from each rank's noise."""
+    state = np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 32 | int(state[1])
+
+
+EVAL_STREAM = 2 ** 21   # epoch_seed stream of the noisy test evaluation
+
+
+def eval_generator(seed, epoch, device):
+    """The generator of epoch `epoch`'s noisy test evaluation: seeded by (seed, epoch) alone."""
+    g = torch.Generator(device=device)
+    g.manual_seed(epoch_seed(seed, epoch, EVAL_STREAM))
+    return g
+
+
+def seed_epoch(seed, epoch, rank=0):
+    """Reseed all global generators at the start of an epoch (noise, attacks); rank: this process's under torchrun.
+
+    Each epoch's randomness then depends only on (seed, epoch, rank), so a run resumed at an epoch
+    boundary draws exactly what the uninterrupted run drew.
+    """
+    seed_everything(epoch_seed(seed, epoch, 1 + rank))
+
+
+AUGMENT_STREAM = 2 ** 20   # epoch_seed stream of the augmentation seeds (0: the sampler, 1 + rank: the noise)
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """The current epoch's draws as (index, augmentation seed) pairs; TrainLoader.epoch sets them."""
+
+    def __init__(self):
+        self.items = []
+
+    def __len__(self):
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+class TrainLoader:
+    """The training loader of a whole run: one DataLoader whose sampler is set anew each epoch.
+
+    Reusing one loader lets its worker processes live across epochs (persistent_workers: no restart and
+    dataset re-read at every epoch, which keeps a GPU fed). Exact resume does not depend on the workers'
+    state: each draw's augmentation is seeded from (seed, epoch, its position in the epoch) wherever it is
+    loaded, so an epoch's batches depend only on (seed, epoch), not on --workers or on earlier epochs.
+    Use: loaders = TrainLoader(train_set, batch, workers, seed); each epoch: loader = loaders.epoch(epoch).
+    rank, world: this process's rank and the number of processes under torchrun (each takes its share).
+    """
+
+    def __init__(self, dataset, batch, workers, seed, rank=0, world=1):
+        self.dataset, self.seed, self.sampler = dataset, seed, EpochSampler()
+        self.rank, self.world = check_int("rank", rank, 0), check_int("world", world, 1)
+        check(rank < world, f"rank must lie below world ({world}), got {rank}")
+        # Under torchrun every rank gets batch // world_size examples per batch. The loader's own generator
+        # keeps its per-epoch seed draw out of the global stream (the training noise).
+        self.loader = torch.utils.data.DataLoader(
+            WithIndex(dataset), batch_size=max(1, batch // world), sampler=self.sampler, num_workers=workers,
+            persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator().manual_seed(epoch_seed(seed, 0, AUGMENT_STREAM + 1)))
+
+    def epoch(self, epoch, indices=None, weights=None, num_samples=None):
+        """The loader of one training epoch; it yields (x, y, idx) with idx the example's index in the dataset.
+
+        indices=None gives one shuffled pass. Otherwise the epoch draws num_samples examples (default
+        len(dataset): Alg. 2 keeps |D| draws per epoch after discarding) with replacement from `indices`
+        (e.g. the kept examples), uniformly, or proportionally to `weights` (one non-negative weight per entry
+        of indices). The draws, their order and their augmentation depend only on (seed, epoch), so a resumed
+        run sees the same batches. Under torchrun every rank gets an equal share of the draws.
+        """
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, epoch, 0))  # stream 0: the same on every rank
+        if indices is None:
+            order = torch.randperm(len(self.dataset), generator=g)
+        else:
+            indices = torch.as_tensor(indices, dtype=torch.long)
+            check(len(indices) > 0, "no training examples left to sample from (every example was discarded)")
+            num_samples = len(self.dataset) if num_samples is None else num_samples
+            if weights is None:
+                pick = torch.randint(len(indices), (num_samples,), generator=g)
+            else:
+                pick = torch.multinomial(torch.as_tensor(weights, dtype=torch.double), num_samples, True, generator=g)
+            order = indices[pick]
+        base = epoch_seed(self.seed, epoch, AUGMENT_STREAM) % 2 ** 62
+        items = [(i, base + k) for k, i in enumerate(order.tolist())]   # by position: a repeated draw differs
+        if self.world > 1:
+            items = items[self.rank::self.world][:len(items) // self.world]
+        self.sampler.items = items
+        return self.loader
+
+
+def make_test_loader(dataset, batch, workers):
+    """Plain in-order loader of (x, y) for evaluation."""
+    # its own generator: starting the workers then draws nothing from the global one (the training noise)
+    return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False, num_workers=workers,
+                                       persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+                                       generator=torch.Generator().manual_seed(0))
+
+
 def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None, max_batches=None, *,
                 precision="fp32"):
     """One training epoch: every loader batch is split into `chunks` chunks, one optimizer step each.
@@ -1074,3 +1182,23 @@ def per_example_grad_norms(model, loss_fn, x, y, idx=None):
     finally:
         net.train(was_training)
     return torch.tensor(norms, dtype=torch.float64)
+
+
+def probe_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch):
+    """Table 2's measurement: pA and the gradient norm of the training loss on a fixed probe set.
+
+    Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the training
+    set without augmentation). pA: the fraction of n noisy copies labelled correctly (count_correct, noise
+    from the global generators, seeded by `seed`). grad_norm: per_example_grad_norms of loss_fn. Returns
+    {"idx", "label", "pA", "grad_norm"}: lists, one entry per probe example.
+    """
+    check_int("probe", probe)
+    check_int("seed", seed, 0)
+    seed_everything(seed)
+    probe_idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:probe]
+    counts, labels = count_correct(model, dataset, probe_idx, sigma, n, batch)
+    device = next(unwrap(model).parameters()).device
+    xs = torch.stack([dataset[int(i)][0] for i in probe_idx]).to(device)
+    norms = per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
+    return {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
+            "grad_norm": norms.tolist()}

@@ -613,10 +613,11 @@ def train_main(args):
 def ds_train(s, hp, device):
     """The loop of `ddrs.py train`: fixed sigma for s.warmup epochs, then per-example sigmas (checkpointed)."""
     import time
-    machinery.seed_everything(s.seed)
+    common.seed_everything(s.seed)
     train_set = common.get_dataset(s.dataset, "train", s.data_dir)
-    test_loader = machinery.make_test_loader(common.get_dataset(s.dataset, "test", s.data_dir), 256, s.workers)
-    loaders = machinery.TrainLoader(train_set, s.batch, s.workers, s.seed)
+    test_loader = common.make_test_loader(common.get_dataset(s.dataset, "test", s.data_dir), 256, s.workers)
+    loaders = common.TrainLoader(train_set, s.batch, s.workers, s.seed, machinery.get_rank(),
+                                  machinery.get_world_size())
     model = common.get_architecture(s.arch, s.dataset).to(device)
     optimizer = common.make_optimizer(model, s.lr, s.momentum, s.weight_decay)
     scheduler = common.make_scheduler(optimizer, s.lr_step)
@@ -644,14 +645,14 @@ def ds_train(s, hp, device):
     chunks = 1 if s.method == "macer" else hp["m"]        # the m-chunk convention, as train_baselines.CHUNKED
     for epoch in range(first, s.epochs):
         start = time.time()
-        machinery.seed_epoch(s.seed, epoch)
+        common.seed_epoch(s.seed, epoch, machinery.get_rank())
         K = s.K_train if epoch >= s.warmup else 0                      # Algorithm 2: fixed sigma first
         loss_fn = ds_loss_fn(s.method, hp, sigmas, (K, s.M, s.lr_sigma), epoch, s.seed)
         lr = optimizer.param_groups[0]["lr"]
         row = common.train_epoch(model, loaders.epoch(epoch), optimizer, loss_fn, chunks, device,
                                  machinery.progress_line(f"epoch {epoch + 1}"), s.max_batches)
         row.update(common.evaluate_noisy(model, test_loader, s.sigma, device,
-                                         machinery.eval_generator(s.seed, epoch, device)))
+                                         common.eval_generator(s.seed, epoch, device)))
         scheduler.step()
         machinery.log_epoch(log, epoch, s.epochs, run_start, first,
                             dict(row, time=time.time() - start, lr=lr, kept=len(train_set)))

@@ -65,9 +65,8 @@ def _raise_interrupted(signum, frame):
 def run(main, exit_process=False):
     """Call main(); a UserError becomes one line on stderr and exit code 2.
 
-    SIGINT (Ctrl-C) and SIGTERM stop the command with one line and exit code 130 or 143: files are written
-    through write_output (a temporary file, then os.replace) or appended a line at a time (a torn last line
-    is dropped on resume), so an interrupted command leaves every file valid and resumable.
+    SIGINT (Ctrl-C) and SIGTERM stop the command with one line and exit code 130 or 143, every file valid and
+    resumable (write_output, open_append).
     Under torchrun the process group is always torn down before the process exits (end_distributed): a
     gloo group left alive at exit aborts the process ("terminate called without an active exception").
     exit_process (a script's `if __name__ == "__main__"`): where this process runs only this command (its
@@ -138,8 +137,11 @@ def is_out_of_memory(e):
 
 
 def _run(main):
+    """run's body: streams guarded, signals raised as exceptions, outputs renamed into place once main() ends
+    well, and every failure turned into one line on stderr and an exit code."""
     import signal
-    saved = sys.stdout, sys.stderr
+    global _STAGED
+    saved, outer, _STAGED = (sys.stdout, sys.stderr), _STAGED, {}   # a command run inside another keeps its own
     for stream in saved:   # a file name that is not UTF-8 (in a label, a message) as \xff
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
@@ -149,17 +151,6 @@ def _run(main):
         signal.signal(signal.SIGINT, _raise_interrupted)   # the scripts stop quietly while importing
     except ValueError:   # not the main thread (a test runner's worker): keep the default
         pass
-    try:
-        _run_main(main)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        sys.stdout, sys.stderr = saved
-
-
-def _run_main(main):
-    global _STAGED
-    outer, _STAGED = _STAGED, {}   # a command run inside another keeps its own outputs
     try:
         try:
             main()
@@ -191,20 +182,15 @@ def _run_main(main):
             _discard(tmp)
         _STAGED = outer
         end_distributed(wait=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = saved
 
 
 FLOAT32_MAX = 3.4028234663852886e38   # numbers reach the models, optimisers and noise in float32
-
-
 MAX_DRAWS = 10 ** 9                    # --N, --N0: beyond, one example takes hours on any machine
-
-
 MAX_BATCH_BYTES = 2 ** 33              # one pass of noisy inputs (float32) above 8 GiB is a typo, not a setting
-
-
 SIGMA_RANGE = (1e-4, 1e4)              # inputs lie in [0, 1]: below, float32 loses the noise; above, the input
-
-
 SIGMA_MAX_FP16 = 1e3                   # fp16 overflows at 65504: x + 7 sigma must stay below it
 
 
@@ -260,14 +246,10 @@ def check_batch_bytes(inputs, shape, what="--batch"):
 # Outputs: one way to write any file, one lock per run
 # ----------------------------------------------------------------------------------------------------------
 
-# Every file a script writes goes through write_output (whole files) or open_append (logs that grow a line at a
-# time). A whole file goes to a new temporary file beside it (<name>.tmp<pid>), is fsynced and renamed over its
-# path: a failed or interrupted write leaves the previous file as it was, and a rename never writes through a
-# link, into a FIFO or into an inode another name shares. The guard refuses an output that is an input of the
-# command, a folder, or one another run holds. What a run is and what it wrote is its own record, the file a
-# resume reads: a certification log's sidecar (<log>.json), a training run's checkpoint. Tables, figures and
-# reports replace only files their folder's record (outputs.json) lists with that content, and, inside a
-# command, only as it ends, once every output has been checked and written.
+# Every file a script writes goes through write_output (whole files, renamed into place) or open_append (logs
+# that grow a line at a time). What a run is and what it wrote is its own record, the file a resume reads: a
+# certification log's sidecar (<log>.json), a training run's checkpoint. Tables, figures and reports have their
+# folder's record (outputs.json).
 
 def open_file(path, mode, new=False, encoding=None):
     """Open a file this project writes (an appended log, a temporary, a lock): never through a symbolic link,
@@ -303,14 +285,14 @@ def open_file(path, mode, new=False, encoding=None):
 
 
 @contextlib.contextmanager
-def locked_file(path, wait=False):
-    """Hold the kernel's exclusive lock (flock) on the file `path` for the block, and remove the file when the
-    block ends (a normal end, an exception, a signal turned into one): no lock file outlives its holder, except
-    after SIGKILL or a power cut, where an empty file stays and holds nothing (the kernel drops the lock).
-
-    Removing a lock file races with a second process that opened it just before: that one may lock the old,
-    removed file. So after locking, the path must still name the file locked; if not, it opens the new one.
-    wait: block until the lock is free; else raise BlockingIOError at once. Yields None without fcntl (Windows).
+def exclusive_lock(path, what, wait=False):
+    """Hold the kernel's exclusive lock (flock) on the lock file `path` for the block: one run per output
+    (certify.py's <outfile>.lock). A second run asking for it gets a UserError at once (wait: it blocks until
+    the lock is free). The kernel drops the lock however the process ends, so a killed run leaves no stale
+    lock. The file is removed when the block ends (an error or a signal too); after SIGKILL an empty file
+    stays and holds nothing. Removing it races with a process that opened it just before, which may then lock
+    the removed file: so after locking, the path must still name the file locked, else the new one is taken.
+    Where fcntl does not exist (Windows) there is no lock.
     """
     try:
         import fcntl
@@ -324,55 +306,43 @@ def locked_file(path, wait=False):
             with contextlib.suppress(FileNotFoundError):
                 if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
                     break
+        except BlockingIOError:
+            f.close()
+            raise common.UserError(f"{what} is in use by another run (it holds {path}); wait for that run to end, "
+                                   f"or choose another output") from None
         except BaseException:
             f.close()
             raise
         f.close()   # the holder removed it after this process opened it: take the file now under that name
+    _HELD_LOCKS.add(os.path.realpath(path))
     try:
         yield
     finally:
+        _HELD_LOCKS.discard(os.path.realpath(path))
         with contextlib.suppress(OSError):
             os.remove(path)   # still holding the lock: whoever opens the name next makes a new file
         f.close()
 
 
 @contextlib.contextmanager
-def exclusive_lock(path, what):
-    """Hold an exclusive lock on the file `path` (locked_file) for the block: one run per output. A second run
-    asking for the same lock gets a UserError at once. The kernel's lock is released however the process ends,
-    so a killed run never leaves a stale lock. Where fcntl does not exist (Windows) there is no lock."""
-    try:
-        held = locked_file(path)
-        held.__enter__()
-    except BlockingIOError:
-        raise common.UserError(f"{what} is in use by another run (it holds {path}); wait for that run to end, or "
-                               f"choose another output") from None
-    _HELD_LOCKS.add(os.path.realpath(path))
-    try:
-        yield
-    finally:
-        _HELD_LOCKS.discard(os.path.realpath(path))
-        held.__exit__(None, None, None)
-
-
-@contextlib.contextmanager
 def folder_lock(folder, what):
-    """Hold an exclusive lock on the folder itself (created if missing) for the block: one command writing
-    several files into it at a time (analyze.py --out), so that two never mix their outputs. A second one gets
-    a UserError at once. The kernel's lock on the folder's own descriptor: no file is added to the folder."""
+    """Hold an exclusive lock on the folder itself (created if missing) for the block: one command writing into
+    it at a time (a training run's --outdir, analyze.py --out), so that two never mix their outputs. A second
+    one gets a UserError at once. The kernel's lock on the folder's own descriptor: no file is added to the
+    folder, and nothing outlives the process."""
+    made = not os.path.lexists(folder)
+    make_outdir(folder)
     try:
         import fcntl
     except ImportError:
         yield
         return
-    made = not os.path.lexists(folder)
-    make_outdir(folder)
     fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise common.UserError(f"{what} is in use by another command writing into it; wait for it to end, "
+            raise common.UserError(f"{what} is in use by another run writing into it; wait for it to end, "
                                    f"or choose another folder") from None
         yield
     finally:
@@ -400,14 +370,8 @@ def is_locked(path):
 
 
 _WRITTEN = []        # the files this process has completed, for the message of a failed write
-
-
 _HELD_LOCKS = set()  # realpaths of the exclusive_locks this process holds (not "another run")
-
-
 _INPUTS = []         # the files the running command reads (set_inputs): never written over
-
-
 _STAGED = None       # inside run: {path: (its temporary file, kind)} of tables and reports, renamed at the end
 
 
@@ -477,16 +441,8 @@ def write_output(path, kind, write, inputs=(), now=False):
             os.remove(left)
     if _STAGED and path in _STAGED:   # written twice in one command: the last content counts
         _discard(_STAGED.pop(path)[0])
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open_file(tmp, "wb", new=True) as f:
-            try:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            except BaseException:
-                _discard(tmp)
-                raise
+        tmp = _write_temp(path, write)
     except OSError as e:
         raise common.UserError(f"{path!r} not written ({e.strerror or type(e).__name__}), its previous content "
                                f"is intact; {written_so_far()}") from None
@@ -512,13 +468,10 @@ def read_outputs(folder):
 
 
 def _save_outputs(folder, record):
-    tmp = os.path.join(folder, f"{OUTPUTS}.tmp{os.getpid()}")
+    path = os.path.join(folder, OUTPUTS)
+    tmp = _write_temp(path, lambda f: f.write((json.dumps(record, indent=1, sort_keys=True) + "\n").encode()))
     try:
-        with open_file(tmp, "wb", new=True) as f:
-            f.write((json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(folder, OUTPUTS))
+        os.replace(tmp, path)
     except BaseException:
         _discard(tmp)
         raise
@@ -540,6 +493,21 @@ def owned_problem(path, kind):
     if file_sha256(path) not in (entry.get("sha256"), entry.get("was")):
         return f"{path!r} changed since {entry.get('by')} wrote it; move it away or choose another output"
     return None
+
+
+def _write_temp(path, write):
+    """A new temporary file beside `path` (<name>.tmp<pid>) holding what write(f) puts in it, fsynced; its path.
+    A failure removes it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open_file(tmp, "wb", new=True) as f:
+        try:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        except BaseException:
+            _discard(tmp)
+            raise
+    return tmp
 
 
 def _discard(tmp):
@@ -752,14 +720,8 @@ def environment():
         versions["numpy_blas"] = f"{blas.get('name')} {blas.get('version', '')}".strip()
     except Exception:       # older numpy: no dict form; the record is informative only
         versions["numpy_blas"] = None
-    cpu, flags = platform.processor() or platform.machine(), []
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
-        flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    except OSError:
-        pass
+    cpu, flags = cpu_info()
+    cpu, flags = cpu or platform.processor() or platform.machine(), flags or []
     wanted = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
     versions["cpu"] = {"model": cpu, "logical_cpus": os.cpu_count(), "extensions": [f for f in wanted if f in flags],
                        "torch_capability": torch.backends.cpu.get_cpu_capability(), **math_kernels()}
@@ -846,15 +808,22 @@ def check_precision(precision, device):
               "results/speed/bf16_cpu.txt); fp32 is faster on this machine", file=sys.stderr)
 
 
-def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
-    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if it has not, None where unknown
-    (no /proc/cpuinfo: not Linux). Without them torch emulates bf16 with fp32 conversions, which costs more
-    than fp32 itself."""
+def cpu_info(cpuinfo="/proc/cpuinfo"):
+    """(the CPU's model name, its list of flags) from /proc/cpuinfo; None for what it does not say (not Linux)."""
     try:
         with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+            lines = f.read().splitlines()
     except OSError:
-        return None
+        return None, None
+    model, flags = ([line.split(":", 1)[1] for line in lines if line.startswith(key)]
+                    for key in ("model name", "flags"))
+    return model[0].strip() if model else None, flags[0].split() if flags else None
+
+
+def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
+    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if it has not, None where unknown.
+    Without them torch emulates bf16 with fp32 conversions, which costs more than fp32 itself."""
+    flags = cpu_info(cpuinfo)[1]
     return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
@@ -863,10 +832,8 @@ def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
 # ----------------------------------------------------------------------------------------------------------
 
 def save_checkpoint(state, path, kind="checkpoint", inputs=()):
-    """torch.save through the guard (write_output): a temporary file, fsync, then os.replace, so a crash or
-    power cut never leaves a torn checkpoint and a failed write (disk full) leaves the old one in place.
-    inputs: files the command reads, never written over (hard links included). torch.save fills a buffer in
-    memory first: a write that fails inside torch's zip writer surfaces as a RuntimeError, not an OSError."""
+    """torch.save through the guard (write_output, at once: a run's own state). torch.save fills a buffer in
+    memory first: a write that fails inside torch's zip writer would surface as a RuntimeError, not an OSError."""
     import io
 
     def write(f):
@@ -1036,14 +1003,6 @@ def get_device(name=None):
     return device
 
 
-def seed_everything(seed):
-    """Seed Python's, numpy's and torch's global generators."""
-    import random
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def format_eta(done, total, start):
     """'12.3/s, ETA 0:04:10' for `done` of `total` items since time.time() == start."""
     elapsed = time.time() - start
@@ -1054,7 +1013,7 @@ def format_eta(done, total, start):
 
 def check_training_settings(settings):
     """What every training script refuses, before anything is written: non-finite numbers, lr <= 0, negative
-    momentum, weight decay or seed. settings: the run's flags as a dict."""
+    momentum, weight decay or seed, --sync-bn on the CPU. settings: the run's flags as a dict."""
     check_finite(settings)
     if settings.get("sigma") is not None:
         check_sigma(settings["sigma"], precision=settings.get("amp") or "fp32")
@@ -1065,6 +1024,8 @@ def check_training_settings(settings):
     common.check(settings["momentum"] >= 0 and settings["weight_decay"] >= 0,
                  f"--momentum and --weight_decay must be >= 0, got {settings['momentum']} and {settings['weight_decay']}")
     common.check(settings["seed"] >= 0, f"--seed must be >= 0, got {settings['seed']}")
+    common.check(not settings.get("sync_bn") or get_device(settings.get("device")).type != "cpu",
+                 "--sync-bn needs GPUs (torch's SyncBatchNorm does not run on the CPU); drop it")
     common.check(settings.get("max_batches") is None or settings["max_batches"] >= 1,
                  f"--max-batches must be >= 1 (omit it for whole epochs), got {settings.get('max_batches')}")
 
@@ -1171,94 +1132,28 @@ def end_distributed(wait=True):
     dist.destroy_process_group()
 
 
-class AllReduceSum(torch.autograd.Function):
-    """Sum of a tensor over all ranks, differentiable: the gradient of a sum over ranks is again that sum."""
-
-    @staticmethod
-    def forward(ctx, tensor):
-        import torch.distributed as dist
-        tensor = tensor.clone()
-        dist.all_reduce(tensor)
-        return tensor
-
-    @staticmethod
-    def backward(ctx, grad):
-        import torch.distributed as dist
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
-
-
-class GlooSyncBatchNorm(nn.BatchNorm2d):
-    """BatchNorm2d whose training statistics are those of the whole batch across ranks, for CPU (gloo) ranks.
-
-    torch.nn.SyncBatchNorm does this on GPUs only; this is the same computation with one all_reduce of
-    (sum, sum of squares, count) per layer, differentiated through AllReduceSum. Eval mode, and a
-    run without a process group, behave as BatchNorm2d. State-dict keys are BatchNorm2d's.
-    """
-
-    def forward(self, x):
-        import torch.distributed as dist
-        if not (self.training and dist.is_available() and dist.is_initialized()):
-            return super().forward(x)
-        c = x.shape[1]
-        xf = x.transpose(0, 1).reshape(c, -1).float()                            # (C, local B*H*W)
-        count = torch.full((1,), float(xf.shape[1]), device=x.device)
-        stats = AllReduceSum.apply(torch.cat([xf.sum(1), (xf * xf).sum(1), count]))  # sums over every rank
-        n = stats[-1]
-        mean = stats[:c] / n
-        var = (stats[c:2 * c] / n - mean * mean).clamp(min=0)                   # biased, as BatchNorm
-        with torch.no_grad():
-            self.num_batches_tracked += 1
-            factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
-            self.running_mean.lerp_(mean.detach(), factor)
-            self.running_var.lerp_(var.detach() * n / (n - 1).clamp(min=1), factor)  # unbiased, as BatchNorm
-        shape = (1, c, 1, 1)
-        out = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
-        return (out * self.weight.view(shape) + self.bias.view(shape)).to(x.dtype)
-
-
-def sync_batchnorm(model, device):
-    """Every BatchNorm of the model synchronised across ranks (--sync-bn): torch.nn.SyncBatchNorm on GPUs,
-    GlooSyncBatchNorm on CPU ranks. Parameters and buffers are kept (moved, not copied)."""
-    if device.type != "cpu":
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    for name, child in model.named_children():
-        if type(child) is nn.BatchNorm2d and child.affine and child.track_running_stats:
-            sync = GlooSyncBatchNorm(child.num_features, child.eps, child.momentum, child.affine,
-                                     child.track_running_stats)
-            # the same tensors, not copies: the optimizer already holds these parameters
-            sync.weight, sync.bias = child.weight, child.bias
-            sync.running_mean, sync.running_var = child.running_mean, child.running_var
-            sync.num_batches_tracked = child.num_batches_tracked
-            setattr(model, name, sync)
-        else:
-            sync_batchnorm(child, device)
-    return model
-
-
 def run_folder_lock(outdir, precision="fp32", device="cpu"):
-    """The run folder, created, and locked for this run on rank 0 (a context manager): two training runs on one
-    --outdir would overwrite each other's checkpoints and log; the second one gets a UserError instead. The
+    """The run folder, created, and locked for this run on rank 0 (folder_lock, a context manager): two training
+    runs on one --outdir would overwrite each other's checkpoints and log; the second one gets a UserError. The
     run's precision is checked on its device first: a run that cannot start leaves no folder behind."""
     check_precision(precision, device)
-    make_outdir(outdir)
     if not is_main_process():
-        return contextlib.nullcontext()
-    return exclusive_lock(os.path.join(outdir, "run.lock"), f"run folder {outdir!r}")
+        return contextlib.nullcontext(make_outdir(outdir))
+    return folder_lock(outdir, f"run folder {outdir!r}")
 
 
 def wrap_model(model, device, sync_bn=False):
     """DistributedDataParallel around the model under torchrun (gradients averaged across ranks), else the model.
 
-    sync_bn: BatchNorm statistics over the whole batch of all ranks (--sync-bn) instead of each rank's
-    batch // world_size inputs; without torchrun it changes nothing.
+    sync_bn (--sync-bn): every BatchNorm uses the statistics of the whole batch of all ranks
+    (torch.nn.SyncBatchNorm), instead of each rank's batch // world_size inputs. torch runs it on GPUs only, so
+    on the CPU (check_training_settings refuses it there); without torchrun it changes nothing.
     """
     if get_world_size() == 1:
         return model
     from torch.nn.parallel import DistributedDataParallel
     if sync_bn:
-        model = sync_batchnorm(model, device)
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
 
 
@@ -1268,105 +1163,6 @@ def broadcast(tensor):
         import torch.distributed as dist
         dist.broadcast(tensor, src=0)
     return tensor
-
-
-def epoch_seed(seed, epoch, stream=0):
-    """An integer seed derived from (seed, epoch, stream); streams separate the sampler from each rank's noise."""
-    state = np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(2, dtype=np.uint32)
-    return int(state[0]) << 32 | int(state[1])
-
-
-EVAL_STREAM = 2 ** 21   # epoch_seed stream of the noisy test evaluation
-
-
-def eval_generator(seed, epoch, device):
-    """The generator of epoch `epoch`'s noisy test evaluation: seeded by (seed, epoch) alone."""
-    g = torch.Generator(device=device)
-    g.manual_seed(epoch_seed(seed, epoch, EVAL_STREAM))
-    return g
-
-
-def seed_epoch(seed, epoch):
-    """Reseed all global generators at the start of an epoch (noise, attacks).
-
-    Each epoch's randomness then depends only on (seed, epoch, rank), so a run resumed at an epoch
-    boundary draws exactly what the uninterrupted run drew.
-    """
-    seed_everything(epoch_seed(seed, epoch, 1 + get_rank()))
-
-
-AUGMENT_STREAM = 2 ** 20   # epoch_seed stream of the augmentation seeds (0: the sampler, 1 + rank: the noise)
-
-
-class EpochSampler(torch.utils.data.Sampler):
-    """The current epoch's draws as (index, augmentation seed) pairs; TrainLoader.epoch sets them."""
-
-    def __init__(self):
-        self.items = []
-
-    def __len__(self):
-        return len(self.items)
-
-    def __iter__(self):
-        return iter(self.items)
-
-
-class TrainLoader:
-    """The training loader of a whole run: one DataLoader whose sampler is set anew each epoch.
-
-    Reusing one loader lets its worker processes live across epochs (persistent_workers: no restart and
-    dataset re-read at every epoch, which keeps a GPU fed). Exact resume does not depend on the workers'
-    state: each draw's augmentation is seeded from (seed, epoch, its position in the epoch) wherever it is
-    loaded, so an epoch's batches depend only on (seed, epoch), not on --workers or on earlier epochs.
-    Use: loaders = TrainLoader(train_set, batch, workers, seed); each epoch: loader = loaders.epoch(epoch).
-    """
-
-    def __init__(self, dataset, batch, workers, seed):
-        self.dataset, self.seed, self.sampler = dataset, seed, EpochSampler()
-        world = get_world_size()
-        # Under torchrun every rank gets batch // world_size examples per batch. The loader's own generator
-        # keeps its per-epoch seed draw out of the global stream (the training noise).
-        self.loader = torch.utils.data.DataLoader(
-            common.WithIndex(dataset), batch_size=max(1, batch // world), sampler=self.sampler, num_workers=workers,
-            persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
-            generator=torch.Generator().manual_seed(epoch_seed(seed, 0, AUGMENT_STREAM + 1)))
-
-    def epoch(self, epoch, indices=None, weights=None, num_samples=None):
-        """The loader of one training epoch; it yields (x, y, idx) with idx the example's index in the dataset.
-
-        indices=None gives one shuffled pass. Otherwise the epoch draws num_samples examples (default
-        len(dataset): Alg. 2 keeps |D| draws per epoch after discarding) with replacement from `indices`
-        (e.g. the kept examples), uniformly, or proportionally to `weights` (one non-negative weight per entry
-        of indices). The draws, their order and their augmentation depend only on (seed, epoch), so a resumed
-        run sees the same batches. Under torchrun every rank gets an equal share of the draws.
-        """
-        g = torch.Generator().manual_seed(epoch_seed(self.seed, epoch, 0))  # stream 0: the same on every rank
-        if indices is None:
-            order = torch.randperm(len(self.dataset), generator=g)
-        else:
-            indices = torch.as_tensor(indices, dtype=torch.long)
-            common.check(len(indices) > 0, "no training examples left to sample from (every example was discarded)")
-            num_samples = len(self.dataset) if num_samples is None else num_samples
-            if weights is None:
-                pick = torch.randint(len(indices), (num_samples,), generator=g)
-            else:
-                pick = torch.multinomial(torch.as_tensor(weights, dtype=torch.double), num_samples, True, generator=g)
-            order = indices[pick]
-        base = epoch_seed(self.seed, epoch, AUGMENT_STREAM) % 2 ** 62
-        items = [(i, base + k) for k, i in enumerate(order.tolist())]   # by position: a repeated draw differs
-        world = get_world_size()
-        if world > 1:
-            items = items[get_rank()::world][:len(items) // world]
-        self.sampler.items = items
-        return self.loader
-
-
-def make_test_loader(dataset, batch, workers):
-    """Plain in-order loader of (x, y) for evaluation."""
-    # its own generator: starting the workers then draws nothing from the global one (the training noise)
-    return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False, num_workers=workers,
-                                       persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
-                                       generator=torch.Generator().manual_seed(0))
 
 
 def _rng_state():
@@ -1553,25 +1349,15 @@ def check_gradnorm_output(path, inputs):
 
 
 def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs=()):
-    """The gradient-norm mode of the training scripts (Table 2, Fig. 5): TSV `idx label pA grad_norm`.
-
-    Probe set: the first `probe` examples of a permutation of `dataset` seeded by `seed` (pass the
-    training set without augmentation). pA: fraction of n noisy copies labelled correctly (count_correct).
-    grad_norm: per_example_grad_norms of loss_fn. Returns the rows as a dict of lists. inputs[0]: the
-    checkpoint loaded (load_model), which the file's record <path>.json names with its sha256.
+    """The gradient-norm mode of the training scripts (Table 2, Fig. 5): common.probe_grad_norms written as
+    the TSV `idx label pA grad_norm` at `path`; returns its rows. inputs[0]: the checkpoint loaded
+    (load_model), which the file's record <path>.json names with its sha256.
     """
     check_gradnorm_output(path, inputs)
-    seed_everything(seed)
-    probe_idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:probe]
-    counts, labels = common.count_correct(model, dataset, probe_idx, sigma, n, batch)
-    device = next(common.unwrap(model).parameters()).device
-    xs = torch.stack([dataset[int(i)][0] for i in probe_idx]).to(device)
-    norms = common.per_example_grad_norms(model, loss_fn, xs, labels.to(device), probe_idx.to(device))
-    rows = {"idx": probe_idx.tolist(), "label": labels.tolist(), "pA": (counts.double() / n).tolist(),
-            "grad_norm": norms.tolist()}
+    rows = common.probe_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch)
     lines = ["\t".join(readers.GRADNORM_COLUMNS)] + ["\t".join(f"{v[i]:.6g}" if isinstance(v[i], float) else
                                                             str(v[i]) for v in rows.values())
-                                                  for i in range(len(probe_idx))]
+                                                  for i in range(len(rows["idx"]))]
     ckpt = inputs[0] if inputs else None
     record = {"script": os.path.basename(sys.argv[0] or "python"), "checkpoint": ckpt and os.path.relpath(ckpt),
               "checkpoint_sha256": ckpt and loaded_sha256(ckpt), "probe": probe, "N": n, "seed": seed, "sigma": sigma}
@@ -1610,16 +1396,6 @@ def run_files(outfile):
         keeps = False
     counts = [p for p in [outfile + ".counts"] + part_files(outfile + ".counts") if os.path.lexists(p)]
     return logs + (counts if keeps is True else [])
-
-
-def read_rows(path, columns):
-    """The complete lines of a log being resumed, and the byte size they take (readers.read_log_prefix)."""
-    return readers.read_log_prefix(path, columns)
-
-
-def counts_columns(num_classes):
-    """Columns of the --save-counts file: idx, then one column of votes per class."""
-    return ("idx",) + tuple(str(k) for k in range(num_classes))
 
 
 def log_problem(outfile):
@@ -1675,11 +1451,11 @@ def check_resumable(outfile, settings, columns, counts=None):
     common.check(not diff, f"{outfile!r} was written with other settings ({'; '.join(diff)}); rerun with the "
                            f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
     for path in existing:
-        read_rows(path, columns)
+        readers.read_log_prefix(path, columns)
     if counts:
         for path in [counts[0]] + part_files(counts[0]):
             if os.path.exists(path):
-                read_rows(path, counts[1])
+                readers.read_log_prefix(path, counts[1])
     for k in NOTED_SETTINGS:
         if old[k] != settings[k]:
             sys.stderr.write(f"note: resuming with {k} {settings[k]!r} (was {old[k]!r}): new lines are valid "
@@ -1716,7 +1492,7 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
     done = set()
     for main_path, cols in files:   # the log first: it decides what is done
         for path in [p for p in [main_path] + part_files(main_path) if os.path.exists(p)]:
-            rows, keep = read_rows(path, cols)
+            rows, keep = readers.read_log_prefix(path, cols)
             ids = [int(row.split("\t", 1)[0]) for row in rows]
             if main_path == outfile:
                 done.update(ids)
@@ -1759,11 +1535,6 @@ def record_written(outfile):
     write_json(dict(sidecar, written=written_now(outfile, sidecar)), outfile + ".json", "settings of a log")
 
 
-def open_tsv(path, columns, kind="certification log", inputs=()):
-    """Open a TSV for appending through the guard (open_append); prepare_outputs has checked every file."""
-    return open_append(path, "\t".join(columns), inputs)
-
-
 def merge_parts(outfile, columns, kind="certification log"):
     """Merge `<outfile>.rank*` into the outfile, one line per idx in idx order, then remove the parts.
 
@@ -1776,7 +1547,7 @@ def merge_parts(outfile, columns, kind="certification log"):
     rows = {}
     for path in [outfile] + parts:
         if os.path.exists(path):
-            for row in read_rows(path, columns)[0]:
+            for row in readers.read_log_prefix(path, columns)[0]:
                 rows.setdefault(int(row.split("\t", 1)[0]), row)
     text = "".join(line + "\n" for line in ["\t".join(columns)] + [rows[i] for i in sorted(rows)])
     write_output(outfile, kind, lambda f: f.write(text.encode("utf-8")), now=True)

@@ -525,9 +525,9 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
             print(f"continuing from {done} images in {partial_path}")
     start, saved_at, block, resumed_at = time.time(), time.time(), 1024, done
     for first in range(done, len(dataset), block):
-        machinery.seed_everything(machinery.epoch_seed(seed, first // block))
+        common.seed_everything(common.epoch_seed(seed, first // block))
         subset = torch.utils.data.Subset(dataset, range(first, min(first + block, len(dataset))))
-        workers_gen = torch.Generator().manual_seed(machinery.epoch_seed(seed, first // block, 1))
+        workers_gen = torch.Generator().manual_seed(common.epoch_seed(seed, first // block, 1))
         for x, _ in torch.utils.data.DataLoader(subset, batch_size=64, num_workers=workers, generator=workers_gen):
             counts[done:done + len(x)] = common.sample_counts(model, x.to(device), sigma, N, batch, num_classes).cpu()
             done += len(x)
@@ -661,7 +661,7 @@ def parse_args():
                    "the attacks' gradients are not scaled, so prefer bf16)")
     t.add_argument("--channels-last", action="store_true", help="channels-last memory format (faster convolutions)")
     t.add_argument("--sync-bn", action="store_true", help="under torchrun: BatchNorm statistics over the "
-                   "whole batch of all ranks (SyncBatchNorm), as on the paper's single GPU; default: each "
+                   "whole batch of all ranks (SyncBatchNorm, GPUs only), as on the paper's single GPU; default: each "
                    "rank's batch // world_size inputs")
     g = p.add_argument_group("other modes")
     g.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT "
@@ -770,14 +770,15 @@ def check_resume_method(outdir, method, trust=False):
 def train(args, device):
     """The method's training for args.epochs epochs in args.outdir, resuming a run there with --resume."""
     machinery.check_precision(args.amp or "fp32", device)
-    machinery.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
+    common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     target = None
     if args.method == "catrs":
         target = load_catrs_target(args.catrs_target, args.dataset, len(train_set), common.NUM_CLASSES[args.dataset],
                                    args.trust_checkpoint)
-    test_loader = machinery.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
-    loaders = machinery.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
+    test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
+    loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed, machinery.get_rank(),
+                                  machinery.get_world_size())   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
@@ -801,7 +802,7 @@ def train(args, device):
     chunks = args.m if CHUNKED[args.method] else 1
     for epoch in range(first, args.epochs):
         start = time.time()
-        machinery.seed_epoch(args.seed, epoch)
+        common.seed_epoch(args.seed, epoch, machinery.get_rank())
         loader = loaders.epoch(epoch)
         loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)  # warm-ups need the epoch
         with lr_factor(optimizer, 0.1 if epoch == args.lr_drop else 1.0):  # CAT-RS ImageNet's one-epoch drop
@@ -811,7 +812,7 @@ def train(args, device):
                                      precision=args.amp or "fp32")
         if machinery.is_main_process():
             row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
-                                             machinery.eval_generator(args.seed, epoch, device)))
+                                             common.eval_generator(args.seed, epoch, device)))
         scheduler.step()
         # the log row first: a kill before the checkpoint leaves a row that the resume drops and redoes
         machinery.log_epoch(log, epoch, args.epochs, run_start, first,

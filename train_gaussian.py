@@ -59,7 +59,7 @@ def parse_args():
                    "same training up to float rounding; compiled at the first step, minutes on ResNet-110; one "
                    "process, not under torchrun)")
     p.add_argument("--sync-bn", action="store_true", help="under torchrun: BatchNorm statistics over the "
-                   "whole batch of all ranks (SyncBatchNorm), as on the paper's single GPU; default: each "
+                   "whole batch of all ranks (SyncBatchNorm, GPUs only), as on the paper's single GPU; default: each "
                    "rank's batch // world_size inputs")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of CKPT")
     p.add_argument("--probe", type=int, help="--gradnorm: training examples probed (default 1000)")
@@ -108,11 +108,12 @@ def gradnorm_mode(args):
 def train(args, device):
     """Gaussian training (eq. 1) for args.epochs epochs in args.outdir, resuming a run there with --resume."""
     machinery.check_precision(args.amp or "fp32", device)
-    machinery.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
+    common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_set = common.get_dataset(args.dataset, "test", args.data_dir)
-    test_loader = machinery.make_test_loader(test_set, 256, args.workers)
-    loaders = machinery.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
+    test_loader = common.make_test_loader(test_set, 256, args.workers)
+    loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed, machinery.get_rank(),
+                                  machinery.get_world_size())   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
@@ -134,7 +135,7 @@ def train(args, device):
 
     for epoch in range(first, args.epochs):
         start = time.time()
-        machinery.seed_epoch(args.seed, epoch)
+        common.seed_epoch(args.seed, epoch, machinery.get_rank())
         loader = loaders.epoch(epoch)
         lr = optimizer.param_groups[0]["lr"]
         row = common.train_epoch(stepper, loader, optimizer, loss_fn, args.m, device,
@@ -142,7 +143,7 @@ def train(args, device):
                                  precision=args.amp or "fp32")
         if machinery.is_main_process():
             row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
-                                             machinery.eval_generator(args.seed, epoch, device)))
+                                             common.eval_generator(args.seed, epoch, device)))
         scheduler.step()
         # the log row first: a kill before the checkpoint leaves a row that the resume drops and redoes
         machinery.log_epoch(log, epoch, args.epochs, run_start, first,

@@ -104,7 +104,7 @@ def parse_args():
                    "same training up to float rounding; compiled at the first step, minutes on ResNet-110; one "
                    "process, not under torchrun)")
     p.add_argument("--sync-bn", action="store_true", help="under torchrun: BatchNorm statistics over the "
-                   "whole batch of all ranks (SyncBatchNorm), as on the paper's single GPU; default: each "
+                   "whole batch of all ranks (SyncBatchNorm, GPUs only), as on the paper's single GPU; default: each "
                    "rank's batch // world_size inputs")
     p.add_argument("--gradnorm", metavar="CKPT", help="instead of training: per-example gradient norms of "
                    "CKPT, with and without the attack")
@@ -273,11 +273,12 @@ def gradnorm_mode(args):
 def train(args, device):
     """Algorithm 2 for args.epochs epochs in args.outdir, resuming a run there with --resume."""
     machinery.check_precision(args.amp or "fp32", device)
-    machinery.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
+    common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_set = common.get_dataset(args.dataset, "test", args.data_dir)
-    test_loader = machinery.make_test_loader(test_set, 256, args.workers)
-    loaders = machinery.TrainLoader(train_set, args.batch, args.workers, args.seed)   # workers live across epochs
+    test_loader = common.make_test_loader(test_set, 256, args.workers)
+    loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed, machinery.get_rank(),
+                                  machinery.get_world_size())   # workers live across epochs
     model = common.get_architecture(args.arch, args.dataset).to(device)
     if args.channels_last:  # before the optimizer: its momentum buffers take the parameters' layout
         model = model.to(memory_format=torch.channels_last)
@@ -302,7 +303,7 @@ def train(args, device):
     log, run_start = machinery.open_train_log(args.outdir, first), time.time()
     for epoch in range(first, args.epochs):
         t0 = time.time()
-        machinery.seed_epoch(args.seed, epoch)
+        common.seed_epoch(args.seed, epoch, machinery.get_rank())
         if args.discard and epoch == start:                                             # Alg. 2: epoch == Et
             pA_model = (machinery.load_model(args.pA_checkpoint, device=device, trust=args.trust_checkpoint)[0]
                         if args.pA_checkpoint else model)
@@ -326,7 +327,7 @@ def train(args, device):
                                  precision=args.amp or "fp32")
         if machinery.is_main_process():
             row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
-                                             machinery.eval_generator(args.seed, epoch, device)))
+                                             common.eval_generator(args.seed, epoch, device)))
         scheduler.step()
         # the log row first: a kill before the checkpoint leaves a row that the resume drops and redoes
         machinery.log_epoch(log, epoch, args.epochs, run_start, first,

@@ -417,7 +417,7 @@ def test_a_command_ends_its_own_process_without_teardown_and_no_other(monkeypatc
 
 
 def test_a_lock_file_lives_only_while_held_and_its_removal_cannot_give_the_lock_twice(tmp_path):
-    """machinery.locked_file: the file is removed at the end of the block. A process that opened the old file
+    """machinery.exclusive_lock: the file is removed at the end of the block. A process that opened the old file
     just before its removal (a thread here: flock locks belong to an open file, so two opens in one process
     conflict like two processes) must not hold the removed file's lock while a third locks the new one."""
     import threading
@@ -425,17 +425,17 @@ def test_a_lock_file_lives_only_while_held_and_its_removal_cannot_give_the_lock_
     got, release = threading.Event(), threading.Event()
 
     def second():
-        with machinery.locked_file(path, wait=True):   # opens the first's file, waits, then takes the new one
+        with machinery.exclusive_lock(path, "test", wait=True):   # opens the first's file, waits, then takes the new one
             got.set()
             release.wait(30)
-    with machinery.locked_file(path):
+    with machinery.exclusive_lock(path, "test"):
         assert os.path.exists(path)
         worker = threading.Thread(target=second)
         worker.start()
         assert not got.wait(0.3)                        # blocked while the first holds it
     assert got.wait(30)
-    with pytest.raises(BlockingIOError):                # the second holds the file now under that name
-        with machinery.locked_file(path):
+    with pytest.raises(common.UserError):               # the second holds the file now under that name
+        with machinery.exclusive_lock(path, "test"):
             pass
     assert machinery.is_locked(path)
     release.set()

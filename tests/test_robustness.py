@@ -84,7 +84,7 @@ def test_a_second_certify_on_the_same_outfile_is_refused(ckpt, tmp_path, monkeyp
 def test_a_second_training_run_on_the_same_folder_is_refused(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    with machinery.exclusive_lock(str(out / "run.lock"), "test"):
+    with machinery.folder_lock(str(out), "test"):
         code, err = run(train_gaussian, [*DIGITS, "--epochs", 1, "--max-batches", 1, "--outdir", out],
                         monkeypatch, capsys)
     assert code == 2 and one_line(err) and "in use by another run" in err

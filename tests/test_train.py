@@ -208,18 +208,18 @@ def drawn(loader):
 
 def test_sampler_draws_len_D_indices_with_replacement_from_the_kept_set_only():
     data, kept = tiny_dataset(), torch.tensor([3, 7, 8, 20, 41])
-    idx = drawn(machinery.TrainLoader(data, 16, 0, 0).epoch(5, indices=kept))
+    idx = drawn(common.TrainLoader(data, 16, 0, 0).epoch(5, indices=kept))
     assert len(idx) == len(data)                                   # |D| draws, not |D'|
     assert set(idx.tolist()) <= set(kept.tolist())
     assert len(set(idx.tolist())) < len(idx)                       # repeats: with replacement
-    x = torch.cat([x for x, _, _ in machinery.TrainLoader(data, 16, 0, 0).epoch(5, indices=kept)])
+    x = torch.cat([x for x, _, _ in common.TrainLoader(data, 16, 0, 0).epoch(5, indices=kept)])
     assert torch.equal(x.flatten().long(), idx)                    # idx is the position of x in the dataset
 
 
 def test_weighted_sampler_follows_the_weights():
     data, kept = tiny_dataset(), torch.tensor([1, 2, 3])
     weights = torch.tensor([0.0, 1.0, 3.0], dtype=torch.float64)
-    idx = drawn(machinery.TrainLoader(data, 1000, 0, 0).epoch(0, indices=kept, weights=weights, num_samples=20000))
+    idx = drawn(common.TrainLoader(data, 1000, 0, 0).epoch(0, indices=kept, weights=weights, num_samples=20000))
     assert not (idx == 1).any()
     # 20000 draws: the share of index 3 has std 0.003, so +-0.02 never fails by chance
     assert (idx == 3).double().mean().item() == pytest.approx(0.75, abs=0.02)
@@ -227,9 +227,9 @@ def test_weighted_sampler_follows_the_weights():
 
 def test_sampler_is_reproducible_per_epoch_and_a_plain_epoch_is_a_permutation():
     data = tiny_dataset()
-    a = drawn(machinery.TrainLoader(data, 16, 0, 0).epoch(3))
-    assert torch.equal(a, drawn(machinery.TrainLoader(data, 16, 0, 0).epoch(3)))
-    assert not torch.equal(a, drawn(machinery.TrainLoader(data, 16, 0, 0).epoch(4)))
+    a = drawn(common.TrainLoader(data, 16, 0, 0).epoch(3))
+    assert torch.equal(a, drawn(common.TrainLoader(data, 16, 0, 0).epoch(3)))
+    assert not torch.equal(a, drawn(common.TrainLoader(data, 16, 0, 0).epoch(4)))
     assert sorted(a.tolist()) == list(range(len(data)))
 
 
@@ -249,8 +249,8 @@ def epoch_batches(loaders, epoch, **kw):
 
 def test_an_epochs_batches_depend_on_seed_and_epoch_only_not_on_workers_or_earlier_epochs():
     data = RandomlyAugmented()
-    fresh = epoch_batches(machinery.TrainLoader(data, 8, 0, seed=1), 3)
-    reused = machinery.TrainLoader(data, 8, 2, seed=1)   # two persistent worker processes, epochs 0..3 in turn
+    fresh = epoch_batches(common.TrainLoader(data, 8, 0, seed=1), 3)
+    reused = common.TrainLoader(data, 8, 2, seed=1)   # two persistent worker processes, epochs 0..3 in turn
     for epoch in range(3):
         if epoch == 1:
             next(iter(reused.epoch(epoch)))          # an epoch cut short (--max-batches) leaves nothing behind
@@ -259,7 +259,7 @@ def test_an_epochs_batches_depend_on_seed_and_epoch_only_not_on_workers_or_earli
     again = epoch_batches(reused, 3)
     assert len(again) == len(fresh) == 5
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fresh, again))
-    other = epoch_batches(machinery.TrainLoader(data, 8, 0, seed=1), 4)
+    other = epoch_batches(common.TrainLoader(data, 8, 0, seed=1), 4)
     assert not torch.equal(torch.cat([x for x, _ in fresh]).sort(0)[0], torch.cat([x for x, _ in other]).sort(0)[0])
 
 
@@ -267,7 +267,7 @@ def test_loading_leaves_the_global_generator_alone_and_repeated_draws_get_their_
     data = RandomlyAugmented()
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    batches = epoch_batches(machinery.TrainLoader(data, 1000, 0, seed=1), 0, indices=[5], num_samples=20)
+    batches = epoch_batches(common.TrainLoader(data, 1000, 0, seed=1), 0, indices=[5], num_samples=20)
     assert torch.equal(torch.get_rng_state(), before)   # the training noise stream is not shifted by loading
     x, idx = batches[0]
     assert (idx == 5).all() and len(torch.unique(x)) == 20 and ((x >= 5) & (x < 6)).all()

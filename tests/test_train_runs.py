@@ -88,7 +88,7 @@ def parse(module, *argv):
     (train_gaussian, (*DIGITS, "--epochs", 3)),
     (train_ours, (*DIGITS, "--epochs", 3, "--Et", 1, "--reweight_every", 2, "--T", 2, "--N", 20,
                   "--max-batches", 2)),
-    (train_gaussian, (*DIGITS, "--epochs", 3, "--lr_milestones", 1, 2, "--sync-bn", "--max-batches", 2)),
+    (train_gaussian, (*DIGITS, "--epochs", 3, "--lr_milestones", 1, 2, "--max-batches", 2)),
 ])
 def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(module, argv, monkeypatch, tmp_path):
     epochs = int(argv[argv.index("--epochs") + 1])
