@@ -19,8 +19,7 @@ Fig. 3). --save-counts also keeps every class's votes, one row per example, in <
 such a log gives certified accuracy, not predictions. --seed random draws the seed from the OS's entropy
 when the run starts (recorded as seed_value in the sidecar): a certificate with a published seed holds only
 for a model that does not depend on that noise; the default fixed seed is for reproducible experiments.
-The settings live in the sidecar <outfile>.json, the run's record. Rerunning resumes after the last complete
-line.
+The sidecar <outfile>.json, the run's record, holds the settings; rerunning resumes after the last line.
 Speed (docs/speed.md; measured by tools/bench.py): channels-last and folded BatchNorm by default, --precision bf16,
 --compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
 
@@ -274,10 +273,9 @@ def build_parser(description=__doc__):
                         "float rounding; default on)")
     p.add_argument("--compile", action="store_true", help="torch.compile the base classifier (a minute of "
                    "compilation per batch shape; falls back to eager with a note where it cannot run)")
-    p.add_argument("--sound", action="store_true",
-                   help="sound sampling (Voráček & Hein 2023): integer noise on the 8-bit grid and one conversion "
-                        "to float, so floating point cannot fake a certificate; certifies f composed with the "
-                        "grid mapping. Default: the float sampler of Cohen et al. (comparable with the paper)")
+    p.add_argument("--sound", action="store_true", help="sound sampling (Voráček & Hein 2023): integer noise on "
+                   "the 8-bit grid and one conversion to float, so floating point cannot fake a certificate; certifies "
+                   "f composed with the grid mapping. Default: Cohen et al.'s float sampler (comparable with the paper)")
     p.add_argument("--radii", type=float, nargs="+", metavar="R", help="anytime-valid certification at these "
                    "radii (grid.py, docs/certification.md): per example the largest one certified, stopping as soon as it is decided; "
                    "--N is then the budget N_max. 0 (the smoothed prediction) is always a level, unless --no-zero-level")
@@ -294,9 +292,8 @@ def build_parser(description=__doc__):
                    "listed radii, not r = 0 (whether the smoothed classifier predicts at all, which costs the most near "
                    "pA = 1/2): an example not certified at the smallest one gets predict -1, so the log gives certified "
                    "accuracy at those radii only (a lower bound at r = 0)")
-    p.add_argument("--early-abstain", action="store_true",
-                   help=f"CERTIFY: stop and abstain once an upper confidence bound on pA falls below 1/2 "
-                        f"(tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws made")
+    p.add_argument("--early-abstain", action="store_true", help=f"CERTIFY: stop and abstain once an upper bound on "
+                   f"pA falls below 1/2 (tests after 1, 2, 4, ... passes, alpha {EARLY_ABSTAIN_ALPHA}); column N = draws")
     return p
 
 
@@ -443,18 +440,14 @@ def pass_shapes(input_shape, N0, N, batch, use_predict):
 
 def select_examples(n, skip, max_count, done):
     """Indices idx % skip == 0, the first max_count of them, minus those already done (in idx order)."""
-    selected = list(range(0, n, skip))[:max_count]
-    return [i for i in selected if i not in done]
+    return [i for i in list(range(0, n, skip))[:max_count] if i not in done]
 
 
 def keep_freed_memory():
-    """Linux/glibc: keep freed memory in the process instead of giving large blocks back to the OS at once.
-
-    glibc serves large blocks with mmap and unmaps them when freed, so every forward pass of a big batch
-    faults in (and zeroes) fresh pages for its activations; with mmap and trimming off, the next pass reuses
-    the same memory (measured 1.4-2x faster CPU certification, tools/bench.py). The price: the process keeps its
-    peak memory. Returns True where applied; elsewhere (macOS, Windows, musl) a no-op returning False.
-    """
+    """Linux/glibc: keep freed memory in the process. glibc serves large blocks with mmap and unmaps them when
+    freed, so every forward pass of a big batch faults in fresh pages; with mmap and trimming off the next pass
+    reuses them (1.4-2x faster CPU certification, tools/bench.py), at the price of keeping the peak memory.
+    Returns True where applied; elsewhere (macOS, Windows, musl) a no-op returning False."""
     import ctypes
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameter numbers
     try:
