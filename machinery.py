@@ -1235,6 +1235,20 @@ def resume_mismatches(saved_args, args):
     return diff
 
 
+def check_own_settings(path):
+    """A new run writes its settings to `path` (args.json): one already there must be a run's of ours (stopped before
+    its first checkpoint: the settings and the environment every training script records), never a user's file."""
+    own = None
+    if os.path.isfile(path) and not os.path.islink(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                own = json.load(f)
+        except (OSError, ValueError):
+            pass
+    common.check(not os.path.lexists(path) or isinstance(own, dict) and {"outdir", "seed", "environment"} <= set(own),
+                 f"{path!r} exists and is not the settings of a run of ours; move it away or choose another --outdir")
+
+
 def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False, args=None):
     """Start a new run in outdir, or (resume=True) restore it from outdir/checkpoint.pth.tar.
 
@@ -1249,6 +1263,7 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     if not resume:
         common.check(not os.path.lexists(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "
                                                 f"continue it, or choose another --outdir")
+        check_own_settings(os.path.join(outdir, "args.json"))
         return 0, {}
     common.check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
     # On the CPU: load_state_dict copies weights and optimizer state to the model's device; the rest (generator

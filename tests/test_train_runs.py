@@ -182,6 +182,22 @@ def test_resume_without_a_checkpoint_and_an_unwritable_outdir_are_one_line_exit_
     assert len(err.strip().splitlines()) == 1 and "cannot write" in err
 
 
+@pytest.mark.parametrize("module", [train_gaussian, train_ours])
+def test_a_new_run_never_replaces_a_users_args_json_but_restarts_its_own(module, monkeypatch, tmp_path, capsys):
+    """A run folder without a checkpoint may hold args.json: the user's own file is refused in one line and kept;
+    the settings of a run of ours that stopped before its first checkpoint are replaced by the new run's."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "args.json").write_text('{"mine": "my own notes"}\n')
+    assert run_main(module, monkeypatch, *DIGITS, "--epochs", 1, "--max-batches", 1, "--outdir", out) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "args.json" in err and "Traceback" not in err
+    assert (out / "args.json").read_text() == '{"mine": "my own notes"}\n' and not (out / "log.tsv").exists()
+    (out / "args.json").write_text(json.dumps({"outdir": str(out), "seed": 0, "environment": {}}))
+    assert run_main(module, monkeypatch, *DIGITS, "--epochs", 1, "--max-batches", 1, "--outdir", out) == 0
+    assert json.loads((out / "args.json").read_text())["epochs"] == 1
+
+
 def test_eps_zero_is_fine_with_the_attack_off(monkeypatch, tmp_path):
     argv = (*DIGITS, "--epochs", 1, "--max-batches", 1, "--T", 0, "--eps", 0, "--outdir", tmp_path)
     assert run_main(train_ours, monkeypatch, *argv) == 0
