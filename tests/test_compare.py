@@ -459,9 +459,9 @@ def test_the_committed_compare_files_are_the_output_of_compare_cpu_sh(tmp_path):
 @pytest.mark.parametrize("sigma, radii", [("0.25", ["0.25", "0.5", "0.75"]),
                                           ("0.5", ["0.25", "0.5", "0.75", "1", "1.25", "1.5", "1.75"])])
 def test_the_committed_grid_against_certify_comparison_is_compare_output(tmp_path, sigma, radii):
-    """results/grid_cpu/rerun/sigma<S>/compare_grid (docs/speed.md): the command in results/grid_cpu/README.md."""
+    """results/grid_cpu/independent/sigma<S>/compare_grid (docs/speed.md): the command in results/grid_cpu/README.md."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    folder = os.path.join(root, "results", "grid_cpu", "rerun", f"sigma{sigma}")
+    folder = os.path.join(root, "results", "grid_cpu", "independent", f"sigma{sigma}")
     argv = ["compare", os.path.join(folder, "certify_N100000.tsv"), os.path.join(folder, "grid.tsv"), "--radii",
             *radii, "--labels", "CERTIFY", "grid", "--out", tmp_path]
     assert run_main(analyze.main, argv) == 0

@@ -765,7 +765,7 @@ def test_bench_from_logs_reads_time_cells_of_both_formats_and_rejects_others(tmp
     assert readers.log_seconds("0:00:03.617651") == pytest.approx(3.617651)
     assert readers.log_seconds("2 days, 1:00:00") == 2 * 86400 + 3600
     assert readers.log_seconds("3.5") == 3.5
-    source = os.path.join(ROOT, "results", "grid_cpu", "rerun", "sigma0.25")
+    source = os.path.join(ROOT, "results", "grid_cpu", "independent", "sigma0.25")
     for name in ("certify_N100000.tsv", "grid.tsv"):
         for suffix in ("", ".json"):
             shutil.copy(os.path.join(source, name + suffix), tmp_path / (name + suffix))

@@ -69,8 +69,8 @@ def test_the_kinds_are_read_from_the_committed_logs_of_each_script():
     kinds = lambda path: readers.log_kinds(readers.read_certification_log(path), readers.read_sidecar(path))
     at = lambda *parts: os.path.join(ROOT, "results", *parts)
     assert kinds(BASE) == ["CERTIFY"]
-    assert kinds(at("grid_cpu", "rerun", "sigma0.25", "grid.tsv")) == ["grid"]
-    assert kinds(at("grid_cpu", "rerun", "sigma0.25", "r0.5_alone.tsv")) == ["grid without r = 0"]
+    assert kinds(at("grid_cpu", "independent", "sigma0.25", "grid.tsv")) == ["grid"]
+    assert kinds(at("grid_cpu", "independent", "sigma0.25", "r0.5_alone.tsv")) == ["grid without r = 0"]
     assert kinds(at("ddrs_cpu", "ds_lr0.01_noise_0.25.tsv")) == ["CERTIFY", "DDRS"]
     assert kinds(at("ddrs_cpu", "semi_elastic_noise_0.25.tsv")) == ["CERTIFY", "semi-elastic"]
 
@@ -156,11 +156,11 @@ def test_bench_refuses_arms_of_another_checkpoint(kinds, tmp_path):
 
 
 def test_bench_takes_arms_at_another_N_by_design_but_not_at_another_alpha(tmp_path):
-    rerun = os.path.join(ROOT, "results", "grid_cpu", "rerun", "sigma0.25")
+    source = os.path.join(ROOT, "results", "grid_cpu", "independent", "sigma0.25")
     paths = []
     for name in ("certify_N100000.tsv", "certify_N10000.tsv"):
-        shutil.copy(os.path.join(rerun, name), tmp_path / name)
-        shutil.copy(os.path.join(rerun, name + ".json"), tmp_path / (name + ".json"))
+        shutil.copy(os.path.join(source, name), tmp_path / name)
+        shutil.copy(os.path.join(source, name + ".json"), tmp_path / (name + ".json"))
         paths.append(str(tmp_path / name))
     logs = analyze.load_logs(paths)
     assert readers.check_comparable(logs, ("N",)) == [("budget", "N: 100000 (certify_N100000.tsv), 10000 "

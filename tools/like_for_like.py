@@ -14,8 +14,8 @@ times fewer than CERTIFY's 100,000:
   the stage's CP lower bound at alpha / 3 reaches Phi(r / sigma), given up at the first two stages when the
   CP upper bound at beta / 2 stays below it; exact (binomial sums).
 
-  python tools/like_for_like.py results/grid_cpu/rerun/sigma0.25/certify_N100000.tsv \\
-      results/grid_cpu/rerun/sigma0.5/certify_N100000.tsv --out results/grid_cpu/like_for_like.md
+  python tools/like_for_like.py results/grid_cpu/independent/sigma0.25/certify_N100000.tsv \\
+      results/grid_cpu/independent/sigma0.5/certify_N100000.tsv --out results/grid_cpu/like_for_like.md
 """
 import math
 import os
