@@ -580,7 +580,7 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
     beta = grid.DEFAULT_BETA if args.beta is None else args.beta
     plan = None if args.radii is None else grid.grid_plan(args.radii, sigma, args.N, args.alpha, beta,
                                                           args.final_look, zero_level=args.zero_level)
-    sha = machinery.loaded_sha256(args.checkpoint)   # the bytes loaded, not read again
+    sha = readers.loaded_sha256(args.checkpoint)   # the bytes loaded, not read again
     common.check(sha is not None, f"the sha256 of checkpoint {args.checkpoint!r} is unknown; a log must name its model")
     num_classes = common.NUM_CLASSES[dataset_name]
     counts = (outfile + ".counts", ("idx",) + tuple(map(str, range(num_classes)))) if args.save_counts else None
@@ -612,8 +612,8 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
         os.makedirs(os.path.dirname(os.path.abspath(outfile)), exist_ok=True)
     except OSError as e:
         raise common.UserError(f"cannot create the folder of {outfile!r} ({e.strerror}); pass another --outfile")
-    if not args.overwrite:
-        machinery.check_resumable(outfile, settings, columns, counts)
+    if machinery.get_rank() == 0:   # early, before compiling: the same check as prepare_outputs', read-only
+        machinery.check_log(outfile, settings, columns, counts, inputs, args.overwrite)
     levels = common.DATASET_LEVELS[dataset_name] if args.sound else None
     if levels:   # before anything is written: the sound sampler needs inputs on the dataset's grid
         common.grid_levels(dataset[0][0], levels)
@@ -630,7 +630,6 @@ def claim_work(args, locks, run, rank, world):
     todo = [None]
     if rank == 0:
         try:
-            machinery.check_outputs(run.outfile, run.counts, run.inputs)
             machinery.lock_outputs(locks, run.outfile)
             seed = resolve_seed(args.seed, "" if args.overwrite else run.outfile + ".json")
             run.settings["seed_value"] = seed if args.seed == "random" else None   # recorded once the run starts

@@ -26,6 +26,10 @@ ARCHS = ("cifar_resnet20", "cifar_resnet110", "resnet50", "lenet", "digits_cnn")
 DEFAULT_ARCH = {"cifar10": "cifar_resnet110", "imagenet": "resnet50", "digits": "digits_cnn"}
 NUM_CLASSES = {"cifar10": 10, "imagenet": 1000, "digits": 10}
 INPUT_SHAPE = {"cifar10": (3, 32, 32), "imagenet": (3, 224, 224), "digits": (1, 8, 8)}
+# Default schedule per dataset (App. C.1: CIFAR-10 150 epochs, lr x0.1 every 50; ImageNet 90, every 30).
+# digits is our CPU demo, not in the paper: a short schedule that trains the small CNN in seconds.
+SCHEDULE = {"cifar10": {"epochs": 150, "lr_step": 50}, "imagenet": {"epochs": 90, "lr_step": 30},
+            "digits": {"epochs": 20, "lr_step": 10}}
 # Normalisation constants of the released checkpoints' code (Cohen et al. and successors).
 MEAN = {"cifar10": (0.4914, 0.4822, 0.4465), "imagenet": (0.485, 0.456, 0.406), "digits": (0.3,)}
 STD = {"cifar10": (0.2023, 0.1994, 0.2010), "imagenet": (0.229, 0.224, 0.225), "digits": (0.38,)}

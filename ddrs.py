@@ -630,7 +630,7 @@ def ds_train(s, hp, device):
             loaded, start = machinery.load_model(path, s.dataset, s.arch, device, s.trust_checkpoint)
         except common.UserError as e:
             raise common.UserError(f"--init-checkpoint: {e}") from None
-        common.check(machinery.loaded_sha256(path) == s.init_checkpoint["sha256"], f"--init-checkpoint {path!r} "
+        common.check(readers.loaded_sha256(path) == s.init_checkpoint["sha256"], f"--init-checkpoint {path!r} "
                      f"changed since this run recorded it (another sha256); rerun to record the file as it is now")
         common.check(start.get("arch") in (None, s.arch) and start.get("dataset") in (None, s.dataset),
                      f"--init-checkpoint {path!r} holds {start.get('arch')} on {start.get('dataset')}; this run "
@@ -667,7 +667,7 @@ def report_main(args):
     comes from (the share of inputs whose pA at sigma_0 is near 1). Differences with intervals: analyze.py
     compare (scripts/compare_cpu.sh). Writes report.md and report.tsv in --out."""
     from scipy.stats import norm
-    machinery.check_same_run([args.fixed, *args.logs])   # one model, one set of images: before any work
+    readers.check_same_run([args.fixed, *args.logs])   # one model, one set of images: before any work
     fixed = readers.read_certification_log(args.fixed)
     readers.check_log_kinds(fixed, readers.read_sidecar(args.fixed), FIXED_REFUSED, "ddrs.py report --fixed")
     common.check("sigma_x" not in fixed and "nA" in fixed,

@@ -1,6 +1,9 @@
 """The readers: one per file format the project reads (certification logs, their sidecars, training logs, pA
-estimates, gradient norms, ECDFs), each checking its whole contract: a bad file is one UserError that names the
-file, the line and the field, never a traceback. Every script reads through these."""
+estimates, gradient norms, ECDFs, checkpoints), each checking its whole contract: a bad file is one UserError
+that names the file, the line and the field, never a traceback; a checkpoint never runs code. Every script reads
+through these."""
+import hashlib
+import io
 import json
 import math
 import os
@@ -8,6 +11,7 @@ import re
 import sys
 
 import numpy as np
+import torch
 from scipy.special import ndtri
 
 import common
@@ -255,6 +259,21 @@ def check_comparable(logs, allow=(), command="this analysis", assumed=None):
             values = ", ".join(f"{value} ({os.path.basename(p)})" for value, p in seen.items())
             differs.append((group, f"{field}: {values}"))
     return differs
+
+
+def check_same_run(paths, keys=("checkpoint_sha256", "data", "split")):
+    """The logs at `paths` come from one model on one set of images: their sidecars name the same checkpoint
+    hash, data fingerprint and split (ddrs.py report pairs a DDRS log with its fixed-sigma log this way). A log
+    whose sidecar does not record them is refused: what it was made from cannot be checked."""
+    sides = [read_sidecar(p) for p in paths]
+    for path, side in zip(paths, sides):
+        missing = [k for k in keys if side.get(k) is None]
+        common.check(not missing, f"{path}: its settings file does not record {', '.join(missing)} (the run's "
+                                  f"identity), so it cannot be paired with {paths[0]}; certify it with certify.py")
+        for k in keys:
+            common.check(side[k] == sides[0][k], f"{path}: another {k.replace('_sha256', '')} than {paths[0]} "
+                                                 f"({str(side[k])[:16]} vs {str(sides[0][k])[:16]}): not the same "
+                                                 f"model on the same images")
 
 
 # The sidecar's fields that readers use, with their contract (a field may be missing: a log from elsewhere).
@@ -555,3 +574,83 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_certification_log, co
                 print(f"note: the logs differ in {line} (--allow-different {setting}): each row is about its model "
                       f"and that setting together", file=sys.stderr)
     return logs
+
+
+# ====== Checkpoints: torch files read without running code, checked against their contract
+
+_LOADED_SHA256 = {}   # path as given -> sha256 of the bytes safe_load last read through it in this process
+
+
+def loaded_sha256(path):
+    """The sha256 of the bytes safe_load last read from `path` in this process (None if none): the identity a
+    record gives the model it used, from those very bytes, never from reading the path again (a training run
+    may replace the file in between)."""
+    return _LOADED_SHA256.get(path)
+
+
+def safe_load(path, device="cpu", trust=False, what="checkpoint"):
+    """torch.load that cannot run code from the file: its pickle is read with weights_only=True, which allows
+    tensors and plain Python values (every checkpoint released with Cohen et al., SmoothAdv, Consistency,
+    SmoothMix, CAT-RS and the paper, and ours). A file that names a class or a function is a UserError naming
+    what it asks for and --trust-checkpoint; trust=True loads anything (weights_only=False): only for files from
+    a trusted source. The file is read once; its bytes are loaded and hashed (loaded_sha256)."""
+    common.check(os.path.isfile(path), f"{what} {path!r} not found")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise common.UserError(f"cannot read {what} {path!r} ({e.strerror or type(e).__name__})") from None
+    _LOADED_SHA256[path] = hashlib.sha256(data).hexdigest()
+    try:
+        return torch.load(io.BytesIO(data), map_location=device, weights_only=not trust)
+    except Exception as e:
+        if trust or "Weights only load failed" not in str(e):
+            raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
+    try:
+        names = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))) or "objects"
+    except Exception:
+        names = "objects"
+    raise common.UserError(f"{what} {path!r} needs arbitrary unpickling ({names}), which can run any code it holds; "
+                           f"pass --trust-checkpoint only if you trust where the file came from")
+
+
+def read_torch_dict(path, what, fields, trust=False, required=True):
+    """A torch file holding a dict (safe_load) whose `fields` ({name: check(value) -> bool}) pass their checks:
+    all present (required) or those present; anything else is a UserError naming the file and the first bad
+    field."""
+    saved = safe_load(path, trust=trust, what=what)
+    common.check(isinstance(saved, dict), f"{what} {path!r} must hold a dict, not {type(saved).__name__}")
+    for name, ok in fields.items():
+        common.check(name in saved or not required, f"{what} {path!r} lacks the field {name!r}")
+        common.check(name not in saved or ok(saved[name]), f"{what} {path!r}: field {name!r} has an invalid value "
+                                                           f"({type(saved.get(name)).__name__})")
+    return saved
+
+
+def is_tensor_dict(value):
+    return isinstance(value, dict) and all(torch.is_tensor(v) for v in value.values())
+
+
+# The fields of a checkpoint: Cohen's {'arch', 'state_dict'}, and those ours add, each checked when present.
+CHECKPOINT_FIELDS = {"state_dict": is_tensor_dict, "arch": lambda v: isinstance(v, str),
+                     "dataset": lambda v: v is None or v in common.DATASETS,
+                     "sigma": lambda v: v is None or (common._is_number(v) and 0 < v < math.inf),
+                     "epoch": lambda v: _is_int(v) and v >= 0,
+                     **{k: lambda v: v is None or isinstance(v, dict) for k in ("args", "extra", "optimizer",
+                                                                                 "scheduler", "rng")}}
+
+
+def load_checkpoint(path, device="cpu", trust=False):
+    """A checkpoint dict ({'arch', 'state_dict', ...}, or a bare state_dict) read with safe_load and checked
+    against CHECKPOINT_FIELDS; a missing or unreadable file, or one that would run code (unless trust), is a
+    UserError."""
+    common.check(os.path.isfile(path), f"checkpoint {path!r} not found (no such file)")   # whichever flag named it
+    if is_tensor_dict(ckpt := safe_load(path, device, trust)) and "state_dict" not in ckpt:
+        ckpt = {"state_dict": ckpt}
+    common.check(isinstance(ckpt, dict) and "state_dict" in ckpt,
+                 f"checkpoint {path!r} holds no 'state_dict'; expected {{'arch': ..., 'state_dict': ...}}")
+    common.check(is_tensor_dict(ckpt["state_dict"]), f"checkpoint {path!r}: its 'state_dict' is not a dict of tensors")
+    for name, ok in CHECKPOINT_FIELDS.items():
+        common.check(name not in ckpt or ok(ckpt[name]), f"checkpoint {path!r}: field {name!r} has an invalid value "
+                                                         f"({type(ckpt.get(name)).__name__})")
+    return ckpt

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 import common
 import machinery
+import readers
 
 METHODS = ("smoothadv", "macer", "consistency", "smoothmix", "catrs", "stability")
 
@@ -519,7 +520,7 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
     settings = {"N": N, "sigma": sigma, "seed": seed, "len": len(dataset), "tag": tag}
     counts, done = torch.zeros(len(dataset), num_classes, dtype=torch.long), 0
     if partial_path and os.path.isfile(partial_path):
-        saved = machinery.read_torch_dict(partial_path, "partial CAT-RS target", PARTIAL_TARGET_FIELDS)
+        saved = readers.read_torch_dict(partial_path, "partial CAT-RS target", PARTIAL_TARGET_FIELDS)
         if saved["settings"] == settings and tuple(saved["counts"].shape) == tuple(counts.shape):
             counts, done = saved["counts"], saved["done"]
             print(f"continuing from {done} images in {partial_path}")
@@ -549,7 +550,7 @@ def check_catrs_target_path(path):
                                        f"--make-catrs-target --checkpoint GAUSSIAN_0.25.pth.tar --out {path}")
 
 
-# The contracts of the two files of --make-catrs-target (machinery.read_torch_dict checks them).
+# The contracts of the two files of --make-catrs-target (readers.read_torch_dict checks them).
 TARGET_FIELDS = {"counts": torch.is_tensor, "N": lambda v: isinstance(v, int) and not isinstance(v, bool),
                  "dataset": lambda v: v in common.DATASETS}
 PARTIAL_TARGET_FIELDS = {"settings": lambda v: isinstance(v, dict), "counts": torch.is_tensor,
@@ -559,7 +560,7 @@ PARTIAL_TARGET_FIELDS = {"settings": lambda v: isinstance(v, dict), "counts": to
 def load_catrs_target(path, dataset, train_size, num_classes, trust=False):
     """The soft labels pb (train_size, num_classes), float32 on CPU, from a --make-catrs-target file."""
     check_catrs_target_path(path)
-    saved = machinery.read_torch_dict(path, "--catrs-target", TARGET_FIELDS, trust)
+    saved = readers.read_torch_dict(path, "--catrs-target", TARGET_FIELDS, trust)
     counts, N = saved["counts"], saved["N"]
     common.check(N >= 1 and not counts.is_floating_point() and bool((counts >= 0).all()) and counts.dim() == 2
                  and bool((counts.sum(1) == N).all()), f"--catrs-target {path!r}: counts must be (examples x "
@@ -709,8 +710,8 @@ def settings(args):
     s["m"] = 1 if s["m"] is None else s["m"]  # Stability: one noise draw
     s["batch"] = args.batch or hp.get("batch", 256)
     s["arch"] = args.arch or common.DEFAULT_ARCH[args.dataset]
-    s["epochs"] = args.epochs if args.epochs is not None else machinery.SCHEDULE[args.dataset]["epochs"]
-    s["lr_step"] = args.lr_step or machinery.SCHEDULE[args.dataset]["lr_step"]
+    s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[args.dataset]["epochs"]
+    s["lr_step"] = args.lr_step or common.SCHEDULE[args.dataset]["lr_step"]
     s["outdir"] = args.outdir or f"runs/train_{args.method}_{args.dataset}_sigma{args.sigma}"
     common.check(all(s[k] is None or s[k] >= 0 for k in ("T", "eps", "warmup", "lbd", "eta", "alpha", "mix_step")),
                  "--T, --eps, --warmup, --lbd, --eta, --alpha and --mix_step must be >= 0")
@@ -762,7 +763,7 @@ def check_resume_method(outdir, method, trust=False):
     """--resume must continue a run of the same method (start_or_resume checks arch, dataset and sigma)."""
     path = os.path.join(outdir, machinery.CHECKPOINT)
     if os.path.isfile(path):
-        previous = (machinery.load_checkpoint(path, trust=trust).get("args") or {}).get("method")
+        previous = (readers.load_checkpoint(path, trust=trust).get("args") or {}).get("method")
         common.check(previous in (None, method), f"--resume: {outdir!r} holds a {previous} run, not {method}; "
                                                  f"use the same --method or another --outdir")
 

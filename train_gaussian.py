@@ -74,8 +74,8 @@ def settings(args):
     common.check(args.m >= 1, f"--m must be >= 1, got {args.m}")
     s = dict(vars(args))
     s["arch"] = args.arch or common.DEFAULT_ARCH[args.dataset]
-    s["epochs"] = args.epochs if args.epochs is not None else machinery.SCHEDULE[args.dataset]["epochs"]
-    s["lr_step"] = args.lr_step or machinery.SCHEDULE[args.dataset]["lr_step"]
+    s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[args.dataset]["epochs"]
+    s["lr_step"] = args.lr_step or common.SCHEDULE[args.dataset]["lr_step"]
     s["outdir"] = args.outdir or f"runs/train_gaussian_{args.dataset}_sigma{args.sigma}"
     common.check(s["epochs"] >= 0 and args.workers >= 0 and args.batch >= 1 and s["lr_step"] >= 1,
                  "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")

@@ -128,8 +128,8 @@ def settings(args, sigma, dataset):
     s["reweight"] = dataset != "imagenet" if args.reweight is None else args.reweight
     s["N"] = args.N or (50 if dataset == "imagenet" else 100)
     s["arch"] = args.arch or common.DEFAULT_ARCH[dataset]
-    s["epochs"] = args.epochs if args.epochs is not None else machinery.SCHEDULE[dataset]["epochs"]
-    s["lr_step"] = args.lr_step or machinery.SCHEDULE[dataset]["lr_step"]
+    s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[dataset]["epochs"]
+    s["lr_step"] = args.lr_step or common.SCHEDULE[dataset]["lr_step"]
     s["outdir"] = args.outdir or f"runs/train_ours_{dataset}_sigma{sigma}"
     check_settings(s)
     return argparse.Namespace(**s)
@@ -199,10 +199,9 @@ def shared_counts(counts, labels, indices, n, path, device):
     (idx label count n) by rank 0: what train() does around discard_hard and the reweighting estimate."""
     counts = machinery.broadcast(counts.to(device)).cpu()
     if machinery.is_main_process():
-        log = machinery.TSVLog(path, readers.PA_COLUMNS)
-        for i, label, c in zip(torch.as_tensor(indices).tolist(), labels.tolist(), counts.tolist()):
-            log.row(idx=i, label=label, count=c, n=n)
-        log.close()
+        rows = [(i, label, c, n) for i, label, c in zip(torch.as_tensor(indices).tolist(), labels.tolist(),
+                                                      counts.tolist())]
+        machinery.write_tsv(path, readers.PA_COLUMNS, rows, "pA estimates")
     return counts
 
 

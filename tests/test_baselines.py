@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import common
 import machinery
+import readers
 import train_baselines as tb
 
 SIGMA = 0.5
@@ -420,8 +421,8 @@ def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(monkey
     assert run_main(monkeypatch, *argv, "--epochs", 2, "--outdir", tmp_path / "whole") == 0
     assert run_main(monkeypatch, *argv, "--epochs", 1, "--outdir", tmp_path / "parts") == 0
     assert run_main(monkeypatch, *argv, "--epochs", 2, "--outdir", tmp_path / "parts", "--resume") == 0
-    a = machinery.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
-    b = machinery.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
+    a = readers.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
+    b = readers.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import certify
 import common
 import machinery
+import readers
 import train_baselines
 import train_gaussian
 import train_ours
@@ -142,8 +143,8 @@ def test_every_training_script_runs_on_cuda_with_amp_and_resumes_exactly(module,
     assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "whole"], monkeypatch) == 0
     assert run(module, [*argv, "--epochs", 1, "--outdir", tmp_path / "parts"], monkeypatch) == 0
     assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "parts", "--resume"], monkeypatch) == 0
-    a = machinery.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
-    b = machinery.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
+    a = readers.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
+    b = readers.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -163,4 +164,4 @@ def test_torchrun_with_one_process_and_nccl_writes_its_checkpoint(tmp_path):
             "--outdir", str(out)]
     proc = run_torchrun(args, tmp_path / "logs", nproc=1, timeout=300)
     assert proc.returncode == 0, failure_report(proc, tmp_path / "logs")
-    assert machinery.load_checkpoint(str(out / "checkpoint.pth.tar"))["epoch"] == 1
+    assert readers.load_checkpoint(str(out / "checkpoint.pth.tar"))["epoch"] == 1

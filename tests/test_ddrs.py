@@ -11,6 +11,7 @@ from scipy.stats import norm
 import certify
 import common
 import machinery
+import readers
 import ddrs
 from helpers import digits_checkpoint, run_main
 
@@ -218,8 +219,8 @@ def test_ds_training_learns_stores_sigmas_resumes_exactly_and_certifies(method, 
     assert run(ddrs.main, [*argv, "--epochs", 4, "--outdir", tmp_path / "whole"]) == 0
     assert run(ddrs.main, [*argv, "--epochs", 2, "--outdir", tmp_path / "parts"]) == 0
     assert run(ddrs.main, [*argv, "--epochs", 4, "--outdir", tmp_path / "parts", "--resume"]) == 0
-    a = machinery.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))
-    b = machinery.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))
+    a = readers.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))
+    b = readers.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     assert torch.equal(a["extra"]["sigmas"], b["extra"]["sigmas"])               # the sigmas resume too
     sigmas = a["extra"]["sigmas"]
@@ -295,12 +296,12 @@ def test_init_checkpoint_starts_from_its_weights_and_is_recorded(ckpt, tmp_path,
     argv = ["train", "--method", "gaussian", "--dataset", "digits", "--arch", "lenet", "--sigma", 0.25,
             "--workers", 0, "--epochs", 1, "--max-batches", 1, "--lr", 1e-12, "--momentum", 0, "--weight_decay", 0]
     assert run(ddrs.main, [*argv, "--init-checkpoint", ckpt, "--outdir", tmp_path / "a"]) == 0
-    start, end = machinery.load_checkpoint(ckpt), machinery.load_checkpoint(str(tmp_path / "a" / "checkpoint.pth.tar"))
+    start, end = readers.load_checkpoint(ckpt), readers.load_checkpoint(str(tmp_path / "a" / "checkpoint.pth.tar"))
     assert all(torch.allclose(start["state_dict"][k], end["state_dict"][k], atol=1e-8) for k in start["state_dict"])
     recorded = json.load(open(tmp_path / "a" / "args.json"))
     assert recorded["init_checkpoint"]["sha256"] == certify.file_sha256(ckpt) and recorded["K_train"] == 1
     assert run(ddrs.main, [*argv, "--outdir", tmp_path / "b"]) == 0                 # without: fresh weights
-    fresh = machinery.load_checkpoint(str(tmp_path / "b" / "checkpoint.pth.tar"))
+    fresh = readers.load_checkpoint(str(tmp_path / "b" / "checkpoint.pth.tar"))
     assert not all(torch.allclose(start["state_dict"][k], fresh["state_dict"][k], atol=1e-3)
                    for k in start["state_dict"])
     capsys.readouterr()

@@ -17,6 +17,7 @@ import machinery
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import demo_report  # noqa: E402
+import remove_outputs  # noqa: E402
 
 MODELS = ["gaussian_sigma0.25", "ours_sigma0.25", "consistency_sigma0.25", "gaussian_sigma0.5"]
 EXAMPLES, N = 12, 200
@@ -202,7 +203,7 @@ def test_demo_keeps_a_users_file_put_into_its_own_folder(tmp_path):
     out = tmp_path / "demo"
     out.mkdir()
     (out / "report.md").write_text("old report")
-    machinery.record_tree(str(out))
+    remove_outputs.record_tree(str(out))
     (out / "notes.txt").write_text("precious")
     result = subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                             env=dict(os.environ, DEMO_OUT=str(out), PYTHON=sys.executable))
@@ -216,7 +217,7 @@ def test_demo_keeps_a_users_file_or_link_deep_in_its_folder(tmp_path):
     out = tmp_path / "demo"
     (out / "train" / "gaussian").mkdir(parents=True)
     machinery.write_text_output(str(out / "train" / "gaussian" / "args.json"), "settings", "{}")
-    machinery.record_tree(str(out))
+    remove_outputs.record_tree(str(out))
     (out / "train" / "gaussian" / "notes.txt").write_text("precious")
     elsewhere = tmp_path / "elsewhere.txt"
     elsewhere.write_text("mine")
@@ -231,5 +232,5 @@ def test_demo_keeps_a_users_file_or_link_deep_in_its_folder(tmp_path):
     assert elsewhere.read_text() == "mine" and (out / "train" / "gaussian" / "link").is_symlink()
     # with only the demo's own files left, the demo's start removes the tree (its record included)
     (out / "train" / "gaussian" / "link").unlink()
-    machinery.remove_tree(str(out))
+    remove_outputs.remove_tree(str(out))
     assert not out.exists()

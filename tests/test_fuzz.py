@@ -27,6 +27,7 @@ import analyze  # noqa: E402
 import certify  # noqa: E402
 import common  # noqa: E402
 import machinery  # noqa: E402
+import readers  # noqa: E402
 import ddrs  # noqa: E402
 import train_gaussian  # noqa: E402
 from helpers import digits_checkpoint  # noqa: E402
@@ -485,7 +486,7 @@ def train_main(argv):
 
 def model_weights(path):
     """(epoch, sigma, state_dict) of a training checkpoint."""
-    ckpt = machinery.load_checkpoint(path)
+    ckpt = readers.load_checkpoint(path)
     return ckpt["epoch"], ckpt["sigma"], ckpt["state_dict"]
 
 

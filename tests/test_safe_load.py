@@ -13,6 +13,7 @@ import bench
 import certify
 import common
 import machinery
+import readers
 import train_baselines
 import train_gaussian
 import train_ours
@@ -127,11 +128,11 @@ def test_a_checkpoint_holding_numpy_arrays_needs_the_flag(tmp_path):
     torch.save({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25, "state_dict": digits_state_dict(),
                 "rng": {"numpy": np.random.get_state(), "torch": torch.get_rng_state()}}, path)
     with pytest.raises(common.UserError, match="--trust-checkpoint"):
-        machinery.load_checkpoint(str(path))
+        readers.load_checkpoint(str(path))
     # an object array is not a plain array: refused like any other object
     torch.save({"state_dict": {}, "x": np.array([Payload(str(tmp_path / "m"))], dtype=object)}, path)
     with pytest.raises(common.UserError, match="--trust-checkpoint"):
-        machinery.load_checkpoint(str(path))
+        readers.load_checkpoint(str(path))
     assert not (tmp_path / "m").exists()
 
 

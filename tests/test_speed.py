@@ -6,7 +6,6 @@ import copy
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -20,6 +19,7 @@ import bench
 import certify
 import common
 import machinery
+import readers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Channels-last and compiled models sum in another order, so a vote can flip where two logits tie to within
@@ -408,7 +408,7 @@ def test_compile_trains_through_the_compiled_module_and_saves_the_plain_models_w
     for flags in ([], ["--compile"]):
         monkeypatch.setattr(sys, "argv", [*argv, *flags, "--outdir", str(tmp_path / f"run{len(flags)}")])
         assert run_main(lambda a: module.main(), []) == 0
-        weights[len(flags)] = machinery.load_checkpoint(str(tmp_path / f"run{len(flags)}" / machinery.CHECKPOINT))
+        weights[len(flags)] = readers.load_checkpoint(str(tmp_path / f"run{len(flags)}" / machinery.CHECKPOINT))
     assert len(made) == 1 and made[0].calls >= 2 * 4                # every step's passes went through it
     plain, compiled = weights[0]["state_dict"], weights[1]["state_dict"]
     assert list(plain) == list(compiled)                              # no wrapper's prefix in the checkpoint

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import machinery
+import readers
 import train_gaussian
 import train_ours
 
@@ -60,7 +61,7 @@ def test_ours_with_all_parts_on_learns_and_records_its_estimates(monkeypatch, tm
     for name in ("pA_epoch2_discard.tsv", "pA_epoch2_weights.tsv", "pA_epoch4_weights.tsv"):
         assert open(out / name).readline() == "idx\tlabel\tcount\tn\n"
     assert len(open(out / "pA_epoch4_weights.tsv").readlines()) == discard["kept"] + 1  # kept examples only
-    ckpt = machinery.load_checkpoint(str(out / "checkpoint.pth.tar"))
+    ckpt = readers.load_checkpoint(str(out / "checkpoint.pth.tar"))
     assert len(ckpt["extra"]["kept"]) == discard["kept"] and len(ckpt["extra"]["weights"]) == discard["kept"]
     machinery.load_model(str(out / "checkpoint.pth.tar"))
 
@@ -98,8 +99,8 @@ def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(module
     stop_at = [a if a != epochs else epochs - 1 for a in argv]
     assert run_main(module, monkeypatch, *stop_at, "--outdir", parts) == 0
     assert run_main(module, monkeypatch, *argv, "--outdir", parts, "--resume") == 0
-    a = machinery.load_checkpoint(str(whole / "checkpoint.pth.tar"))
-    b = machinery.load_checkpoint(str(parts / "checkpoint.pth.tar"))
+    a = readers.load_checkpoint(str(whole / "checkpoint.pth.tar"))
+    b = readers.load_checkpoint(str(parts / "checkpoint.pth.tar"))
     assert a["epoch"] == b["epoch"] == epochs
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     assert [r["epoch"] for r in read_log(parts)] == [str(e) for e in range(epochs)]

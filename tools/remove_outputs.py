@@ -1,16 +1,43 @@
-"""Remove a folder tree that holds only the files its record lists (machinery.remove_tree), or write that record
-(--record: machinery.record_tree); anything else in the tree stops the removal before a file goes.
+"""Remove a folder tree that holds only the files its record lists, or write that record (--record). Anything
+else in the tree (a user's file, a link, a FIFO, a changed file, or no record: an interrupted demo) stops the
+removal before a file goes: scripts/demo.sh starts afresh this way, not with rm -rf.
 Usage: python tools/remove_outputs.py [--record] FOLDER."""
-import signal
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.SIG_DFL)   # Ctrl-C during the imports: no traceback
-
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402
 import machinery  # noqa: E402
+import readers  # noqa: E402
+
+RECORD = ".demo"   # the folder's record: {path relative to the folder: sha256} of every file the demo wrote
+
+
+def record_tree(folder):
+    """Write the record of the folder tree `folder` (as the demo ends): every file in it with its sha256."""
+    files = {os.path.relpath(os.path.join(root, name), folder): machinery.file_sha256(os.path.join(root, name))
+             for root, _, names in os.walk(folder) for name in sorted(names) if name != RECORD}
+    machinery.write_json(files, os.path.join(folder, RECORD), "record of a folder")
+
+
+def remove_tree(folder):
+    """Remove the folder tree `folder` if it holds only the files its record lists, each with its content."""
+    record = readers.read_json_object(os.path.join(folder, RECORD), "record of a folder")
+    files, folders, foreign = [], [], []
+    for root, dirs, names in os.walk(folder):   # os.walk does not enter links to folders
+        folders.append(root)
+        for path in (os.path.join(root, n) for n in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]):
+            key = os.path.relpath(path, folder)
+            ours = key == RECORD or (os.path.isfile(path) and not os.path.islink(path)
+                                     and record.get(key) == machinery.file_sha256(path))
+            (files if ours else foreign).append(path)
+    more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    common.check(not foreign, f"{folder!r} holds files this project did not write, or that changed since: "
+                              f"{', '.join(foreign[:3])}{more}; move them away, or choose another folder")
+    for path in files:
+        machinery.remove_output(path)
+    for root in sorted(folders, key=len, reverse=True):
+        os.rmdir(root)
 
 
 def main(argv=None):
@@ -19,9 +46,9 @@ def main(argv=None):
     p.add_argument("--record", action="store_true", help="write the record of every file now in the folder")
     args = p.parse_args(argv)
     if args.record:
-        machinery.record_tree(args.folder)
+        record_tree(args.folder)
     elif os.path.lexists(args.folder):
-        machinery.remove_tree(args.folder)
+        remove_tree(args.folder)
 
 
 if __name__ == "__main__":
