@@ -29,7 +29,8 @@ export PYTHONUNBUFFERED=1   # progress lines appear as they are printed, not whe
 # Two jobs run side by side with one thread each: for a model this small, two single-threaded processes on
 # 2 cores do about twice the work of one two-threaded process.
 export OMP_NUM_THREADS=1
-# The same report on any x86-64 CPU with AVX2 (docs/demo.md, "The same file on every CPU"): the math libraries
+# The same report on the AMD EPYCs measured, with AVX-512 or not (docs/demo.md, "The same file on every CPU";
+# an Intel Xeon gives other last digits): the math libraries
 # pick their kernels by the CPU's widest instruction set, and AVX-512 kernels sum in another order than AVX2
 # ones, so the trained weights, and with them the report, would differ in their last digits. Pinned to AVX2
 # (each may be set beforehand to another value): oneDNN (convolutions; DNNL_ is its older name), ATen's own
