@@ -1015,8 +1015,48 @@ def make_test_loader(dataset, batch, workers):
                                        generator=torch.Generator().manual_seed(0))
 
 
+GRAPH_WARMUP = 2   # eager steps of a chunk shape each epoch before its step is captured (cuDNN's picks, momentum)
+
+
+def check_graph(device, precision, world=1):
+    """The conditions of a CUDA-graphed training step (train_epoch(graph=True), --cuda-graph): CUDA, fp32 or bf16,
+    one process (world: the number under torchrun)."""
+    check_type("device", device, torch.device)
+    check(device.type == "cuda", f"--cuda-graph needs a CUDA device (got {device})")
+    check(precision != "fp16", "--cuda-graph cannot replay fp16's loss scaling (the scaler reads its overflow check "
+                               "on the host); use --amp bf16, which needs no scaling")
+    check(world == 1, "--cuda-graph trains in one process; under torchrun drop --cuda-graph")
+
+
+class GraphedStep:
+    """One training step (loss_fn under autocast, backward, optimizer.step) captured as a CUDA graph on static
+    copies of a chunk (x, y, idx), then replayed for every chunk of that shape: the GPU runs the step's
+    kernels back to back instead of waiting for the host to launch each of the thousands a ResNet-110 step
+    makes. The replay runs the captured kernels on the same parameters, gradients and momentum buffers (all
+    updated in place), so it computes the eager step; its random draws come from the global CUDA generator,
+    which each replay advances as the eager step would. loss_fn must not synchronise with the host (.item(),
+    shapes that depend on values): gaussian_loss and ours_loss do not. Call it after GRAPH_WARMUP eager steps of
+    that shape on a side stream (torch.cuda.graph's rule), so that nothing is first allocated inside."""
+
+    def __init__(self, model, optimizer, loss_fn, precision, chunk):
+        self.inputs = tuple(t.clone() for t in chunk)
+        self.graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)   # the captured backward then writes the gradients, not adds to them
+        with torch.cuda.graph(self.graph):
+            with autocast("cuda", precision):
+                self.out = loss_fn(model, *self.inputs)
+            self.out["loss"].backward()
+            optimizer.step()
+
+    def __call__(self, chunk):
+        for static, t in zip(self.inputs, chunk):
+            static.copy_(t)
+        self.graph.replay()
+        return self.out
+
+
 def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None, max_batches=None, *,
-                precision="fp32"):
+                precision="fp32", graph=False):
     """One training epoch: every loader batch is split into `chunks` chunks, one optimizer step each.
 
     loss_fn(model, x, y, idx) -> dict with 'loss' (scalar tensor to minimise), 'correct' (tensor: correct
@@ -1025,7 +1065,9 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
     progress: optional callable(batches_done, batches_total) for a progress line. max_batches: stop after
     that many loader batches (smoke tests and timing; None = the whole epoch). precision: 'fp32', or
     'bf16'/'fp16' autocast of loss_fn (mixed precision, --amp); fp16 scales the loss (a GradScaler per
-    epoch, so a run resumed at an epoch boundary repeats the uninterrupted one).
+    epoch, so a run resumed at an epoch boundary repeats the uninterrupted one). graph (CUDA, one process,
+    fp32 or bf16; --cuda-graph): after GRAPH_WARMUP eager steps of a chunk shape, its steps replay a
+    GraphedStep (the same steps; the graphs live for this epoch only, as the learning rate is baked in).
     """
     check_type("model", model, torch.nn.Module)
     check_type("optimizer", optimizer, torch.optim.Optimizer)
@@ -1036,33 +1078,58 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
     if max_batches is not None:
         check_int("max_batches", max_batches)
     check_choice("precision", precision, tuple(PRECISIONS))
+    check_type("graph", graph, bool)
+    if graph:
+        check_graph(device, precision, 2 if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel))
+                    else 1)
     model.train()
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None  # bf16 has fp32's range
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)
     total, steps = 0, 0
+    graphs, eager_steps = {}, {}   # chunk shape -> its GraphedStep, its eager steps so far
+    side = torch.cuda.Stream(device) if graph else None
+
+    def eager(x, y, idx):
+        with autocast(device.type, precision):
+            out = loss_fn(model, x, y, idx)
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is None:
+            out["loss"].backward()
+            optimizer.step()
+        else:  # skips the step when the scaled gradients overflowed
+            scaler.scale(out["loss"]).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        return out
+
     n_batches = len(loader) if max_batches is None else min(max_batches, len(loader))
     for i, batch in enumerate(loader):
         if i >= n_batches:
             break
         batch = tuple(t.to(device, non_blocking=True) for t in batch)
-        for x, y, idx in split_chunks(batch, chunks):
-            with autocast(device.type, precision):
-                out = loss_fn(model, x, y, idx)
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is None:
-                out["loss"].backward()
-                optimizer.step()
-            else:  # skips the step when the scaled gradients overflowed
-                scaler.scale(out["loss"]).backward()
-                scaler.step(optimizer)
-                scaler.update()
+        for chunk in split_chunks(batch, chunks):
+            shape = tuple(chunk[0].shape)
+            if graph and shape not in graphs and eager_steps.get(shape, 0) >= GRAPH_WARMUP:
+                graphs[shape] = GraphedStep(model, optimizer, loss_fn, precision, chunk)
+            if shape in graphs:
+                out = graphs[shape](chunk)
+            elif graph:   # warm-up steps on a side stream, as capture requires
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):
+                    out = eager(*chunk)
+                torch.cuda.current_stream(device).wait_stream(side)
+                eager_steps[shape] = eager_steps.get(shape, 0) + 1
+            else:
+                out = eager(*chunk)
             loss_sum += out["loss"].detach()
             correct += out["correct"]
             total += out["total"]
             steps += 1
         if progress is not None:
             progress(i + 1, n_batches)
+    if graphs:
+        optimizer.zero_grad(set_to_none=True)   # the last replay's gradients live in the graphs' memory
     train_loss = (loss_sum / max(steps, 1)).item()
     lr = optimizer.param_groups[0]["lr"]
     check(math.isfinite(train_loss), f"the training loss became {train_loss} at learning rate {lr:g} (this "

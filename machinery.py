@@ -892,7 +892,7 @@ def save_training_checkpoint(outdir, model, optimizer, scheduler, epoch, args, e
 
 # Settings a resumed run may change: where and how fast it runs, how long; never what it computes.
 RESUME_MAY_CHANGE = {"epochs", "resume", "workers", "device", "outdir", "data_dir", "max_batches", "save_every",
-                     "trust_checkpoint", "gradnorm", "probe", "note", "channels_last", "compile"}
+                     "trust_checkpoint", "gradnorm", "probe", "note", "channels_last", "compile", "cuda_graph"}
 
 
 def resume_mismatches(saved_args, args):

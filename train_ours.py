@@ -103,6 +103,8 @@ def parse_args():
     p.add_argument("--compile", action="store_true", help="torch.compile the model for the training steps (the "
                    "same training up to float rounding; compiled at the first step, minutes on ResNet-110; one "
                    "process, not under torchrun)")
+    p.add_argument("--cuda-graph", action="store_true", help="replay each training step as a CUDA graph (CUDA, "
+                   "one process, fp32 or --amp bf16): the same steps without the host's launch overhead")
     p.add_argument("--sync-bn", action="store_true", help="under torchrun: BatchNorm statistics over the "
                    "whole batch of all ranks (SyncBatchNorm, GPUs only), as on the paper's single GPU; default: each "
                    "rank's batch // world_size inputs")
@@ -272,6 +274,8 @@ def gradnorm_mode(args):
 def train(args, device):
     """Algorithm 2 for args.epochs epochs in args.outdir, resuming a run there with --resume."""
     machinery.check_precision(args.amp or "fp32", device)
+    if args.cuda_graph:
+        common.check_graph(device, args.amp or "fp32", machinery.get_world_size())
     common.seed_everything(args.seed)   # the initial weights; each epoch then reseeds itself
     train_set = common.get_dataset(args.dataset, "train", args.data_dir)
     test_set = common.get_dataset(args.dataset, "test", args.data_dir)
@@ -323,7 +327,7 @@ def train(args, device):
         lr = optimizer.param_groups[0]["lr"]
         row = common.train_epoch(stepper, loader, optimizer, loss_fn, args.m, device,
                                  machinery.progress_line(f"epoch {epoch + 1}"), args.max_batches,
-                                 precision=args.amp or "fp32")
+                                 precision=args.amp or "fp32", graph=args.cuda_graph)
         if machinery.is_main_process():
             row.update(common.evaluate_noisy(common.unwrap(model), test_loader, args.sigma, device,
                                              common.eval_generator(args.seed, epoch, device)))

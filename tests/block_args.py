@@ -97,7 +97,7 @@ def catalogue(ns):
                                      device=torch.device("cpu")),
                         {"model": model, "optimizer": ("object",), "loss_fn": ("callable",), "chunks": N,
                          "device": ("object",), "progress": ("callable?",), "max_batches": ("int?", 1, None),
-                         "precision": ("choice", ("fp32", "bf16", "fp16"))})
+                         "precision": ("choice", ("fp32", "bf16", "fp16")), "graph": ("bool",)})
     c["evaluate_noisy"] = (lambda: dict(model=net, loader=[(xb, yb)], sigma=0.5, device=torch.device("cpu")),
                            {"model": model, "sigma": ("float", {"ge": 0}), "device": ("object",),
                             "generator": ("generator?",)})

@@ -2,7 +2,7 @@
 
 On a GPU: certify in fp32, bf16 and fp16, with channels-last, folded BatchNorm and torch.compile, agrees with
 the plain path on the same noise and resumes to the same file; every training script runs steps under
-`--amp bf16` and `--amp fp16` and resumes exactly; the Monte Carlo counter synchronises with the host once a
+`--amp bf16` and `--amp fp16` and resumes exactly; a CUDA-graphed epoch (--cuda-graph) replays the eager steps; the Monte Carlo counter synchronises with the host once a
 count (the sound sampler once more a pass), and the attack not at all; torchrun with one process and nccl writes its checkpoint."""
 import os
 import sys
@@ -146,6 +146,53 @@ def test_every_training_script_runs_on_cuda_with_amp_and_resumes_exactly(module,
     a = readers.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
     b = readers.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def graphed_epoch(loss, precision, graph):
+    """cifar_resnet20 (BatchNorm) trained one epoch of 6 batches, the last smaller, with or without CUDA graphs."""
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = common.get_architecture("cifar_resnet20", "cifar10").to(device)
+    optimizer = common.make_optimizer(model, lr=0.05)
+    x, y = torch.rand(6, 16, 3, 32, 32, device=device), torch.randint(0, 10, (6, 16), device=device)
+    batches = [(x[k], y[k], torch.arange(16, device=device)) for k in range(5)] + [(x[5, :6], y[5, :6],
+                                                                                   torch.arange(6, device=device))]
+    loss_fn = (lambda f, x, y, idx: common.gaussian_loss(f, x, y, 0.5, 2)) if loss == "gaussian" else \
+        (lambda f, x, y, idx: train_ours.ours_loss(f, x, y, 0.5, 2, 2, 0.25, "l2"))
+    torch.manual_seed(1)
+    row = common.train_epoch(model, batches, optimizer, loss_fn, 2, device, precision=precision, graph=graph)
+    return model.state_dict(), row
+
+
+@pytest.mark.parametrize("loss", ["gaussian", "ours"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_graphed_epoch_replays_the_eager_steps(loss, precision, monkeypatch):
+    """train_epoch(graph=True): after GRAPH_WARMUP eager steps the 8-input chunks replay one captured step (8
+    replays here), the 3-input chunks of the last batch run eagerly; the weights and the logged loss are the
+    eager epoch's (its noise too: the replays advance the generator as the eager steps do)."""
+    replays = []
+    real = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: replays.append(1) or real(self))
+    eager, row_eager = graphed_epoch(loss, precision, False)
+    graphed, row_graphed = graphed_epoch(loss, precision, True)
+    assert len(replays) == 10 - common.GRAPH_WARMUP
+    tol = dict(rtol=1e-3, atol=1e-4) if precision == "fp32" else dict(rtol=2e-2, atol=2e-3)
+    for k in eager:
+        assert torch.allclose(eager[k].float(), graphed[k].float(), **tol), k
+    assert row_graphed["train_loss"] == pytest.approx(row_eager["train_loss"], rel=tol["rtol"])
+
+
+@pytest.mark.parametrize("module, extra", [(train_gaussian, []), (train_ours, ["--Et", 1, "--N", 10, "--T", 2])])
+def test_cuda_graph_trains_from_the_command_line_and_resumes_exactly(module, extra, tmp_path, monkeypatch):
+    argv = [*DIGITS, *extra, "--amp", "bf16", "--channels-last", "--cuda-graph", "--max-batches", 4]
+    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "whole"], monkeypatch) == 0
+    assert run(module, [*argv, "--epochs", 1, "--outdir", tmp_path / "parts"], monkeypatch) == 0
+    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "parts", "--resume"], monkeypatch) == 0
+    a = readers.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
+    b = readers.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert run(module, [*DIGITS, *extra, "--amp", "fp16", "--cuda-graph", "--epochs", 1, "--outdir",
+                        tmp_path / "fp16"], monkeypatch) == 2   # fp16's loss scaling reads the host: refused
 
 
 def test_catrs_trains_on_cuda(tmp_path, monkeypatch):

@@ -436,3 +436,81 @@ def test_bench_baselines_times_every_method_against_gaussian_with_its_m(monkeypa
     m = {line[0]: int(line[3].rstrip(",")) for line in lines}
     assert m == {"smoothadv": 8, "macer": 16, "consistency": 2, "smoothmix": 2, "catrs": 4, "stability": 1}
     assert all(float(line[-1].rstrip("x")) > 0 for line in lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# --cuda-graph: refused off CUDA, under fp16 and torchrun; the dispatch (tests/test_cuda.py checks the replays)
+# ----------------------------------------------------------------------------------------------------------
+
+def test_a_graphed_epoch_is_refused_off_cuda_under_fp16_and_for_a_non_bool():
+    model = digits_model()
+    optimizer = common.make_optimizer(model)
+    batches = [(torch.rand(4, 1, 8, 8), torch.zeros(4, dtype=torch.long), torch.arange(4))]
+    loss_fn = lambda f, x, y, idx: common.gaussian_loss(f, x, y, 0.5, 2)   # noqa: E731
+    before = copy.deepcopy(model.state_dict())
+    for device, precision, graph, error, words in [("cpu", "fp32", True, ValueError, "CUDA device"),
+                                                   ("cpu", "fp32", 1, TypeError, "graph")]:
+        with pytest.raises(error, match=words):
+            common.train_epoch(model, batches, optimizer, loss_fn, 2, torch.device(device), precision=precision,
+                               graph=graph)
+    with pytest.raises(ValueError, match="bf16"):
+        common.check_graph(torch.device("cuda"), "fp16")
+    with pytest.raises(ValueError, match="torchrun"):
+        common.check_graph(torch.device("cuda"), "bf16", world=2)
+    common.check_graph(torch.device("cuda"), "bf16")     # allowed: CUDA, bf16, one process
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # refused before any step
+
+
+def test_a_graphed_epoch_warms_each_shape_up_then_replays_it_and_trains_the_eager_weights(monkeypatch):
+    """With CUDA's graph and streams replaced by eager stand-ins: each chunk shape gets GRAPH_WARMUP eager
+    steps, then one capture and replays for the rest; a shape seen once (the last batch) stays eager; the
+    weights are the eager epoch's."""
+    made = []
+
+    class Replayed:   # runs the step eagerly where a replay would run the captured kernels
+        def __init__(self, model, optimizer, loss_fn, precision, chunk):
+            self.step, self.shape, self.calls = (model, optimizer, loss_fn), tuple(chunk[0].shape), 0
+            made.append(self)
+
+        def __call__(self, chunk):
+            model, optimizer, loss_fn = self.step
+            self.calls += 1
+            out = loss_fn(model, *chunk)
+            optimizer.zero_grad(set_to_none=True)
+            out["loss"].backward()
+            optimizer.step()
+            return out
+    monkeypatch.setattr(common, "GraphedStep", Replayed)
+    monkeypatch.setattr(common, "check_graph", lambda *a, **k: None)
+    stream = type("Stream", (), {"wait_stream": lambda self, other: None})
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: __import__("contextlib").nullcontext())
+    train = common.get_dataset("digits", "train")
+    batches = [(train.images[i:i + 32], train.labels[i:i + 32], torch.arange(i, i + 32)) for i in range(0, 160, 32)]
+    batches.append((train.images[160:166], train.labels[160:166], torch.arange(160, 166)))   # a smaller last batch
+    loss_fn = lambda f, x, y, idx: common.gaussian_loss(f, x, y, 0.5, 2)   # noqa: E731
+    weights, rows = [], []
+    for graph in (False, True):
+        model = digits_model().train()
+        optimizer = common.make_optimizer(model, lr=0.05)
+        torch.manual_seed(3)
+        rows.append(common.train_epoch(model, batches, optimizer, loss_fn, 2, torch.device("cpu"), graph=graph))
+        weights.append(model.state_dict())
+    assert [(r.shape, r.calls) for r in made] == [((16, 1, 8, 8), 10 - common.GRAPH_WARMUP)]   # 5 batches x 2 chunks
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert rows[0] == rows[1]
+
+
+def test_cuda_graph_on_the_command_line_is_one_line_off_cuda_and_may_change_on_resume(tmp_path, monkeypatch,
+                                                                                     capsys):
+    from helpers import run_main
+    import train_gaussian
+    argv = ["train_gaussian.py", "--dataset", "digits", "--sigma", "0.5", "--epochs", "1", "--max-batches", "2",
+            "--workers", "0", "--device", "cpu"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--cuda-graph", "--outdir", str(tmp_path / "graph")])
+    assert run_main(lambda a: train_gaussian.main(), []) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--cuda-graph needs a CUDA device" in err
+    assert not (tmp_path / "graph").exists() or not any((tmp_path / "graph").iterdir())
+    assert "cuda_graph" in machinery.RESUME_MAY_CHANGE   # how fast, not what: a resume may add or drop it

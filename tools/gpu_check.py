@@ -12,10 +12,12 @@ The paper-scale parts read a few thousand CIFAR-10 images (--data-dir, default d
    eager forward passes of the same model, precision and batch on fixed noise (target >= 0.95 of their rate),
    and the same compiled (>= 0.90); Cohen et al.'s loop (tools/bench.py's textbook CERTIFY, fp32, batch
    1,000) for reference; the share of the wall time the GPU's kernels fill (tools/profile_step.py).
-3. Training throughput of cifar_resnet110, m = 4, 64 images x 4 noisy copies a step: Gaussian and the paper's
-   method (T = 6), the plain fp32 eager loop against train_epoch with --amp bf16 --channels-last, the same with
-   cudnn.benchmark, and (when the budget allows, last) with --compile; target >= 2x; the kernel share of the
-   fastest step (>= 80 %: the kernels themselves bound it).
+3. Training throughput of cifar_resnet110, m = 4, 64 images x 4 noisy copies a step, an "epoch" of 32 steps
+   (Gaussian) or 12 (the paper's method, T = 6): the plain fp32 eager loop against train_epoch with --amp bf16
+   --channels-last, the same with cudnn.benchmark, the same with --cuda-graph (each epoch's first
+   common.GRAPH_WARMUP steps eager, then one capture: counted in), and (when the budget allows, last) with
+   --compile --cuda-graph; target >= 2x; the kernel share of the fastest step (>= 80 %: the kernels themselves
+   bound it).
 4. The paper's commands at paper scale: train_ours.py with the paper's CIFAR-10 sigma 0.5 settings
    (cifar_resnet110, m 4, T 6, eps 0.25; scaled to one epoch: Et 0, and pt 0, as an untrained model's pA
    estimates say nothing, so that it trains on every class and its pA spread) for one epoch on --data-dir,
@@ -218,7 +220,7 @@ def training(report, device, smoke, plain=None):
     """Part 3: inputs/s of each variant, the speed-ups against the plain fp32 eager loop, the kernel share.
     plain: {loss name: the plain loop's inputs/s} measured before: then only the --compile rows run (part 3').
     Returns the plain loop's inputs/s per loss."""
-    arch, images, m, T, steps = ("cifar_resnet20", 4, 4, 1, 1) if smoke else ("cifar_resnet110", 64, 4, 6, 8)
+    arch, images, m, T, steps = ("cifar_resnet20", 4, 4, 1, 4) if smoke else ("cifar_resnet110", 64, 4, 6, 32)
     sigma, eps = 0.5, train_ours.PRESETS["cifar10"][0.5]["eps"]
     precision = "bf16" if device.type == "cuda" else "fp32"   # a CPU without bf16 instructions emulates it
     torch.manual_seed(0)
@@ -231,15 +233,17 @@ def training(report, device, smoke, plain=None):
     fast = f"--amp {precision} --channels-last" if precision != "fp32" else "--channels-last"
     variants = {"plain fp32 eager loop": dict(), fast: dict(fast=True),
                 "the same, cudnn.benchmark": dict(fast=True, benchmark=True)}
+    if device.type == "cuda":
+        variants[f"{fast} --cuda-graph"] = dict(fast=True, benchmark=True, graph=True)
     if plain is not None:
-        variants = {f"{fast} --compile": dict(fast=True, benchmark=True, compiled=True)}
+        variants = {f"{fast} --compile --cuda-graph": dict(fast=True, benchmark=True, compiled=True, graph=True)}
     print(f"\n  {arch} training, m = {m}, {images} images x {m} noisy copies a step, {steps} steps:", flush=True)
     measured = {}
     for name, loss_fn in losses.items():
         if plain is not None and report.left() < COMPILE_TRAINING:
             report.skip(f"training {name} with --compile", "budget")
             continue
-        todo = batches if name == "Gaussian" else batches[:max(1, steps // 4)]
+        todo = batches if name == "Gaussian" else batches[:max(1, steps * 3 // 8)]   # >= 2 replays a --cuda-graph epoch
         rates, runs = ({} if plain is None else {"plain fp32 eager loop": plain[name]}), {}
         for variant, how in variants.items():
             model = copy.deepcopy(base)
@@ -248,16 +252,16 @@ def training(report, device, smoke, plain=None):
             optimizer = common.make_optimizer(model)
             stepper = common.step_model(model, how.get("compiled", False))
             if how.get("fast"):
-                run = lambda s=stepper, o=optimizer: common.train_epoch(s, todo, o, loss_fn, 1, device,
-                                                                        precision=precision)
+                run = lambda s=stepper, o=optimizer, g=how.get("graph", False): common.train_epoch(
+                    s, todo, o, loss_fn, 1, device, precision=precision, graph=g)
             else:
                 run = lambda s=stepper, o=optimizer: bench.plain_train_steps(s, o, todo, loss_fn)
             torch.backends.cudnn.benchmark = how.get("benchmark", False)
             start = time.time()
             try:
                 run()   # warm-up: allocations, cuDNN's choices, compilation
-            except Exception as e:   # torch.compile's failures, whatever they are: a row says so, the check goes on
-                if not how.get("compiled"):
+            except Exception as e:   # torch.compile's or a capture's failures: a row says so, the check goes on
+                if not (how.get("compiled") or how.get("graph")):
                     raise
                 print(f"    {name:14s} {variant:28s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue

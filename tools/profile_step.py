@@ -1,6 +1,7 @@
 """What bounds a training step or a certification on a GPU: the share of the wall time its CUDA kernels fill.
 
-Usage: python tools/profile_step.py [--loss gaussian|ours] [--amp bf16] [--channels-last] [--compile] [--steps 5]
+Usage: python tools/profile_step.py [--loss gaussian|ours] [--amp bf16] [--channels-last] [--compile]
+                                    [--cuda-graph] [--steps 5]
        (cifar_resnet110, m = 4, 64 images x 4 noisy copies a step, ours with T = 6: the paper's CIFAR-10 step)
 
 torch.profiler records the steps after warm-up ones; the report gives the wall time, the time the GPU spent in
@@ -63,8 +64,10 @@ def show(name, profile_result):
         print(f"      {seconds * 1e3:9.2f} ms  {key[:100]}")
 
 
-def training_step(arch, loss, m, T, images, precision, channels_last, compile_model, device, steps):
-    """fn() running `steps` optimizer steps of train_epoch on fixed batches (random weights, CIFAR-shaped)."""
+def training_step(arch, loss, m, T, images, precision, channels_last, compile_model, device, steps,
+                  graph=False):
+    """fn() running `steps` optimizer steps of train_epoch on fixed batches (random weights, CIFAR-shaped); graph:
+    train_epoch's CUDA graphs (the first common.GRAPH_WARMUP steps of each call eager, then one capture)."""
     import train_ours
     torch.manual_seed(0)
     model = common.get_architecture(arch, "cifar10").to(device)
@@ -84,7 +87,8 @@ def training_step(arch, loss, m, T, images, precision, channels_last, compile_mo
 
         def loss_fn(f, x, y, idx):
             return train_ours.ours_loss(f, x, y, sigma, m, T, eps, "l2")
-    return lambda: common.train_epoch(stepper, batches, optimizer, loss_fn, 1, device, precision=precision)
+    return lambda: common.train_epoch(stepper, batches, optimizer, loss_fn, 1, device, precision=precision,
+                                      graph=graph)
 
 
 def main(argv=None):
@@ -97,6 +101,7 @@ def main(argv=None):
     p.add_argument("--amp", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--cuda-graph", action="store_true", help="train_epoch(graph=True): CUDA only")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps profiled (after as many warm-up ones)")
     p.add_argument("--device", help="default: cuda when available")
     args = p.parse_args(argv)
@@ -105,11 +110,14 @@ def main(argv=None):
                  f"{args.steps}, {args.T})")
     device = machinery.get_device(args.device)
     machinery.check_precision(args.amp, device)
+    if args.cuda_graph:
+        common.check_graph(device, args.amp)
     fn = training_step(args.arch, args.loss, args.m, args.T, args.images, args.amp, args.channels_last,
-                       args.compile, device, args.steps)
+                       args.compile, device, args.steps, args.cuda_graph)
     fn()
     show(f"{args.arch} {args.loss} step, m = {args.m}, {args.images * args.m} noisy inputs, {args.amp}"
-         f"{', channels-last' if args.channels_last else ''}{', compiled' if args.compile else ''}, {args.steps} steps",
+         f"{', channels-last' if args.channels_last else ''}{', compiled' if args.compile else ''}"
+         f"{', CUDA graphs' if args.cuda_graph else ''}, {args.steps} steps",
          kernel_share(fn, device))
 
 
