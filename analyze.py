@@ -25,6 +25,7 @@ import contextlib
 import functools
 import glob
 import math
+import json
 import os
 import re
 import sys
@@ -79,7 +80,7 @@ def logs_command(sub, name, help_text, logs_help="certification TSVs (Cohen's co
 
 def add_allow_different(s):
     """The one flag that sets logs of different settings (readers.SETTINGS) side by side."""
-    s.add_argument("--allow-different", nargs="+", choices=tuple(readers.SETTINGS), default=[], metavar="SETTING",
+    s.add_argument("--allow-different", nargs="+", choices=readers.COMPARED, default=[], metavar="SETTING",
                    help="set side by side logs that differ in these settings (dataset, split, budget: N and alpha, "
                         "mode: label mode, DDRS ...), which is otherwise refused: a row of one would not mean what "
                         "it means in the other. Reports then name what differs (docs/analysis.md)")
@@ -348,9 +349,10 @@ def dominance(curves):
     common.check(len({len(v) for v in values}) <= 1, "curves must hold values on one p grid (one length)")
     better, incomparable = [], []
     names = list(curves)
+    arrays = dict(zip(names, values))   # the checked arrays: lists would compare lexicographically
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            ya, yb = curves[a], curves[b]
+            ya, yb = arrays[a], arrays[b]
             if np.all(ya >= yb) and np.any(ya > yb):
                 better.append((a, b))
             elif np.all(yb >= ya) and np.any(yb > ya):
@@ -584,7 +586,7 @@ def table_report(logs, radii, fmt, out, name="table", baseline="gaussian", extra
             if log["label"].lower() == baseline.lower():
                 base = i
         groups.append((rows, values, base))
-    md = markdown(["σ", "method", "n"] + extra_header + ["ACR"] + radius_header, md_rows)
+    md = readers.differs_line(logs) + markdown(["σ", "method", "n"] + extra_header + ["ACR"] + radius_header, md_rows)
     for log in logs:
         elastic = semi_elastic(log)
         if "sigma_x" in log:
@@ -659,6 +661,7 @@ def seed_table_report(logs, radii, fmt, out, name="table_seeds"):
         labels = list(dict.fromkeys(log["label"] for log in group))   # first appearance order
         for i, label in enumerate(labels):
             runs = [log for log in group if log["label"] == label]
+            readers.check_distinct_models(runs, f"{label} at sigma {fmt_sigma(sigma)}")
             acr_m, acr_s = mean_std([[log["acr"]] for log in runs])
             acc_m, acc_s = mean_std([100 * log["acc"] for log in runs])
             sizes = sorted({len(log["radius"]) for log in runs})
@@ -671,7 +674,7 @@ def seed_table_report(logs, radii, fmt, out, name="table_seeds"):
                              f"{acr_s[0]:.6f}" if not np.isnan(acr_m[0]) else "n/a"] +
                             ["n/a" if np.isnan(v) else f"{v:.4f}" for pair in zip(acc_m, acc_s) for v in pair])
     radius_header = [f"{r:.2f}" for r in radii]
-    md = markdown(["σ", "method", "seeds", "n", "ACR"] + radius_header, md_rows)
+    md = readers.differs_line(logs) + markdown(["σ", "method", "seeds", "n", "ACR"] + radius_header, md_rows)
     tex = "\n".join([r"\begin{tabular}{ll" + "r" * (1 + len(radii)) + "}", r"\toprule",
                      " & ".join([r"$\sigma$", "Method", "ACR"] + radius_header) + r" \\", r"\midrule"]
                     + [" & ".join(row) + r" \\" for row in tex_rows] + [r"\bottomrule", r"\end{tabular}"])
@@ -751,8 +754,8 @@ def envelope_report(logs, radii, out, name="envelope"):
     tsv_rows = [[label, "accuracy"] + ["n/a" if np.isnan(a) else f"{100 * a:.2f}" for a in e["acc"]]
                 for label, e in env.items()]
     tsv_rows += [[label, "sigma"] + [fmt_sigma(s) for s in e["sigma"]] for label, e in env.items()]
-    md = ("Best certified accuracy (%) across σ at each radius (the σ giving it in brackets):\n\n" +
-          markdown(header, rows))
+    md = (readers.differs_line(logs) + "Best certified accuracy (%) across σ at each radius (the σ giving it in "
+          "brackets):\n\n" + markdown(header, rows))
     if any(not decided(log, radii).all() for log in logs):
         md += ("\n\nn/a, and no σ: no log of the label decides that radius; a grid log (certify.py --radii) "
                "counts only at its levels, where its certified accuracy is exact, not with its lower bounds between.")
@@ -802,11 +805,29 @@ def attach_pA(logs, N_flag, alpha_flag):
             pA, log["source"] = log["nA"] / log["N"], "nA/N"
         else:
             N, alpha = log_budget(log, N_flag, alpha_flag)
+            log["budget"] = N, alpha
             warn_if_beyond_budget(log, N, alpha)
             pA = pA_from_radius(log["radius"], N, alpha, need_sigma(log))
             log["source"] = f"radius (N={N}, α={alpha:g})"
         log["pA"] = np.where(log["correct"], pA, -np.inf)
     return logs
+
+
+CURVE_SETTINGS = ("script", "mode", "dataset", "split", "data", "N", "alpha", "N0", "sound", "precision", "sigma",
+                  "candidate", "ddrs", "checkpoint_sha256", "train_seed")   # what a curve keeps of its log's settings
+
+
+def write_curve(out, name, points, log):
+    """An ECDF curve file (x y low high) and its settings file (<name>.json): its log's settings (with the budget
+    its radii were converted at) and the log's name, so that budget, reading the curve, checks what the log was."""
+    write_text(out, name, tsv(["x", "y", "low", "high"], points))
+    settings = {k: log["sidecar"][k] for k in CURVE_SETTINGS if k in log["sidecar"]}
+    if "N" in log and len(np.unique(log["N"])) == 1:
+        settings.setdefault("N", int(log["N"][0]))
+    settings.update(kind="ecdf", source=os.path.basename(log["path"]), sigma=log["sigma"],
+                    **dict(zip(("N", "alpha"), log.get("budget", (settings.get("N"), settings.get("alpha"))))))
+    settings = {k: v for k, v in settings.items() if v is not None}
+    write_text(out, name + ".json", json.dumps(settings, indent=1, sort_keys=True))
 
 
 def ecdf_report(logs, pmax, out, name="ecdf", baseline="gaussian"):
@@ -824,9 +845,9 @@ def ecdf_report(logs, pmax, out, name="ecdf", baseline="gaussian"):
                         [fmt_percent(y) for y in ecdf(log["pA"], SUMMARY_P)])
             log["ecdf"] = ecdf(log["pA"], ECDF_GRID)
             points = ecdf_band_rows(ECDF_GRID, log["ecdf"], len(log["pA"]))   # x y as published, then the band
-            write_text(out, f"{name}_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y", "low", "high"], points))
+            write_curve(out, f"{name}_{log['label']}_{fmt_sigma(sigma)}.tsv", points, log)
         lines += dominance_lines(sigma, group, pmax)
-    md = ("P(pA >= p) in %, pA = nA/N of the true class on correct rows (App. B):\n\n" +
+    md = (readers.differs_line(logs) + "P(pA >= p) in %, pA = nA/N of the true class on correct rows (App. B):\n\n" +
           markdown(["σ", "method", "from"] + [f"{p:g}" for p in SUMMARY_P], rows) +
           f"\n\nEvery curve in the ECDF files (columns low high) and plots carries a simultaneous "
           f"{100 * ECDF_LEVEL:g} % DKW band over the images (±{dkw_halfwidth(len(logs[0]['pA'])):.3f} at "
@@ -907,8 +928,7 @@ def full_range_report(logs, baseline, out, name):
             rows.append([fmt_sigma(sigma), log["label"] + (" (collapsed)" if collapsed(log) else ""),
                          str(len(log["pA_all"]))] + [fmt_percent(v) for v in log["shares"]])
             points = ecdf_band_rows(FULL_GRID, ecdf(log["pA_all"], FULL_GRID), len(log["pA_all"]))
-            write_text(out, f"{name}_full_{log['label']}_{fmt_sigma(sigma)}.tsv", tsv(["x", "y", "low", "high"],
-                                                                                       points))
+            write_curve(out, f"{name}_full_{log['label']}_{fmt_sigma(sigma)}.tsv", points, log)
         for log in group:
             if base is not None and log is not base:
                 sentences.append(f"- σ = {fmt_sigma(sigma)}: " + mass_sentence(log, base))
@@ -1207,6 +1227,26 @@ def gradnorm_intervals(logs, level, replicates, seed):
     return own, vs, paired
 
 
+GRADNORM_SETTINGS = {"sigma": None, "N": "budget", "dataset": "dataset", "data": "data"}   # field -> --allow-different
+
+
+def check_gradnorm_comparable(logs, allow=()):
+    """Gradient-norm files set side by side (Table 2) were measured alike: one sigma (the noise of the loss), one
+    N (the draws of each probe's pA, which split easy from hard) and the same training images, where their
+    records say so; a difference is refused in one line (but N, dataset and data under --allow-different)."""
+    records = [(log["path"], readers.read_sidecar(log["path"])) for log in logs]
+    for field, group in GRADNORM_SETTINGS.items():
+        seen = {}
+        for path, record in records:
+            if record.get(field) is not None:
+                seen.setdefault(record[field], path)
+        if len(seen) > 1 and group not in allow:
+            (first, where), (other, path) = list(seen.items())[:2]
+            raise common.UserError(f"{path}: {field} {other}, but {where} has {field} {first}: gradient norms "
+                                   f"measured otherwise are not set side by side" +
+                                   (f" (--allow-different {group} does)" if group else ""))
+
+
 def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, replicates=2000, seed=0, allow=()):
     """Table 2 and the Fig. 5 histograms, with gradnorm_intervals' intervals. acr_paths: one certification
     log per gradient-norm log ('-' for none), whose ACR goes beside it as in Table 2 (logs of one setting, as
@@ -1222,6 +1262,7 @@ def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, repl
             common.check(not (measured and sha) or measured == sha,
                          f"{cert and cert['path']}: certifies another checkpoint than {log['path']} was measured on; "
                          f"--acr takes the log of each gradient-norm file's model")
+    check_gradnorm_comparable(logs, allow)
     own, vs, paired = gradnorm_intervals(logs, level, replicates, seed)
     rows = []
     for i, log in enumerate(logs):
@@ -1408,6 +1449,8 @@ def analyze(args):
         flags = {"N": getattr(args, "N", None), "alpha": getattr(args, "alpha", None)}   # ecdf's, for logs without
         logs = load_logs(args.logs, labels, args.sigmas, command=c, allow=args.allow_different, assumed=flags)
         check_baseline(args, logs)
+        if c in ("table", "envelope") and not by_seed:
+            check_one_log_a_row(logs, c)
         if by_seed:
             text = seed_table_report(logs, args.radii, args.format, args.out)
         elif c == "table":
@@ -1423,6 +1466,18 @@ def analyze(args):
             text = ecdf_report(attach_pA(logs, args.N, args.alpha), args.pmax, args.out,
                                baseline=args.baseline or "gaussian")
     print(text)
+
+
+def check_one_log_a_row(logs, command):
+    """table and envelope show one log per (label, sigma): two would be rows no reader can tell apart, and the
+    envelope's best over sigma would be a best over them too (seeds: table --group-by-seed; else --labels)."""
+    seen = {}
+    for log in logs:
+        key = (log["label"], log["sigma"])
+        common.check(key not in seen, f"{log['path']}: the same label {log['label']!r} at sigma {log['sigma']} as "
+                                      f"{seen.get(key)}; {command} shows one log a label and sigma: name them with "
+                                      f"--labels (seeds of one method: table --group-by-seed)")
+        seen[key] = log["path"]
 
 
 def check_baseline(args, logs):

@@ -66,7 +66,8 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, s
     the class to certify, no selection (--label-mode). Eval mode, each module handed back; a bad argument: a
     TypeError or ValueError naming it."""
     common.check_smoothed(model, x, generator)
-    common.check_smoothing(sigma, alpha, N=N, batch=batch, num_classes=num_classes, N0=N0 if candidate is None else 1)
+    common.check_smoothing(sigma, alpha, N=N, batch=batch, num_classes=num_classes)
+    common.check_int("N0", N0, 1 if candidate is None else 0)   # with a candidate: no selection draws
     common.check_type("sample", sample, callable)
     if candidate is not None:   # a class of the model's: -1 would index the last one
         common.check_int("candidate", candidate, 0, num_classes - 1)

@@ -411,12 +411,28 @@ def pass_sizes(n, per_pass):
     return [q + 1] * r + [q] * (passes - r) if passes > 0 else []
 
 
+def modules_of(model, depth=3):
+    """The nn.Modules a model is or holds: itself, a bound method's object, a partial's function and arguments, a
+    function's closure, defaults and the globals it names (a model wrapped in a lambda is still that model)."""
+    if isinstance(model, nn.Module) or depth == 0:
+        return [model] if isinstance(model, nn.Module) else []
+    code, names = getattr(model, "__code__", None), getattr(model, "__globals__", {})
+    parts = [getattr(model, "__self__", None), *[c.cell_contents for c in getattr(model, "__closure__", None) or ()],
+             *(getattr(model, "__defaults__", None) or ()), *[names.get(n) for n in (code.co_names if code else ())]]
+    if isinstance(model, functools.partial):
+        parts += [model.func, *model.args, *model.keywords.values()]
+    return [m for part in parts if callable(part) and part is not model for m in modules_of(part, depth - 1)]
+
+
 @contextlib.contextmanager
 def eval_mode(model):
-    """The model in eval mode for a block (one fixed classifier), then every module back in the mode it came in."""
-    modes = [(m, m.training) for m in model.modules()] if isinstance(model, torch.nn.Module) else []
+    """The model in eval mode for a block (one fixed classifier): every module it is or holds (modules_of), then
+    every module back in the mode it came in."""
+    modes = [(m, m.training) for held in modules_of(model) for m in held.modules()]
     try:
-        yield model.eval() if modes else model
+        for module, _ in modes:
+            module.eval()
+        yield model
     finally:
         for module, training in modes:
             module.train(training)
@@ -425,12 +441,12 @@ def eval_mode(model):
 def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies=gaussian_copies, stop=None):
     """Votes (int64 (B, num_classes), x's device) on n noisy copies of each x (B, C, H, W), about `batch` inputs a pass,
     noise by copies (sound_copies' failed draws vote for none) from generator; stop(counts, drawn) -> True ends."""
-    check_smoothed(model, x, generator, "B C H W")
+    check_smoothed(model, x, generator, "B C H W", read_values=not getattr(x, "is_cuda", False))   # GPU: at the end
     check_smoothing(sigma, n=n, batch=batch, num_classes=num_classes)
     check_type("copies", copies, callable)
     check_type("stop", stop, None, callable)
     B = x.shape[0]
-    with torch.inference_mode():
+    with torch.inference_mode(), eval_mode(model):
         counts = torch.zeros(B, num_classes + 1, dtype=torch.long, device=x.device)   # + failed draws
         finite, drawn = torch.ones((), dtype=torch.bool, device=x.device), 0
         for k in pass_sizes(n, max(1, batch // B)):
@@ -649,11 +665,28 @@ def check_smoothing(sigma, alpha=0.5, **counts):
         check_int(name, n)
 
 
-def check_smoothed(model, x, generator, shape="C H W"):
-    """The model, input and noise generator of a smoothing block (check_type, check_tensor)."""
+def check_input_of(model, x, name="x", read_values=True):
+    """x on the device and of the dtype of the model's floating parameters (InPrecision: any floating dtype), and
+    finite (read_values=False: a CUDA tensor of a training step, which must not wait for the GPU)."""
+    p = next((p for held in modules_of(model) for p in held.parameters() if p.is_floating_point()), None)
+    check(p is None or x.device == p.device and (x.dtype == p.dtype or hasattr(model, "precision")),
+          f"{name} is {x.dtype} on {x.device}, the model's parameters {getattr(p, 'dtype', '')} on "
+          f"{getattr(p, 'device', '')}: move {name} to theirs")
+    check(not read_values or bool(torch.isfinite(x).all()), f"{name} holds NaN or infinite values: not an input")
+
+
+def check_smoothed(model, x, generator, shape="C H W", read_values=True):
+    """The model, input and noise generator of a smoothing block (check_type, check_tensor, check_input_of)."""
     check_type("model", model, callable)
     check_tensor("x", x, shape)   # a uint8 image is refused: the noise would be cast away
+    check_input_of(model, x, read_values=read_values)
     check_type("generator", generator, None, torch.Generator)
+
+
+def check_labels(y, logits):
+    """y within the model's classes (logits' last dimension), read on the CPU only (on a GPU it would stall a step)."""
+    k = logits.shape[-1]
+    check(y.is_cuda or bool(((y >= 0) & (y < k)).all()), f"y holds labels outside the model's {k} classes 0 .. {k - 1}")
 
 
 def check_batch(model, x, y, sigma=1.0, **counts):
@@ -661,8 +694,14 @@ def check_batch(model, x, y, sigma=1.0, **counts):
     check_type("model", model, callable)
     check_tensor("x", x, "B C H W")
     check_tensor("y", y, "B", "int", B=len(x))
-    if isinstance(sigma, torch.Tensor):   # DDRS's, one per image: optimize_sigma keeps them in bounds
-        check(sigma.is_floating_point() and sigma.numel() == len(x), f"sigma holds {sigma.numel()} values, not 1 per image")
+    check_input_of(model, x, read_values=not x.is_cuda)   # a CUDA tensor's values: read only by the loss itself
+    check(y.is_cuda or bool((y >= 0).all()), "y holds negative labels (cross-entropy would skip -100): y must be "
+                                              "classes 0, 1, ...")
+    if isinstance(sigma, torch.Tensor):   # DDRS's and MACER's, one per image, shaped to broadcast over x
+        check(sigma.is_floating_point() and sigma.shape == (len(x),) + (1,) * (x.dim() - 1),
+              f"sigma has shape {tuple(sigma.shape)}; one per image is shape {(len(x),) + (1,) * (x.dim() - 1)}")
+        check(sigma.is_cuda or bool((torch.isfinite(sigma) & (sigma > 0)).all()), "sigma holds values that are not "
+                                                                                   "finite and > 0")
     else:
         check_float("sigma", sigma, gt=0)
     for name, n in counts.items():
@@ -849,6 +888,7 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
         for _ in range(T):
             cur.requires_grad_(True)
             logits = model(xs + cur)
+            check_labels(y, logits)
             wrong = (logits.argmax(1) != ys) & ~found                          # first misclassification
             best = torch.where(wrong.view_as(r0), cur.detach(), best)          # no host sync (vs. masking)
             found |= wrong
@@ -886,8 +926,9 @@ def make_scheduler(optimizer, lr_step, gamma=0.1, milestones=None):
     check_int("lr_step", lr_step)
     check_float("gamma", gamma, gt=0, le=1)
     if milestones is not None and len(milestones):
-        check_array("milestones", milestones, ndim=1, integral=True, ge=1)
-    if milestones:
+        milestones = check_array("milestones", milestones, ndim=1, integral=True, ge=1).astype(int).tolist()
+        check(len(set(milestones)) == len(milestones), f"milestones {milestones} repeat an epoch (its decay would "
+                                                       f"apply twice)")
         return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=sorted(milestones), gamma=gamma)
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=lr_step, gamma=gamma)
 
@@ -1055,6 +1096,22 @@ class GraphedStep:
         return self.out
 
 
+def eager_step(model, optimizer, loss_fn, device, precision, scaler, x, y, idx):
+    """One plain training step of train_epoch: loss_fn under autocast, backward, optimizer step (through the
+    GradScaler under fp16, which skips the step when the scaled gradients overflowed). Returns loss_fn's dict."""
+    with autocast(device.type, precision):
+        out = loss_fn(model, x, y, idx)
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is None:
+        out["loss"].backward()
+        optimizer.step()
+    else:
+        scaler.scale(out["loss"]).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return out
+
+
 def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None, max_batches=None, *,
                 precision="fp32", graph=False):
     """One training epoch: every loader batch is split into `chunks` chunks, one optimizer step each.
@@ -1079,6 +1136,9 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
         check_int("max_batches", max_batches)
     check_choice("precision", precision, tuple(PRECISIONS))
     check_type("graph", graph, bool)
+    own = {id(p) for p in unwrap(model).parameters()}
+    check(all(id(p) in own for group in optimizer.param_groups for p in group["params"]),
+          "optimizer holds parameters that are not the model's: it would step another model")
     if graph:
         check_graph(device, precision, 2 if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel))
                     else 1)
@@ -1089,20 +1149,7 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
     total, steps = 0, 0
     graphs, eager_steps = {}, {}   # chunk shape -> its GraphedStep, its eager steps so far
     side = torch.cuda.Stream(device) if graph else None
-
-    def eager(x, y, idx):
-        with autocast(device.type, precision):
-            out = loss_fn(model, x, y, idx)
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is None:
-            out["loss"].backward()
-            optimizer.step()
-        else:  # skips the step when the scaled gradients overflowed
-            scaler.scale(out["loss"]).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        return out
-
+    eager = functools.partial(eager_step, model, optimizer, loss_fn, device, precision, scaler)
     n_batches = len(loader) if max_batches is None else min(max_batches, len(loader))
     for i, batch in enumerate(loader):
         if i >= n_batches:
@@ -1128,6 +1175,7 @@ def train_epoch(model, loader, optimizer, loss_fn, chunks, device, progress=None
             steps += 1
         if progress is not None:
             progress(i + 1, n_batches)
+    check(steps > 0, "the loader gave no batches: nothing was trained")
     if graphs:
         optimizer.zero_grad(set_to_none=True)   # the last replay's gradients live in the graphs' memory
     train_loss = (loss_sum / max(steps, 1)).item()
@@ -1160,6 +1208,7 @@ def gaussian_loss(model, x, y, sigma, m):
     check_batch(model, x, y, sigma, m=m)
     noisy = (x.unsqueeze(0) + sigma * torch.randn(m, *x.shape, device=x.device, dtype=x.dtype)).flatten(0, 1)
     logits = model(noisy)
+    check_labels(y, logits)
     targets = y.repeat(m)
     loss = F.cross_entropy(logits, targets)
     return {"loss": loss, "correct": (logits.argmax(1) == targets).sum(), "total": len(targets)}
@@ -1176,16 +1225,20 @@ def evaluate_noisy(model, loader, sigma, device, generator=None):
     check_float("sigma", sigma, ge=0)   # 0: the clean accuracy
     check_type("device", device, torch.device)
     check_type("generator", generator, None, torch.Generator)
-    model.eval()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)
     total = 0
-    for batch in loader:
-        x, y = batch[0].to(device), batch[1].to(device)
-        logits = model(x + sigma * torch.randn(x.shape, device=device, generator=generator))
-        loss_sum += F.cross_entropy(logits, y, reduction="sum")
-        correct += (logits.argmax(1) == y).sum()
-        total += len(y)
+    with eval_mode(model):
+        for batch in loader:
+            x = batch[0].to(device)
+            check_batch(model, x, batch[1])   # the labels read on the CPU, where the loader gives them
+            y = batch[1].to(device)
+            logits = model(x + sigma * torch.randn(x.shape, device=device, generator=generator))
+            check_labels(y, logits)
+            loss_sum += F.cross_entropy(logits, y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
+            total += len(y)
+    check(total > 0, "the test loader gave no examples")
     return {"test_loss": (loss_sum / total).item(), "test_acc_noisy": (correct / total).item()}
 
 
@@ -1241,17 +1294,13 @@ def per_example_grad_norms(model, loss_fn, x, y, idx=None):
     check_type("model", model, torch.nn.Module)
     check_type("loss_fn", loss_fn, callable)
     net = unwrap(model)
-    was_training = net.training
-    net.eval()
     params = [p for p in net.parameters() if p.requires_grad]
     norms = []
-    try:
+    with eval_mode(net):
         for i in range(len(x)):
             out = loss_fn(net, x[i:i + 1], y[i:i + 1], None if idx is None else idx[i:i + 1])
             grads = torch.autograd.grad(out["loss"], params, allow_unused=True)
             norms.append(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)).item())
-    finally:
-        net.train(was_training)
     return torch.tensor(norms, dtype=torch.float64)
 
 

@@ -373,6 +373,8 @@ def compare_scope(side_a, side_b):
             key = (log["idx"].tobytes(), log["radius"].tobytes(), log["correct"].tobytes(), log.get("sigma"))
             common.check(key not in seen, f"side {name} holds the same log twice ({seen.get(key)}, {log['path']})")
             seen[key] = log["path"]
+        for sigma, logs in side_groups(side).items():
+            readers.check_distinct_models(logs, f"side {name} at sigma {sigma}")
     logs = side_a + side_b
     with_acr = not any(log.get("grid") for log in logs)
     with_pA = all("nY" in log for log in logs) and with_acr
@@ -530,7 +532,8 @@ def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alph
     compare.md (the same in %). Logs whose settings differ (readers.check_comparable) are refused, but for the
     settings in `allow` (--allow-different), which compare.md names above its table."""
     common.check(over in COMPARE_OVER, f"--over must be one of {', '.join(COMPARE_OVER)} (got {over!r})")
-    differs = readers.check_comparable(side_a + side_b, allow, "analyze.py compare")
+    differs = [(s, line) for s, line in readers.check_comparable(side_a + side_b, (*allow, readers.IMAGES),
+                                                                  "analyze.py compare") if s != readers.IMAGES]
     rows, facts = compare_sides(side_a, side_b, radii, level, None if over == "images" else test_set_votes(N, alpha),
                                 family_names(family))
     facts.update(differs=[line for _, line in differs],

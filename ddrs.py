@@ -152,6 +152,8 @@ def optimize_sigma(model, x, sigma0, K, M, lr, generators, clamp=(0.02, 0.98), b
     B = x.shape[0]
     if isinstance(sigma0, torch.Tensor):   # one per input: ddrs.py train's stored sigmas, kept within bounds
         common.check_tensor("sigma0", sigma0, "B", B=B)
+        common.check(bool((torch.isfinite(sigma0) & (sigma0 > 0)).all()), "sigma0 holds values that are not finite "
+                                                                          "and > 0")
     else:
         common.check_float("sigma0", sigma0, gt=0)
     common.check_int("K", K, 0)
@@ -677,8 +679,9 @@ def report_main(args):
         readers.check_log_kinds(log, readers.read_sidecar(path), REPORT_REFUSED, "ddrs.py report")
         common.check("sigma_x" in log, f"{path}: {NO_SIGMA_COLUMN}")
     # DDRS against the fixed sigma_0 is a comparison across modes by design; budget, data and split must agree
+    # (the images: paired by idx below)
     readers.check_comparable([dict(log, sidecar=readers.read_sidecar(path)) for path, log in
-                              [(args.fixed, fixed), *logs]], ("mode",), "ddrs.py report")
+                              [(args.fixed, fixed), *logs]], ("mode", readers.IMAGES), "ddrs.py report")
     fs = readers.read_sidecar(args.fixed, required=("sigma", "alpha"))
     order = np.argsort(fixed["idx"])
     f_idx, f_gain = fixed["idx"][order], (fixed["radius"] * fixed["correct"])[order]

@@ -432,6 +432,10 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=
         common.check_smoothed(model, item[0], item[1])
         if item[2] is not None:   # a class of the model's: -1 would index the last one
             common.check_int("candidate", item[2], 0, num_classes - 1)
+    common.check(N0 >= 1 or all(item[2] is not None for item in items), "N0 must be >= 1 where an item has no "
+                                                                        "candidate (its class is selected from N0 draws)")
+    common.check(len({(tuple(item[0].shape), item[0].dtype) for item in items}) == 1,
+                 "items: every x must have one shape and dtype (their draws share forward passes)")
     jobs = [GridJob(x, g, c, N0, batch, num_classes, plan) for x, g, c in items]
     active = list(jobs)
     with torch.inference_mode(), common.eval_mode(model):

@@ -434,7 +434,8 @@ def write_output(path, kind, write, inputs=(), now=False):
 
 
 def read_outputs(folder):
-    """The record of the tables, figures and reports in `folder`: {file name: {"kind", "by", "sha256"}}."""
+    """The record of the tables, figures and reports in `folder`: {file name: {"kind", "by", "sha256", and what
+    it was made from (provenance): "command", "inputs_sha256", "models"}}."""
     path = os.path.join(folder, OUTPUTS)
     record = readers.read_json_object(path, "record of outputs") if os.path.lexists(path) else {}
     common.check(all(isinstance(v, dict) for v in record.values()),
@@ -496,7 +497,8 @@ def _install(path, tmp, kind=None):
         (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())), record_path)
     try:
         if kind is not None:
-            record[name] = {"kind": kind, "by": os.path.basename(sys.argv[0] or "python"), "sha256": file_sha256(tmp)}
+            record[name] = {"kind": kind, "by": os.path.basename(sys.argv[0] or "python"), "sha256": file_sha256(tmp),
+                            **provenance()}
             if os.path.isfile(path):
                 record[name]["was"] = file_sha256(path)
             save_record()
@@ -514,6 +516,25 @@ def _install(path, tmp, kind=None):
         finally:
             os.close(fd)
     _WRITTEN.append(path)
+
+
+def provenance():
+    """What a table, figure or report was made from, for its folder's record: the command line (paths relative),
+    the sha256 over the files it read (set_inputs) and their settings files (path, then hash, a line each), and
+    the checkpoint hashes those settings files name: the models behind the numbers."""
+    lines, models = [], set()
+    for path in sorted(set(_INPUTS)):
+        for p in (path, path + ".json"):
+            if os.path.isfile(p):
+                lines.append(f"{os.path.relpath(p)}\t{file_sha256(p)}\n")
+        with contextlib.suppress(OSError, ValueError, common.UserError):
+            side = readers.read_json_object(path + ".json", "settings file") if os.path.isfile(path + ".json") else {}
+            if isinstance(side.get("checkpoint_sha256"), str):
+                models.add(side["checkpoint_sha256"])
+    command = [os.path.basename(sys.argv[0] or "python")] + [os.path.relpath(a) if os.path.isabs(a) else a
+                                                             for a in sys.argv[1:]]
+    return {"command": " ".join(command), "inputs_sha256": hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape")).hexdigest(),
+            "models": sorted(models)}
 
 
 def alive(pid):
@@ -1033,15 +1054,17 @@ def check_gradnorm_output(path, inputs):
                  f"output; choose another output (--outdir)")
 
 
-def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs=()):
+def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, path, inputs=(), data=None):
     """The training scripts' gradient-norm mode (Table 2, Fig. 5): common.probe_grad_norms as the
-    TSV `idx label pA grad_norm` at `path`, with its record <path>.json naming the checkpoint inputs[0] by hash."""
+    TSV `idx label pA grad_norm` at `path`, with its record <path>.json naming the checkpoint inputs[0] by hash
+    and, given data = (dataset name, --data-dir), the training images probed (data_fingerprint)."""
     check_gradnorm_output(path, inputs)
     rows = common.probe_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch)
     ckpt = inputs[0] if inputs else None
     record = {"script": os.path.basename(sys.argv[0] or "python"), "checkpoint": ckpt and os.path.relpath(ckpt),
               "checkpoint_sha256": ckpt and readers.loaded_sha256(ckpt), "probe": probe, "N": n, "seed": seed,
-              "sigma": sigma}
+              "sigma": sigma, "dataset": data and data[0], "split": data and "train",
+              "data": data and data_fingerprint(data[0], "train", data[1])}
     record = {k: v for k, v in record.items() if v is not None}   # no checkpoint: a model given from Python
     write_json(record, path + ".json", "record of gradient norms", inputs)   # first: it names what replaces
     write_tsv(path, readers.GRADNORM_COLUMNS, zip(*rows.values()), "gradient norms", inputs)

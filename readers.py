@@ -210,38 +210,79 @@ def check_radii(log, sidecar):
 # a table, a ranking) must agree on these, or a difference between two rows may be one of setting, not of model.
 # A setting a log does not record (a log without settings file: its dataset, split and alpha, and its N unless
 # it has an N column) is taken to be the others'. sigma is not here: every analysis groups its logs by sigma.
-SETTINGS = {"dataset": ("dataset",), "split": ("split",), "budget": ("N", "alpha"), "mode": ("mode",)}
+# data: the fingerprint of the images certified; budget: N, alpha and N0 (which decides abstentions); sampler:
+# --sound and --precision (a bf16 certificate is one of the bf16 classifier).
+SETTINGS = {"dataset": ("dataset",), "split": ("split",), "data": ("data",), "budget": ("N", "alpha", "N0"),
+            "mode": ("mode",), "sampler": ("sound", "precision")}
+IMAGES = "images"   # check_comparable's check of the idx sets (--allow-different images)
+COMPARED = (*SETTINGS, IMAGES)   # what --allow-different names
+
+
+def check_sidecar_fits(log, sidecar):
+    """Refuse (common.UserError) a settings file that does not describe the log beside it: other columns than the
+    log's header, or an N that its rows contradict (a CERTIFY row draws N; one stopped early, or a grid row, at
+    most N): a settings file copied from another log."""
+    columns = sidecar.get("columns")
+    if columns is not None:
+        header = read_header(log["path"]).split("\t")
+        common.check(header == columns, f"{log['path']}: its settings file lists the columns {' '.join(columns)}, "
+                                        f"the log has {' '.join(header)}: the settings file of another log")
+    N = sidecar.get("N")
+    if N is None or "N" not in log:
+        return
+    exact = sidecar.get("mode") == "certify" and not sidecar.get("early_abstain") and not log.get("grid")
+    bad = np.flatnonzero(log["N"] != N if exact else log["N"] > N)
+    common.check(len(bad) == 0, f"{log['path']}: the row of idx {int(log['idx'][bad[0]]) if len(bad) else 0} has N "
+                                f"{int(log['N'][bad[0]]) if len(bad) else 0}, its settings file N {N}: the settings "
+                                f"file of another log")
 
 
 def log_setting(log, sidecar):
     """{field: value, None where unknown} of SETTINGS' fields for a log (read_certification_log) and its settings
-    file (read_sidecar: {} for a log from elsewhere). N: the settings file's (a grid log's N_max), else the
-    largest of an N column (rows stopped early have less) of a log that is not a grid log (whose N column holds
-    the draws each row made). mode: what a row certifies: CERTIFY (a grid log's levels are certificates of the
-    same prediction), PREDICT, label mode (the true label, no selection), DDRS or semi-elastic (a sigma per input)."""
+    file (read_sidecar: {} for a log from elsewhere; check_sidecar_fits first). N: the settings file's (a grid
+    log's N_max), else the largest of an N column (rows stopped early have less) of a log that is not a grid log
+    (whose N column holds the draws each row made). mode: what a row certifies: CERTIFY (a grid log's levels
+    are certificates of the same prediction), PREDICT, label mode (the true label, no selection), DDRS or
+    semi-elastic (a sigma per input)."""
+    check_sidecar_fits(log, sidecar)
     N = sidecar.get("N")
     if N is None and "N" in log and not log.get("grid"):
         N = int(log["N"].max())
     mode = [kind for kind in log_kinds(log, sidecar) if kind not in ("CERTIFY", "grid", "grid without r = 0")]
-    return {"dataset": sidecar.get("dataset"), "split": sidecar.get("split"), "N": N, "alpha": sidecar.get("alpha"),
-            "mode": " + ".join(mode) or "CERTIFY"}
+    return {"dataset": sidecar.get("dataset"), "split": sidecar.get("split"), "data": sidecar.get("data"), "N": N,
+            "alpha": sidecar.get("alpha"), "N0": sidecar.get("N0"), "mode": " + ".join(mode) or "CERTIFY",
+            "sound": sidecar.get("sound"), "precision": sidecar.get("precision")}
+
+
+def short_names(paths):
+    """{path: its file name, or folder/name where two share a name (the published logs do)}, for a report's line."""
+    names = [os.path.basename(p) for p in paths]
+    return {p: os.path.join(*os.path.normpath(p).split(os.sep)[-2:]) if names.count(n) > 1 else n
+            for p, n in zip(paths, names)}
+
+
+def judged(log):
+    """Whether check_comparable and the kinds' check judge a file: a certification log, or an ECDF curve whose
+    settings file (analyze.py ecdf's) names the log it came from; a published curve or a pA estimate file has none."""
+    return "radius" in log or (log.get("sidecar") or {}).get("kind") == "ecdf"
 
 
 def check_comparable(logs, allow=(), command="this analysis", assumed=None):
     """Refuse (common.UserError, one line naming the setting and two logs) logs to be set side by side whose
-    SETTINGS differ, except those in `allow` (names of SETTINGS, the flag --allow-different's, or of their fields
-    where a command compares across one by design, e.g. N). Logs are read_certification_log's, each with its
-    settings file as 'sidecar' where it has one; other files (ECDFs, pA estimates) are passed over. assumed:
-    {field: value} a log that does not record the field is read with (a command's --N, --alpha for such logs).
-    Returns (setting, what differs) for each allowed difference, e.g. ('budget', 'N: 500 (a.tsv), 1000
-    (b.tsv)'), for the report to say above its table."""
+    SETTINGS differ, or that certify other images (idx sets: IMAGES), except those in `allow` (names of COMPARED,
+    the flag --allow-different's, or of SETTINGS' fields where a command compares across one by design, e.g. N).
+    Logs are read_certification_log's, each with its settings file as 'sidecar' where it has one; other files
+    (ECDFs, pA estimates) are passed over. assumed: {field: value} a log that does not record the field is read
+    with (a command's --N, --alpha for such logs). Returns (setting, what differs) for each allowed difference,
+    e.g. ('budget', 'N: 500 (a.tsv), 1000 (b.tsv)'), for the report to say above its table."""
     if isinstance(allow, str) or not all(isinstance(a, str) for a in allow):
         raise TypeError(f"allow must be a list of names of SETTINGS (got {allow!r})")
-    wrong = sorted(set(allow) - set(SETTINGS) - {field for fields in SETTINGS.values() for field in fields})
-    common.check(not wrong, f"allow: {', '.join(wrong)} is not a setting; the settings are {', '.join(SETTINGS)}")
+    wrong = sorted(set(allow) - set(COMPARED) - {field for fields in SETTINGS.values() for field in fields})
+    common.check(not wrong, f"allow: {', '.join(wrong)} is not a setting; the settings are {', '.join(COMPARED)}")
     known = lambda log: {field: value if value is not None else (assumed or {}).get(field)   # noqa: E731
                          for field, value in log_setting(log, log.get("sidecar") or {}).items()}
-    settings = [(log["path"], known(log)) for log in logs if "radius" in log]
+    settings = [(log["path"], known(log)) for log in logs if judged(log)]
+    short = short_names([path for path, _ in settings])
     differs = []
     for group, fields in SETTINGS.items():
         for field in fields:
@@ -253,11 +294,23 @@ def check_comparable(logs, allow=(), command="this analysis", assumed=None):
                 continue
             (first, where), (other, path) = list(seen.items())[:2]
             common.check(group in allow or field in allow,
-                         f"{path}: {field} {other}, but {where} has {field} {first}: a row does not mean the same in "
+                         f"{path}: {field} {other}, but {where} has {field} {first}"
+                         f"{' (certified on other images)' if field == 'data' else ''}: a row does not mean the same in "
                          f"both, so {command} does not set them side by side (analyze.py's --allow-different {group} "
                          f"does, docs/analysis.md)")
-            values = ", ".join(f"{value} ({os.path.basename(p)})" for value, p in seen.items())
+            values = ", ".join(f"{value} ({short[p]})" for value, p in seen.items())
             differs.append((group, f"{field}: {values}"))
+    images = {}   # idx set -> the first log that certifies it
+    for log in logs:
+        if "radius" in log:
+            images.setdefault(frozenset(log["idx"].tolist()), log["path"])
+    if len(images) > 1:
+        (first, where), (other, path) = list(images.items())[:2]
+        common.check(IMAGES in allow, f"{path}: certifies {len(other)} images, {len(other & first)} of them among the "
+                                      f"{len(first)} of {where}: its rows are about other inputs, so {command} does "
+                                      f"not set them side by side (analyze.py's --allow-different images does)")
+        differs.append((IMAGES, "idx sets: " + ", ".join(f"{len(s)} images ({short[p]})"
+                                                         for s, p in images.items())))
     return differs
 
 
@@ -274,6 +327,23 @@ def check_same_run(paths, keys=("checkpoint_sha256", "data", "split")):
             common.check(side[k] == sides[0][k], f"{path}: another {k.replace('_sha256', '')} than {paths[0]} "
                                                  f"({str(side[k])[:16]} vs {str(sides[0][k])[:16]}): not the same "
                                                  f"model on the same images")
+
+
+def check_distinct_models(logs, what):
+    """Logs taken as the training seeds of one method at one sigma (what: where, for the message) are of distinct
+    models: no two name the same checkpoint hash or the same training seed (log["train_seed"], else their
+    settings files'). One model certified twice, with other noise or on other images, is not two seeds: its
+    spread would be Monte Carlo noise passed off as the seeds'."""
+    for key, name in (("checkpoint_sha256", "checkpoint"), ("train_seed", "training seed")):
+        seen = {}
+        for log in logs:
+            value = log.get(key) if log.get(key) is not None else (log.get("sidecar") or {}).get(key)
+            if value is None:
+                continue
+            common.check(value not in seen, f"{log['path']}: the same {name} as {seen.get(value)} "
+                                            f"({str(value)[:16]}), both as seeds of {what}: one model certified twice "
+                                            f"is not two training seeds; give each seed's own log once")
+            seen[value] = log["path"]
 
 
 # The sidecar's fields that readers use, with their contract (a field may be missing: a log from elsewhere).
@@ -536,8 +606,9 @@ REFUSED = {
 
 
 # Settings an analysis sets side by side by design (check_comparable): budget converts each log from its
-# own budget to the one asked for.
-BY_DESIGN = {"budget": ("budget",)}
+# own budget to the one asked for; compare pairs the images the logs share; paper takes the published logs as
+# they are (one of them covers 427 of the 500 ImageNet images), and says so.
+BY_DESIGN = {"budget": ("budget",), "compare": (IMAGES,), "compare --over test-set": (IMAGES,), "paper": (IMAGES,)}
 
 
 def load_logs(paths, labels=None, sigmas=None, reader=read_certification_log, command=None, allow=(), assumed=None):
@@ -551,7 +622,7 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_certification_log, co
     for path, label, sigma in zip(paths, labels, sigmas):
         log = reader(path)
         log["sidecar"] = read_sidecar(path)
-        if command is not None and "radius" in log:   # a certification log (not an ECDF or a pA estimate file)
+        if command is not None and judged(log):   # a certification log, or a curve analyze.py ecdf made from one
             check_log_kinds(log, log["sidecar"], REFUSED[command], f"analyze.py {command}")
         log["label"] = shown(label or label_from_path(path))
         own, guessed = log["sidecar"].get("sigma"), sigma_from_path(path)
@@ -568,12 +639,23 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_certification_log, co
         log["sigma"] = None if sigma is None else float(sigma)
         logs.append(log)
     if command is not None:
-        for setting, line in check_comparable(logs, set(allow) | set(BY_DESIGN.get(command, ())),
-                                                      f"analyze.py {command}", assumed):
-            if setting in allow:
-                print(f"note: the logs differ in {line} (--allow-different {setting}): each row is about its model "
-                      f"and that setting together", file=sys.stderr)
+        differs = [(setting, line) for setting, line in check_comparable(
+            logs, set(allow) | set(BY_DESIGN.get(command, ())), f"analyze.py {command}", assumed)
+                   if setting in allow or setting == IMAGES]
+        for setting, line in differs:
+            print(f"note: the logs differ in {line}" + (f" (--allow-different {setting}): each row is about its model "
+                  f"and that setting together" if setting in allow else ": each row is about its own images"),
+                  file=sys.stderr)
+        for log in logs:   # the reports say it above their tables (differs_line)
+            log["differs"] = differs
     return logs
+
+
+def differs_line(logs):
+    """The line a report puts above its table when its logs differ in a setting load_logs let through, else ''."""
+    differs = next((log["differs"] for log in logs if log.get("differs")), [])
+    return ("Not the same setting: " + "; ".join(line for _, line in differs) + ". Each row is about its model and "
+            "its own setting.\n\n") if differs else ""
 
 
 # ====== Checkpoints: torch files read without running code, checked against their contract

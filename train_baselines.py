@@ -140,6 +140,7 @@ def smoothed_probs(model, u, noise):
 
 def nll_of(pbar, y):
     """-log pbar_y per image, clamped at 1e-20 as in the official code. Returns (b,)."""
+    common.check_labels(y, pbar)
     return -pbar.gather(1, y[:, None]).squeeze(1).clamp_min(1e-20).log()
 
 
@@ -249,6 +250,7 @@ def smoothadv_loss(model, x, y, idx, *, sigma, m, T, eps, warm=1.0, attack=smoot
     noise = draw_noise(x, sigma, m, noise)
     x_adv = attack(model, x, y, noise, T, warm * eps)
     logits = model(add_noise(x_adv, noise)).float()                           # (m*b, K)
+    common.check_labels(y, logits)
     targets = y.repeat(m)
     return result(F.cross_entropy(logits, targets), logits, targets)
 
@@ -271,6 +273,7 @@ def macer_loss(model, x, y, idx, *, sigma, m, beta, gamma, lbd, noise=None):
     noise = draw_noise(x, sigma, m, noise)
     b = len(y)
     logits = model(add_noise(x, noise)).float()                               # (m*b, K)
+    common.check_labels(y, logits)
     z = logits.view(m, b, -1)
     pbar = F.softmax(z, 2).mean(0)                                            # (b, K)
     classification = -(pbar.gather(1, y[:, None]).squeeze(1) + 1e-10).log()  # (b,)
@@ -300,6 +303,7 @@ def consistency_loss(model, x, y, idx, *, sigma, m, lbd, eta, noise=None):
     noise = draw_noise(x, sigma, m, noise)
     b = len(y)
     logits = model(add_noise(x, noise)).float()                               # (m*b, K)
+    common.check_labels(y, logits)
     targets = y.repeat(m)
     logp = F.log_softmax(logits, 1).view(m, b, -1)
     pbar = logp.exp().mean(0)                                                 # (b, K)
@@ -364,6 +368,7 @@ def smoothmix_loss(model, x, y, idx, *, sigma, m, T, alpha, eta, mix_step, warm,
     b = len(y)
     u_init, x_adv = smoothmix_attack(model, x, y, noise, T, alpha, mix_step, warm, maxnorm)
     logits = model(add_noise(u_init, noise)).float()                          # (m*b, K)
+    common.check_labels(y, logits)
     targets = y.repeat(m)
     pbar = F.softmax(logits, 1).view(m, b, -1).mean(0)                        # (b, K), not detached
     mix = smoothmix_mixup(u_init, x_adv, pbar)
@@ -444,6 +449,7 @@ def catrs_loss(model, x, y, idx, *, sigma, m, T, eps, lbd, target, confidence_ma
     pb = target[idx].to(x.device)                          # (b, K)
     targets = y.repeat(m)
     logits = model(add_noise(x, delta)).float()                               # Gaussian forward (m*b, K)
+    common.check_labels(y, logits)
     ce = F.cross_entropy(logits, targets, reduction="none").view(m, b)
     with torch.no_grad():
         votes = (logits.argmax(1) == targets).float().view(m, b).mean(0)
@@ -467,6 +473,7 @@ def stability_loss(model, x, y, idx, *, sigma, lbd, noise=None):
     common.check_float("lbd", lbd, ge=0)
     delta = draw_noise(x, sigma, 1, noise)[0]
     clean = model(x).float()
+    common.check_labels(y, clean)
     noisy = model(x + delta).float()
     stability = -(F.softmax(clean, 1) * F.log_softmax(noisy, 1)).sum(1).mean()
     loss = F.cross_entropy(clean, y) + lbd * stability
@@ -742,7 +749,7 @@ def gradnorm_mode(args):
     loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)
     path = os.path.join(machinery.make_outdir(outdir), f"gradnorm_{args.method}.tsv")
     rows = machinery.measure_grad_norms(model, train_set, loss_fn, args.sigma, args.probe, args.N or 100, args.seed,
-                                        256, path, [args.gradnorm, args.catrs_target])
+                                        256, path, [args.gradnorm, args.catrs_target], (dataset, args.data_dir))
     print(f"wrote {len(rows['idx'])} gradient norms ({args.method} loss, epoch {epoch}) to {path}")
 
 

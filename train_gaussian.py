@@ -103,7 +103,7 @@ def gradnorm_mode(args):
         return common.gaussian_loss(f, x, y, sigma, args.m)
 
     rows = machinery.measure_grad_norms(model, train_set, loss_fn, sigma, args.probe, args.N, args.seed, 256, path,
-                                        [args.gradnorm])
+                                        [args.gradnorm], (dataset, args.data_dir))
     print(f"wrote {len(rows['idx'])} gradient norms to {path}")
 
 

@@ -173,6 +173,7 @@ def ours_loss(model, x, y, sigma, m, T, eps, attack):
     if T > 0:
         delta = common.sphere_pgd(model, x, y, delta, T, eps, attack)  # eval mode inside; norms kept
     logits = model((x.unsqueeze(0) + delta).flatten(0, 1))        # (m*b, K), block order
+    common.check_labels(y, logits)
     targets = y.repeat(m)
     loss = F.cross_entropy(logits, targets)
     return {"loss": loss, "correct": (logits.argmax(1) == targets).sum(), "total": len(targets)}
@@ -267,7 +268,8 @@ def gradnorm_mode(args):
         def loss_fn(f, x, y, idx):
             return ours_loss(f, x, y, s.sigma, s.m, T, s.eps, s.attack)
         path = os.path.join(outdir, f"gradnorm_ours_{name}.tsv")
-        machinery.measure_grad_norms(model, train_set, loss_fn, s.sigma, s.probe, s.N, s.seed, 256, path, [args.gradnorm])
+        machinery.measure_grad_norms(model, train_set, loss_fn, s.sigma, s.probe, s.N, s.seed, 256, path, [args.gradnorm],
+                                     (s.dataset, s.data_dir))
         print(f"wrote gradient norms (T = {T}) of {s.probe} probe examples to {path}")
 
 

@@ -797,6 +797,132 @@ def test_every_analysis_refuses_a_split_a_dataset_or_an_alpha_that_differs(tmp_p
     assert f"--allow-different {group}" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", SIDE_BY_SIDE)
+@pytest.mark.parametrize("field, a_value, b_value, group", [
+    ("N0", 100, 10, "budget"), ("sound", False, True, "sampler"), ("precision", "fp32", "bf16", "sampler"),
+    ("data", "0123456789abcdef", "fedcba9876543210", "data")])
+def test_every_analysis_refuses_an_N0_a_sampler_or_other_images_that_differ(tmp_path, capsys, command, field,
+                                                                            a_value, b_value, group):
+    """N0 (which decides abstentions), --sound and --precision (a bf16 certificate is the bf16 classifier's) and the
+    images' fingerprint change what a row means, like the budget: refused in one line naming the setting and
+    the flag, nothing written; --allow-different lets them through and the report's Markdown says what differs."""
+    split = "train" if command == "trainpa" else "test"
+    a = setting_log(tmp_path / "a_sigma0.5.tsv", split=split, **{field: a_value})
+    b = setting_log(tmp_path / "b_sigma0.5.tsv", split=split, **{field: b_value})
+    argv = side_by_side(command, a, b, tmp_path) + ["--out", str(tmp_path / "out")]
+    code, _, err = run_main(argv, capsys)
+    if command == "budget" and group == "budget":   # converted from each log's own budget: by design
+        assert code == 0, err
+        return
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{field} {b_value}, but" in err and f"--allow-different {group}" in err and not (tmp_path / "out").exists()
+    if command in ("compare", "gradnorm --acr"):
+        return   # compare.md's own line, gradnorm's ACR column: tested with compare
+    code, _, err = run_main(argv + ["--allow-different", group], capsys)
+    assert code == 0, err
+    md = [p for p in (tmp_path / "out").iterdir() if p.suffix == ".md"]
+    assert md and all(p.read_text().startswith(f"Not the same setting: {field}: ") for p in md
+                      if not p.name.startswith(("trainpa", "budget"))), [p.read_text()[:200] for p in md]
+
+
+@pytest.mark.parametrize("command", ["table", "envelope", "ecdf", "ablation"])
+def test_logs_of_other_images_are_refused_unless_allowed_and_then_the_report_says_so(tmp_path, capsys, command):
+    a = setting_log(tmp_path / "a_sigma0.5.tsv")
+    b = tmp_path / "b_sigma0.5.tsv"
+    lines = open(setting_log(b)).read().splitlines()
+    b.write_text("\n".join(lines[:1] + [line.replace("\t", "\t", 1) for line in lines[1:21]]) + "\n")   # 20 of 40
+    argv = side_by_side(command, a, str(b), tmp_path) + ["--out", str(tmp_path / "out")]
+    code, _, err = run_main(argv, capsys)
+    assert code == 2 and "certifies 20 images, 20 of them among the 40" in err and "--allow-different images" in err
+    code, _, err = run_main(argv + ["--allow-different", "images"], capsys)
+    assert code == 0, err
+    name = {"ablation": "ablation", "ecdf": "ecdf"}.get(command, command)
+    assert (tmp_path / "out" / f"{name}.md").read_text().startswith(
+        "Not the same setting: idx sets: 40 images (a_sigma0.5.tsv), 20 images (b_sigma0.5.tsv).")
+
+
+def test_a_settings_file_of_another_log_is_refused(tmp_path, capsys):
+    """A sidecar copied beside another log: other columns, or an N its rows contradict."""
+    a = setting_log(tmp_path / "a_sigma0.5.tsv", columns=["idx", "label", "predict", "radius", "correct", "time",
+                                                             "nA", "N", "nY"])
+    b = setting_log(tmp_path / "b_sigma0.5.tsv", N=2000)
+    (tmp_path / "b_sigma0.5.tsv.json").write_text(json.dumps({"N": 1000, "alpha": 0.001, "sigma": 0.5,
+                                                               "mode": "certify"}))
+    code, _, err = run_main(["table", a, b], capsys)
+    assert code == 2 and "has N 2000, its settings file N 1000: the settings file of another log" in err, err
+    (tmp_path / "b_sigma0.5.tsv.json").write_text(json.dumps({"N": 2000, "columns": ["idx", "label", "predict",
+                                                                                     "radius", "correct", "time"]}))
+    code, _, err = run_main(["table", b], capsys)
+    assert code == 2 and "the settings file of another log" in err and "lists the columns" in err, err
+
+
+def test_table_and_envelope_refuse_two_logs_of_one_label_and_sigma(tmp_path, capsys):
+    """Two logs both labelled 'ours' at sigma 0.5: rows no reader tells apart, and an envelope over them would be a
+    best over seeds passed off as a best over sigma."""
+    for seed in (1, 2):
+        (tmp_path / f"seed{seed}").mkdir()
+    logs = [setting_log(tmp_path / f"seed{s}" / "ours_noise_0.5.tsv") for s in (1, 2)]
+    for command in ("table", "envelope"):
+        code, _, err = run_main([command, *logs], capsys)
+        assert code == 2 and "the same label 'ours' at sigma 0.5" in err and "--labels" in err, err
+    assert run_main(["table", *logs, "--labels", "a", "b"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("key, values", [("checkpoint_sha256", ("ab" * 32, "ab" * 32)), ("train_seed", (3, 3))])
+def test_one_model_certified_twice_is_not_two_seeds(tmp_path, capsys, key, values):
+    """The same checkpoint (or training seed) twice among a side's seeds: its spread would be Monte Carlo noise,
+    not the seeds'. compare and table --group-by-seed refuse it in one line."""
+    # names of other lengths: setting_log draws its rows from the length of the path
+    logs = [setting_log(tmp_path / f"m_seed{str(i) * (i + 1)}_sigma0.5.tsv", seed=i, **{key: v})
+            for i, v in enumerate(values)]
+    others = [setting_log(tmp_path / f"g_seed{str(i) * (i + 3)}_sigma0.5.tsv", seed=i) for i in range(2)]
+    code, _, err = run_main(["table", "--group-by-seed", *logs], capsys)
+    assert code == 2 and "one model certified twice is not two training seeds" in err, err
+    code, _, err = run_main(["compare", *others, "--vs", *logs], capsys)
+    assert code == 2 and "one model certified twice is not two training seeds" in err and "side B" in err, err
+
+
+def test_budget_checks_an_ecdf_file_by_the_settings_of_its_log(tmp_path, capsys):
+    """analyze.py ecdf writes each curve's settings beside it (the log's kinds, budget, dataset): budget refuses a
+    curve of a DDRS log as it refuses the log, and one of another dataset beside a CERTIFY log."""
+    ddrs_log = setting_log(tmp_path / "d_sigma0.5.tsv", script="ddrs.py certify")
+    assert run_main(["ecdf", ddrs_log, "--labels", "d", "--out", str(tmp_path / "e")], capsys)[0] == 0
+    curve = str(tmp_path / "e" / "ecdf_d_0.5.tsv")
+    assert json.load(open(curve + ".json"))["source"] == "d_sigma0.5.tsv"
+    code, _, err = run_main(["budget", curve, "--N", "100", "--alpha", "0.01"], capsys)
+    assert code == 2 and "a DDRS log" in err, err
+    other = setting_log(tmp_path / "o_sigma0.5.tsv", dataset="digits")
+    assert run_main(["ecdf", other, "--labels", "o", "--out", str(tmp_path / "f")], capsys)[0] == 0
+    code, _, err = run_main(["budget", str(tmp_path / "f" / "ecdf_o_0.5.tsv"), setting_log(tmp_path / "c_sigma0.5.tsv"),
+                             "--N", "100", "--alpha", "0.01"], capsys)
+    assert code == 2 and "dataset cifar10, but" in err, err
+
+
+def test_gradnorm_refuses_files_measured_at_another_sigma_or_N(tmp_path, capsys):
+    src = os.path.join(ROOT, "results", "table2_cpu", "gradnorm_gaussian.tsv")
+    paths = []
+    for name, record in (("a", {"sigma": 0.5, "N": 20}), ("b", {"sigma": 0.25, "N": 20}), ("c", {"sigma": 0.5, "N": 200})):
+        shutil.copy(src, tmp_path / f"gradnorm_{name}.tsv")
+        (tmp_path / f"gradnorm_{name}.tsv.json").write_text(json.dumps(record))
+        paths.append(str(tmp_path / f"gradnorm_{name}.tsv"))
+    code, _, err = run_main(["gradnorm", paths[0], paths[1], "--replicates", "100"], capsys)
+    assert code == 2 and "sigma 0.25, but" in err, err
+    code, _, err = run_main(["gradnorm", paths[0], paths[2], "--replicates", "100"], capsys)
+    assert code == 2 and "N 200, but" in err and "--allow-different budget" in err, err
+    assert run_main(["gradnorm", paths[0], paths[2], "--replicates", "100", "--allow-different", "budget"],
+                    capsys)[0] == 0
+
+
+def test_a_report_records_the_command_its_inputs_and_their_models(tmp_path, capsys, monkeypatch):
+    a = setting_log(tmp_path / "a_sigma0.5.tsv", checkpoint_sha256="cd" * 32)
+    argv = ["table", a, "--out", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", ["analyze.py", *argv])   # the command line the record names
+    assert run_main(argv, capsys)[0] == 0
+    entry = json.load(open(tmp_path / "out" / "outputs.json"))["table.md"]
+    assert entry["models"] == ["cd" * 32] and entry["command"].startswith("analyze.py table ")
+    assert len(entry["inputs_sha256"]) == 64 and not os.path.isabs(entry["command"].split()[2])
+
+
 def test_gradnorm_acr_refuses_a_train_split_log(tmp_path, capsys):
     argv = side_by_side("gradnorm --acr", setting_log(tmp_path / "a_sigma0.5.tsv", split="train"),
                         setting_log(tmp_path / "b_sigma0.5.tsv", split="train"), tmp_path)
@@ -840,5 +966,5 @@ def test_the_budget_a_flag_gives_a_log_without_one_is_checked_against_the_others
     own = setting_log(tmp_path / "own_sigma0.5.tsv", N=100_000)
     code, _, err = run_main(["ecdf", cohen, own, "--N", "1000", "--alpha", "0.001"], capsys)
     assert code == 2 and "N 100000, but" in err and "has N 1000" in err, err
-    code, _, err = run_main(["ecdf", cohen, own], capsys)
+    code, _, err = run_main(["ecdf", cohen, own, "--allow-different", "images"], capsys)   # 3 and 40 images
     assert code == 0, err

@@ -57,6 +57,24 @@ REFUSED = [
      "m >= 1"),
     ("sphere_pgd norm L2", "sphere_pgd(net, images[:2], labels[:2], torch.randn(2, 2, 1, 8, 8), 1, 0.25, 'L2')",
      "norm_type"),
+    ("certify a NaN pixel", f"x = images[0].clone(); x[0, 0, 0] = float('nan'); "
+                            f"certify(net, x, 0.5, 50, 200, 0.001, 100, 10, {G})", "x holds NaN"),
+    ("certify float64 input, float32 model", f"certify(net, images[0].double(), 0.5, 50, 200, 0.001, 100, 10, {G})",
+     "x is torch.float64"),
+    ("certify N0 a string beside a candidate", f"certify(net, images[0], 0.5, 'abc', 200, 0.001, 100, 10, {G}, "
+                                               f"candidate=1)", "N0"),
+    ("grid N0 0 without a candidate", f"grid_certify(net, images[0], 0.5, 0, 20, 10, {G}, {PLAN})", "N0"),
+    ("grid_many inputs of two shapes", f"grid_certify_many(net, [(images[0], {G}, None), (torch.rand(1, 9, 9), {G}, "
+                                       f"None)], 0.5, 10, 100, 10, {PLAN})", "shape"),
+    *[(f"ours_loss label {k}", f"ours_loss(net, images[:2], torch.tensor([{k}, 1]), 0.5, 2, 1, 0.25, 'l2')", "y holds")
+      for k in (-100, -1, 10)],
+    ("consistency_loss label 10", "consistency_loss(net, images[:2], torch.tensor([10, 1]), None, sigma=0.5, m=2, "
+                                  "lbd=10.0, eta=0.5)", "y holds"),
+    *[(f"macer_loss sigma tensor {s}", f"macer_loss(net, images[:4], labels[:4], None, sigma={s}, m=2, beta=16.0, "
+                                       f"gamma=8.0, lbd=12.0)", "sigma")
+      for s in ("torch.full((4, 1, 1, 1), -0.5)", "torch.full((4, 1, 1, 1), float('nan'))", "torch.full((4,), 0.5)")],
+    ("sphere_pgd a NaN pixel", "x = images[:2].clone(); x[0, 0, 0, 0] = float('nan'); "
+                               "sphere_pgd(net, x, labels[:2], torch.randn(2, 2, 1, 8, 8), 1, 0.25)", "x holds NaN"),
 ]
 
 # (case name, code that sets `result`): the same answer from the import and from the pasted closure
@@ -73,6 +91,12 @@ KEPT = [
     ("certify keeps every module's mode", f"net.train(); net[1].eval(); certify(net, images[0], 0.5, 20, 50, 0.01, 50,"
                                           f" 10, {G}); result = [net.training, net[1].training]"),
     ("radius_weights paper formula", "result = radius_weights([12, 15, 16], 16, 0.1, 0.75, 'paper').tolist()"),
+    # a model wrapped in a function is still that model: certified in eval mode, its BatchNorm statistics kept
+    ("certify a lambda of a model in train mode", f"net.train(); kept = net[1].running_mean.clone(); "
+                                                  f"a = certify(lambda z: net(z), images[0], 0.5, 20, 50, 0.01, 50, 10, {G});"
+                                                  f" assert torch.equal(kept, net[1].running_mean) and net.training; "
+                                                  f"b = certify(net.eval(), images[0], 0.5, 20, 50, 0.01, 50, 10, {G}); "
+                                                  f"assert a['counts'] == b['counts']; result = a['counts']"),
 ]
 
 DRIVER = """
@@ -143,3 +167,83 @@ def test_what_a_block_must_keep_holds_imported_and_pasted(name, code, from_paste
         assert result[:2] == [True, False]
     if name == "radius_weights paper formula":
         assert result[0] == 1.0 and abs(result[1] - 1.134) < 1e-3 and abs(result[2] - 1.642) < 1e-3
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The training loop's and the measurements' blocks: a model handed back as it came, arguments that would
+# train or measure something else refused
+# ----------------------------------------------------------------------------------------------------------
+
+def small_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(256, 10))
+
+
+def test_the_counter_samples_a_model_in_train_mode_in_eval_mode_and_keeps_its_statistics():
+    import common
+    net = small_net().train()
+    net[1].running_mean.uniform_(-0.5, 0.5)
+    kept = {k: v.clone() for k, v in net.state_dict().items()}
+    x = torch.rand(2, 1, 8, 8)
+    given = common.sample_counts(net, x, 0.5, 40, 40, 10, torch.Generator().manual_seed(0))
+    assert net.training and all(torch.equal(kept[k], v) for k, v in net.state_dict().items())
+    assert torch.equal(given, common.sample_counts(net.eval(), x, 0.5, 40, 40, 10, torch.Generator().manual_seed(0)))
+
+
+def test_evaluate_noisy_hands_every_module_back_and_refuses_what_is_no_test_set():
+    import common
+    net = small_net().train()
+    net[1].eval()
+    x, y = torch.rand(4, 1, 8, 8), torch.arange(4)
+    common.evaluate_noisy(net, [(x, y)], 0.5, torch.device("cpu"))
+    assert net.training and not net[1].training
+    for loader, word in [([((x * 255).byte(), y)], "uint8"), ([], "no examples"), ([(x, y - 5)], "y holds"),
+                         ([(x, y + 7)], "classes 0 .. 9")]:
+        with pytest.raises((TypeError, ValueError), match=word):
+            common.evaluate_noisy(net, loader, 0.5, torch.device("cpu"))
+
+
+def test_train_epoch_refuses_another_models_optimizer_and_an_empty_loader():
+    import common
+    net = small_net()
+    step = lambda f, x, y, idx: common.gaussian_loss(f, x, y, 0.5, 1)   # noqa: E731
+    batches = [(torch.rand(4, 1, 8, 8), torch.arange(4), torch.arange(4))]
+    other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+    with pytest.raises(ValueError, match="not the model's"):
+        common.train_epoch(net, batches, other, step, 1, torch.device("cpu"))
+    with pytest.raises(ValueError, match="no batches"):
+        common.train_epoch(net, [], torch.optim.SGD(net.parameters(), lr=0.1), step, 1, torch.device("cpu"))
+
+
+def test_gradient_norms_hand_every_module_back_in_its_own_mode():
+    import common
+    net = small_net().train()
+    net[1].eval()
+    common.per_example_grad_norms(net, lambda f, x, y, i: {"loss": f(x).sum()}, torch.rand(2, 1, 8, 8),
+                                  torch.arange(2))
+    assert net.training and not net[1].training
+
+
+def test_a_scheduler_refuses_a_repeated_milestone_and_takes_an_array():
+    import numpy as np
+    import common
+    optimizer = torch.optim.SGD(small_net().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="repeat"):
+        common.make_scheduler(optimizer, 10, 0.1, [5, 5])
+    assert sorted(common.make_scheduler(optimizer, 10, 0.1, np.array([10, 5])).milestones) == [5, 10]
+
+
+def test_dominance_compares_lists_as_the_curves_they_are():
+    import analyze
+    assert analyze.dominance({"a": [0.3, 0.0], "b": [0.1, 0.5]}) == ([], [("a", "b")])
+    assert analyze.dominance({"a": [0.3, 0.5], "b": [0.1, 0.5]}) == ([("a", "b")], [])
+
+
+def test_optimize_sigma_refuses_per_input_sigmas_that_are_not_positive():
+    import ddrs
+    x = torch.rand(2, 1, 8, 8)
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    for bad in ([-1.0, 0.5], [float("nan"), 0.5], [0.0, 0.5]):
+        with pytest.raises(ValueError, match="sigma0"):
+            ddrs.optimize_sigma(small_net(), x, torch.tensor(bad), 2, 2, 1e-3, gens)

@@ -656,7 +656,11 @@ def grid_from_logs(paths):
     for log in logs:   # every log first, before any work: the kinds this comparison can count
         check_bench_log(log)
     compare.check_same_images(logs)   # one model on one set of images, where the settings files say so
-    readers.check_comparable(logs, ("N",), "tools/bench.py --grid-logs")   # arms at other N: by design
+    readers.check_comparable(logs, ("N", readers.IMAGES), "tools/bench.py --grid-logs")   # N: by design; images below
+    sigmas = sorted({log["sigma"] for log in logs}, key=str)
+    common.check(len(sigmas) == 1, f"--grid-logs: the logs were certified at sigmas {', '.join(map(str, sigmas))}: "
+                                   f"the arms of one comparison share one sigma (the reference's pA and radii are "
+                                   f"in its units)")
     named = [log for log in logs if log["sidecar"].get("checkpoint_sha256")]
     for log in named[1:]:
         common.check(log["sidecar"]["checkpoint_sha256"] == named[0]["sidecar"]["checkpoint_sha256"],
