@@ -657,12 +657,15 @@ def radius_ceiling(log):
     return float(sigma * ndtri(alpha ** (1 / float(np.max(N)))))
 
 
+MAX_DRAWS = 10 ** 9   # draws of one input (N, N0, a pass): beyond, one example takes hours on any machine
+
+
 def check_smoothing(sigma, alpha=0.5, **counts):
-    """check_float / check_int of RS's settings: 0 < sigma < inf, 0 < alpha < 1, each count an int >= 1."""
+    """check_float / check_int of RS's settings: 0 < sigma < inf, 0 < alpha < 1, each count an int in [1, MAX_DRAWS]."""
     check_float("sigma", sigma, gt=0)
     check_float("alpha", alpha, gt=0, lt=1)
     for name, n in counts.items():
-        check_int(name, n)
+        check_int(name, n, 1, MAX_DRAWS)
 
 
 def check_input_of(model, x, name="x", read_values=True):

@@ -417,13 +417,16 @@ def decided_rows(logs, radii):
 
 def check_sides(side_a, side_b, radii, level, votes, family):
     """compare_sides' arguments, each checked (a TypeError or ValueError naming it); the radii as floats."""
-    is_log = lambda log: isinstance(log, dict) and "radius" in log   # noqa: E731
+    is_log = lambda log: isinstance(log, dict) and all(isinstance(log.get(k), np.ndarray) and len(log[k]) ==   # noqa: E731
+                                                       len(log["radius"]) for k in ("radius", "correct", "idx", "y")) \
+        and log["correct"].dtype == bool   # read_certification_log's
     lists = {"side_a": (side_a, list, is_log, "logs"), "side_b": (side_b, list, is_log, "logs"),
              "radii": (radii, (list, tuple, np.ndarray), lambda r: True, "radii"),
              "family": (family or ["?"], (list, tuple), lambda n: isinstance(n, str), "row names")}
     for name, (value, kind, ok, what) in lists.items():
         if not isinstance(value, kind) or not all(map(ok, value)):
-            raise TypeError(f"{name} must be a list of {what} (got {value!r:.80})")
+            raise TypeError(f"{name} must be a list of {what} (got {value!r:.80}; logs as "
+                            f"readers.read_certification_log returns them)")
         common.check(len(value) > 0, f"{name} is empty: give at least one")
     common.check(family is None or len(family) > 0, "family is empty: give the claim's rows, or None for all rows")
     common.check_float("level", level, gt=0, lt=1)

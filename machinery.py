@@ -158,7 +158,7 @@ def is_out_of_memory(e):
 
 
 FLOAT32_MAX = 3.4028234663852886e38   # numbers reach the models, optimisers and noise in float32
-MAX_DRAWS = 10 ** 9                    # --N, --N0: beyond, one example takes hours on any machine
+MAX_DRAWS = common.MAX_DRAWS           # --N, --N0: beyond, one example takes hours on any machine
 MAX_BATCH_BYTES = 2 ** 33              # one pass of noisy inputs (float32) above 8 GiB is a typo, not a setting
 SIGMA_RANGE = (1e-4, 1e4)              # inputs lie in [0, 1]: below, float32 loses the noise; above, the input
 SIGMA_MAX_FP16 = 1e3                   # fp16 overflows at 65504: x + 7 sigma must stay below it

@@ -103,7 +103,7 @@ def read_certification_log(path):
 
     Contract: a header with Cohen's columns idx label predict radius correct time (tab- or space-separated),
     one line per example, idx unique; idx, label integers >= 0; predict an integer (-1: abstain); radius a
-    finite number; correct 0 or 1; optional nA, N, nY counts with 0 <= nA, nY <= N, N >= 1; optional sigma > 0
+    finite number >= 0; correct 0 or 1; optional nA, N, nY counts with 0 <= nA, nY <= N, N >= 1; optional sigma > 0
     (ddrs.py); a `stop` column marks a grid log (certify.py --radii), whose radius is a grid level, not a
     radius to average (it has no ACR)."""
     header = (read_lines(path) or [""])[0].split()
@@ -123,7 +123,7 @@ def read_certification_log(path):
     check_rows(cols, path, (cols["predict"] == np.round(cols["predict"])) & (cols["predict"] >= -1) &
                (cols["predict"] < 2 ** 53), "predict must be a class (an integer >= 0) or -1 (abstain)")
     check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
-    check_rows(cols, path, np.isfinite(cols["radius"]), "radius must be a finite number")
+    check_rows(cols, path, np.isfinite(cols["radius"]) & (cols["radius"] >= 0), "radius must be a finite number >= 0")
     log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool),
            "idx": cols["idx"].astype(np.int64), "y": cols["label"].astype(np.int64),
            "predict": cols["predict"].astype(np.int64),
