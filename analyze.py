@@ -485,12 +485,11 @@ def latex(header, groups, lead):
 
 
 def write_text(out, name, text):
-    """<out>/<name> (when --out was given) through the output guard, announced on stderr so stdout stays
-    Markdown. name may hold a label from a file: it is made safe for a file name first (safe_name)."""
+    """<out>/<name> (when --out was given) through the output guard, announced on stderr once in place (stdout
+    stays Markdown). name may hold a label from a file: it is made safe for a file name first (safe_name)."""
     if out:
         path = os.path.join(machinery.make_outdir(out), safe_name(name))
-        machinery.write_text_output(path, "analyze.py output", text + "\n")
-        print(f"wrote {path}", file=sys.stderr)
+        machinery.write_text_output(path, "analyze.py output", text + "\n", announce=True)
 
 
 def safe_name(name):
@@ -516,8 +515,7 @@ def save_figure(fig, out, name):
             path = os.path.join(out, f"{safe_name(name)}.{ext}")
             metadata = {"CreationDate": None} if ext == "pdf" else None
             machinery.write_output(path, "analyze.py figure", lambda f: fig.savefig(
-                f, format=ext, dpi=150, bbox_inches="tight", metadata=metadata))
-            print(f"wrote {path}", file=sys.stderr)
+                f, format=ext, dpi=150, bbox_inches="tight", metadata=metadata), announce=True)
     finally:   # also when an output is refused: no figure left open in a notebook's session
         pyplot().close(fig)
 
@@ -1422,6 +1420,8 @@ def main(argv=None):
 def analyze(args):
     """The command of the parsed arguments, run: its report printed, its files written under --out."""
     c = args.command
+    common.check(all(0 <= r < math.inf for r in getattr(args, "radii", None) or []),
+                 f"--radii must be finite numbers >= 0 (got {getattr(args, 'radii', None)})")
     machinery.set_inputs([p for p in (getattr(args, "logs", None) or []) + (getattr(args, "vs", None) or []) +
                           (getattr(args, "acr", None) or []) + [getattr(args, "root", None)] if p not in (None, "-")])
     if c == "compare":   # the extension's own runner (compare.add_command)

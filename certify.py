@@ -460,7 +460,7 @@ def keep_freed_memory():
 
 def distributed_setup(device_name):
     """Under torchrun: (rank, world size, device name for this rank); gloo carries the barrier only."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    _, world = machinery.torchrun_env()
     if world == 1:
         return 0, 1, device_name
     import torch.distributed as dist

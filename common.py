@@ -139,10 +139,16 @@ class DigitsCNN(nn.Module):
         return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
 
 
+ARCH_DATASETS = {"cifar_resnet20": ("cifar10",), "cifar_resnet110": ("cifar10",), "resnet50": ("cifar10", "imagenet"),
+                 "lenet": DATASETS, "digits_cnn": ("digits",)}   # the inputs each architecture's layers take
+
+
 def get_architecture(arch, dataset):
     """The base classifier f: Sequential(NormalizeLayer(mean, std), net); inputs live in [0, 1] pixel space."""
     check(arch in ARCHS, f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
     check(dataset in DATASETS, f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    check(dataset in ARCH_DATASETS[arch], f"architecture {arch} does not take {dataset}'s inputs "
+                                          f"{INPUT_SHAPE[dataset]}; it takes {' and '.join(ARCH_DATASETS[arch])}")
     channels, k = INPUT_SHAPE[dataset][0], NUM_CLASSES[dataset]
     if arch == "cifar_resnet20":
         net = CifarResNet(20, k)

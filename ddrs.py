@@ -424,9 +424,8 @@ def parse_args(argv=None):
     e.add_argument("--semi-elastic", action="store_true",
                    help="instead of Algorithm 1: sigma(x) = sigma_0 exp(r (rho_k(x) - m)), rho_k the mean distance "
                         "to the k nearest training images, and the radius that is sound for z -> g_sigma(z)(z)")
-    e.add_argument("--elastic-r", type=float, default=SEMI_ELASTIC_R, help="r (default 0.01, docs/ddrs.md; 0: fixed "
-                                                                           "sigma, Cohen's radius)")
-    e.add_argument("--elastic-k", type=int, default=SEMI_ELASTIC_K, help="k nearest training images (default 20)")
+    e.add_argument("--elastic-r", type=float, help="r (default 0.01, docs/ddrs.md; 0: fixed sigma, Cohen's radius)")
+    e.add_argument("--elastic-k", type=int, help="k nearest training images (default 20)")
     e.add_argument("--elastic-m", type=float, help="m (default: 5 on cifar10, docs/ddrs.md; other datasets: the "
                                                    "median rho_k of 1,000 training images, leaving each out)")
     args = p.parse_args(argv[1:][1:] if argv[1:2] == ["--"] else argv[1:])
@@ -451,7 +450,11 @@ def certify_main(args):
                                      default_folder=os.path.join("runs", "ddrs")))
     bounds = (args.sigma_min, args.sigma_max)
 
+    given = [f"--{k.replace('_', '-')}" for k in ("elastic_r", "elastic_k", "elastic_m") if getattr(args, k) is not None]
+    common.check(args.semi_elastic or not given, f"{', '.join(given)} go with --semi-elastic (the sigma they set)")
     if args.semi_elastic:
+        args.elastic_r = SEMI_ELASTIC_R if args.elastic_r is None else args.elastic_r
+        args.elastic_k = SEMI_ELASTIC_K if args.elastic_k is None else args.elastic_k
         return semi_elastic_main(args)
     fixed = {"draws": CLASS_DRAWS, "max_draws": CLASS_MAX_DRAWS, "alpha": CLASS_ALPHA}
 
@@ -669,6 +672,8 @@ def report_main(args):
     comes from (the share of inputs whose pA at sigma_0 is near 1). Differences with intervals: analyze.py
     compare (scripts/compare_cpu.sh). Writes report.md and report.tsv in --out."""
     from scipy.stats import norm
+    common.check(0 <= args.near_one <= 1 and all(0 <= r < math.inf for r in args.radii),
+                 f"--near-one must lie in [0, 1] and --radii be finite numbers >= 0 (got {args.near_one}, {args.radii})")
     readers.check_same_run([args.fixed, *args.logs])   # one model, one set of images: before any work
     fixed = readers.read_certification_log(args.fixed)
     readers.check_log_kinds(fixed, readers.read_sidecar(args.fixed), FIXED_REFUSED, "ddrs.py report --fixed")

@@ -94,7 +94,7 @@ def run(main, exit_process=False):
         sizes = [flag(d) for d in ("batch", "N", "m") if d in FLAG_DEFAULTS]   # this command's
         code, error = 2, f"error: out of memory{'; lower ' + ' or '.join(sizes) if sizes else ''}; {written_so_far()}"
     finally:
-        for tmp, _ in (_STAGED or {}).values():
+        for tmp, *_ in (_STAGED or {}).values():
             _discard(tmp)
         _STAGED = outer
         if error:
@@ -222,6 +222,11 @@ def check_training_settings(settings):
     common.check(settings["momentum"] >= 0 and settings["weight_decay"] >= 0,
                  f"--momentum and --weight_decay must be >= 0, got {settings['momentum']} and {settings['weight_decay']}")
     common.check(settings["seed"] >= 0, f"--seed must be >= 0, got {settings['seed']}")
+    arch, dataset = settings.get("arch"), settings.get("dataset")
+    common.check(arch not in common.ARCH_DATASETS or dataset in common.ARCH_DATASETS[arch],
+                 f"--arch {arch} does not take {dataset}'s inputs; it takes "
+                 f"{' and '.join(common.ARCH_DATASETS.get(arch, ()))}")
+    get_device(settings.get("device"))   # one this project runs on, before any file
     common.check(not settings.get("sync_bn") or get_device(settings.get("device")).type != "cpu",
                  "--sync-bn needs GPUs (torch's SyncBatchNorm does not run on the CPU); drop it")
     common.check(settings.get("max_batches") is None or settings["max_batches"] >= 1,
@@ -234,9 +239,24 @@ def get_device(name=None):
         device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
         raise common.UserError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
+    common.check(device.type == "cuda" or device == torch.device("cpu"), f"device {name!r} is not one this project "
+                                                                         f"runs on; use cpu, cuda or cuda:N")
     common.check(device.type != "cuda" or torch.cuda.is_available(), f"device {name!r} requested but CUDA is not "
                                                                       f"available")
     return device
+
+
+def torchrun_env():
+    """(rank, world size) from torchrun's environment, (0, 1) without it; values torchrun would not set refused."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return 0, 1
+    rank, world = os.environ["RANK"], os.environ["WORLD_SIZE"]
+    common.check(rank.isdigit() and world.isdigit() and int(rank) < int(world),
+                 f"RANK={rank!r} and WORLD_SIZE={world!r} are not torchrun's (a rank below the world size): unset "
+                 f"them, or start the command with torchrun")
+    common.check(int(world) == 1 or ("MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ),
+                 "WORLD_SIZE > 1 without MASTER_ADDR and MASTER_PORT: start the command with torchrun")
+    return int(rank), int(world)
 
 
 def check_precision(precision, device):
@@ -317,6 +337,8 @@ def exclusive_lock(path, what, wait=False):
                                           f"to end, or choose another output")
             with contextlib.suppress(FileNotFoundError):
                 if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+                    common.check(os.fstat(f.fileno()).st_size == 0, f"{path!r} exists and is not a lock of this "
+                                                                    f"project (it holds data); move it away")
                     break
         except BaseException:
             f.close()
@@ -404,15 +426,19 @@ def _not_written(path, e):
                             f"intact; {written_so_far()}")
 
 
-def write_output(path, kind, write, inputs=(), now=False):
+def write_output(path, kind, write, inputs=(), now=False, announce=False):
     """Write the file `path` (of a `kind`: 'table', 'checkpoint', ...) through the guard; returns path.
 
     write(f) puts the content into the binary file f: a new temporary file, fsynced, renamed over `path`; a failed
     write (disk full, Ctrl-C) leaves `path` as it was, and a temporary file a killed writer left is removed first.
     now=True: a file of a run's own state (checkpoint, sidecar, log), which its record covers, renamed at once.
     Else a table, figure or report: it replaces only a file its folder's outputs.json lists as this kind with the
-    content recorded, and inside run only as the command ends (a command refused at its last output changed none)."""
+    content recorded, and inside run only as the command ends (a command refused at its last output changed none).
+    announce: say "wrote <path>" on stderr once the file is in place. One path takes one kind of output a command."""
     check_output(path, inputs)
+    common.check(not _STAGED or path not in _STAGED or _STAGED[path][1] == kind,
+                 f"{path!r} is given for two outputs of this command ({_STAGED and path in _STAGED and _STAGED[path][1]}"
+                 f", {kind}); give each its own path")
     problem = None if now else owned_problem(path, kind)
     common.check(problem is None, problem)
     make_outdir(os.path.dirname(os.path.abspath(path)))
@@ -427,9 +453,9 @@ def write_output(path, kind, write, inputs=(), now=False):
     except OSError as e:
         raise _not_written(path, e) from None
     if _STAGED is not None and not now:
-        _STAGED[path] = tmp, kind
+        _STAGED[path] = tmp, kind, announce
     else:
-        _install(path, tmp, None if now else kind)
+        _install(path, tmp, None if now else kind, announce)
     return path
 
 
@@ -487,7 +513,7 @@ def _replace(tmp, path):
         raise
 
 
-def _install(path, tmp, kind=None):
+def _install(path, tmp, kind=None, announce=False):
     """Rename the temporary file `tmp` over `path`; a table, figure or report (kind) has its new hash put
     into its folder's record first, beside the old one ("was") until the rename is done: a stop anywhere leaves a
     record that accepts the file."""
@@ -516,6 +542,8 @@ def _install(path, tmp, kind=None):
         finally:
             os.close(fd)
     _WRITTEN.append(path)
+    if announce:
+        print(f"wrote {path}", file=sys.stderr)
 
 
 def provenance():
@@ -548,9 +576,10 @@ def alive(pid):
     return True
 
 
-def write_text_output(path, kind, text, inputs=()):
+def write_text_output(path, kind, text, inputs=(), announce=False):
     """write_output of a text (UTF-8; a file name that is not UTF-8, in a label, shows its bytes as \\xff)."""
-    return write_output(path, kind, lambda f: f.write(text.encode("utf-8", "backslashreplace")), inputs)
+    return write_output(path, kind, lambda f: f.write(text.encode("utf-8", "backslashreplace")), inputs,
+                        announce=announce)
 
 
 def write_json(obj, path, kind="settings", inputs=()):
@@ -827,6 +856,7 @@ def setup_distributed(device_name=None):
     device = get_device(device_name)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:   # not started by torchrun
         return device
+    torchrun_env()
     import torch.distributed as dist
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -935,6 +965,9 @@ def resume_mismatches(saved_args, args):
     return diff
 
 
+RUN_FILES = ("log.tsv", "checkpoint*.pth.tar", "discard.json", "pA_epoch*.tsv")   # what a training run writes
+
+
 def check_own_settings(path):
     """A new run writes its settings to `path` (args.json): a file already there must be a run's of ours that
     stopped before its first checkpoint (it records outdir, seed and environment), never a user's file."""
@@ -955,7 +988,13 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     if not resume:
         common.check(not os.path.lexists(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "
                                                 f"continue it, or choose another --outdir")
-        check_own_settings(os.path.join(outdir, "args.json"))
+        settings = os.path.join(outdir, "args.json")
+        check_own_settings(settings)
+        theirs = [] if os.path.lexists(settings) else sorted(   # without our args.json, a run's files are a user's
+            p for pattern in RUN_FILES for p in glob.glob(os.path.join(glob.escape(outdir), pattern)))
+        common.check(not theirs, f"{theirs[0] if theirs else ''!r} exists and was not written by a run of ours (no "
+                                 f"args.json of ours beside it): a new run would replace it; move it away or choose "
+                                 f"another --outdir")
         return 0, {}
     common.check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
     ckpt = readers.load_checkpoint(path, "cpu", trust)   # load_state_dict moves it to the model's device
@@ -1113,6 +1152,14 @@ def check_log(outfile, settings, columns, counts=None, inputs=(), overwrite=Fals
     common.check(not counts or not os.path.lexists(counts[0]) or counts[0] in files,
                  f"{counts and counts[0]!r} exists and was not written by this project (no log's sidecar keeps "
                  f"vote counts); move it away or choose another --outfile")
+    if os.path.isfile(sidecar) and not os.path.islink(sidecar):   # a user's file there would be replaced
+        try:
+            ours = readers.read_json_object(sidecar, "settings file of a log").get("script") in ("certify.py",
+                                                                                                 "ddrs.py certify")
+        except common.UserError:
+            ours = False
+        common.check(ours, f"{sidecar!r} exists and was not written by this project (the run's settings file would "
+                           f"replace it); move it away or choose another --outfile")
     if not files:
         return []
     old = readers.read_json_object(sidecar, "settings file of a log") if os.path.lexists(sidecar) else {}

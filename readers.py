@@ -426,10 +426,14 @@ def read_log_prefix(path, columns, restart="pass --overwrite to start again, or 
     rows = lines[1:]
     if rows and len(rows[-1].split("\t")) != len(columns):
         rows = rows[:-1]
+    seen = set()
     for k, row in enumerate(rows):
         cells = row.split("\t")
         common.check(len(cells) == len(columns) and cells[0].isascii() and cells[0].isdigit(),
               f"{path!r} line {k + 2} is malformed; repair it, or {restart}")
+        common.check(cells[0] not in seen, f"{path!r} line {k + 2}: idx {cells[0]} again (each example once); remove "
+                                           f"the duplicate, or {restart}")
+        seen.add(cells[0])
     return rows, len("".join(line + "\n" for line in [lines[0]] + rows).encode("utf-8"))
 
 

@@ -582,7 +582,8 @@ def make_target_mode(args):
     """--make-catrs-target: write {'counts', 'N', 'sigma', 'dataset', 'checkpoint'} to --out (CAT-RS preprocessing)."""
     common.check(args.checkpoint and args.out, "--make-catrs-target needs --checkpoint (a Gaussian sigma = 0.25 "
                                                "model) and --out FILE")
-    N, sigma, batch = args.N or 10_000, args.sigma or 0.25, args.batch or 1024
+    given = lambda value, default: default if value is None else value   # noqa: E731  (0 is a value: refused)
+    N, sigma, batch = given(args.N, 10_000), given(args.sigma, 0.25), given(args.batch, 1024)
     common.check(N >= 1 and batch >= 1 and 0 < sigma < float("inf"), "--N and --batch must be >= 1 and --sigma "
                                                                        "a finite number > 0")
     common.check(os.path.realpath(args.out) != os.path.realpath(args.checkpoint),
@@ -715,10 +716,10 @@ def settings(args):
     common.check(args.catrs_target is None or args.method == "catrs", "--catrs-target is only for --method catrs")
     s["note"] = note
     s["m"] = 1 if s["m"] is None else s["m"]  # Stability: one noise draw
-    s["batch"] = args.batch or hp.get("batch", 256)
+    s["batch"] = hp.get("batch", 256) if args.batch is None else args.batch
     s["arch"] = args.arch or common.DEFAULT_ARCH[args.dataset]
     s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[args.dataset]["epochs"]
-    s["lr_step"] = args.lr_step or common.SCHEDULE[args.dataset]["lr_step"]
+    s["lr_step"] = common.SCHEDULE[args.dataset]["lr_step"] if args.lr_step is None else args.lr_step
     s["outdir"] = args.outdir or f"runs/train_{args.method}_{args.dataset}_sigma{args.sigma}"
     common.check(all(s[k] is None or s[k] >= 0 for k in ("T", "eps", "warmup", "lbd", "eta", "alpha", "mix_step")),
                  "--T, --eps, --warmup, --lbd, --eta, --alpha and --mix_step must be >= 0")
@@ -737,7 +738,7 @@ def gradnorm_mode(args):
     model, ckpt = machinery.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     dataset = ckpt.get("dataset") or args.dataset
     outdir = args.outdir or os.path.dirname(os.path.abspath(args.gradnorm))   # default: beside the checkpoint
-    args = settings(argparse.Namespace(**dict(vars(args), sigma=args.sigma or ckpt.get("sigma"),
+    args = settings(argparse.Namespace(**dict(vars(args), sigma=ckpt.get("sigma") if args.sigma is None else args.sigma,
                                                      dataset=dataset)))
     common.check(args.probe >= 1 and (args.N is None or args.N >= 1), "--probe and --N must be >= 1")
     train_set = common.get_dataset(dataset, "train", args.data_dir, train_transform=False)
@@ -748,7 +749,7 @@ def gradnorm_mode(args):
     epoch = max(int(ckpt.get("epoch", args.epochs)), 1) - 1  # the loss of the checkpoint's last epoch
     loss_fn = make_loss_fn(args.method, vars(args), args.sigma, epoch, target)
     path = os.path.join(machinery.make_outdir(outdir), f"gradnorm_{args.method}.tsv")
-    rows = machinery.measure_grad_norms(model, train_set, loss_fn, args.sigma, args.probe, args.N or 100, args.seed,
+    rows = machinery.measure_grad_norms(model, train_set, loss_fn, args.sigma, args.probe, 100 if args.N is None else args.N, args.seed,
                                         256, path, [args.gradnorm, args.catrs_target], (dataset, args.data_dir))
     print(f"wrote {len(rows['idx'])} gradient norms ({args.method} loss, epoch {epoch}) to {path}")
 

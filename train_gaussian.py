@@ -77,7 +77,7 @@ def settings(args):
     s = dict(vars(args))
     s["arch"] = args.arch or common.DEFAULT_ARCH[args.dataset]
     s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[args.dataset]["epochs"]
-    s["lr_step"] = args.lr_step or common.SCHEDULE[args.dataset]["lr_step"]
+    s["lr_step"] = common.SCHEDULE[args.dataset]["lr_step"] if args.lr_step is None else args.lr_step
     s["outdir"] = args.outdir or f"runs/train_gaussian_{args.dataset}_sigma{args.sigma}"
     common.check(s["epochs"] >= 0 and args.workers >= 0 and args.batch >= 1 and s["lr_step"] >= 1,
                  "--epochs and --workers must be >= 0, --batch and --lr_step >= 1")
@@ -90,7 +90,7 @@ def gradnorm_mode(args):
     """Table 2: gradient norm of the Gaussian loss of each probe example, with the example's pA."""
     device = machinery.get_device(args.device)
     model, ckpt = machinery.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
-    sigma = args.sigma or ckpt.get("sigma")
+    sigma = ckpt.get("sigma") if args.sigma is None else args.sigma
     common.check(sigma is not None and sigma > 0, "--gradnorm: the checkpoint names no sigma; pass --sigma > 0")
     common.check(args.m >= 1 and args.probe >= 1 and args.N >= 1, "--m, --probe and --N must be >= 1")
     dataset = ckpt.get("dataset") or args.dataset

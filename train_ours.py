@@ -128,10 +128,10 @@ def settings(args, sigma, dataset):
     for key, value in table[nearest].items():
         s[key] = value if s[key] is None else s[key]
     s["reweight"] = dataset != "imagenet" if args.reweight is None else args.reweight
-    s["N"] = args.N or (50 if dataset == "imagenet" else 100)
+    s["N"] = (50 if dataset == "imagenet" else 100) if args.N is None else args.N
     s["arch"] = args.arch or common.DEFAULT_ARCH[dataset]
     s["epochs"] = args.epochs if args.epochs is not None else common.SCHEDULE[dataset]["epochs"]
-    s["lr_step"] = args.lr_step or common.SCHEDULE[dataset]["lr_step"]
+    s["lr_step"] = common.SCHEDULE[dataset]["lr_step"] if args.lr_step is None else args.lr_step
     s["outdir"] = args.outdir or f"runs/train_ours_{dataset}_sigma{sigma}"
     check_settings(s)
     return argparse.Namespace(**s)
@@ -258,7 +258,7 @@ def gradnorm_mode(args):
     """Table 2 / Fig. 5: gradient norm of our loss per probe example, with the attack and without (T = 0)."""
     device = machinery.get_device(args.device)
     model, ckpt = machinery.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
-    s = settings(args, args.sigma or ckpt.get("sigma"), ckpt.get("dataset") or args.dataset)
+    s = settings(args, ckpt.get("sigma") if args.sigma is None else args.sigma, ckpt.get("dataset") or args.dataset)
     common.check(args.probe >= 1, "--probe must be >= 1")
     train_set = common.get_dataset(s.dataset, "train", s.data_dir, train_transform=False)
     outdir = machinery.make_outdir(args.outdir or os.path.dirname(os.path.abspath(args.gradnorm)))

@@ -295,7 +295,7 @@ def main(argv=None):
     common.check(not args.no_zero_level or args.budgets, "--no-zero-level goes with --budgets")
     args.seeds = [0, 1, 2, 3, 4] if args.seeds is None else args.seeds
     args.estimates = 0 if args.estimates is None else args.estimates
-    common.check(args.estimates >= 0, "--estimates must be >= 0")
+    common.check(args.estimates >= 0 and args.N0 >= 0, "--estimates and --N0 must be >= 0")
     common.check(args.N >= 1 and args.reps >= 1 and 0 < args.alpha < 1,
                  "--N and --reps must be >= 1 and --alpha in (0, 1)")
     common.check(len(set(args.seeds)) == len(args.seeds), f"--seeds repeats a seed ({args.seeds})")

@@ -19,6 +19,7 @@ import argparse
 import multiprocessing
 import os
 import shlex
+import signal
 import sys
 import time
 
@@ -304,6 +305,13 @@ def calibration_report(results, command, seconds, jobs, family=None):
     return "\n".join(lines) + "\n", holds_all
 
 
+def quiet_worker():
+    """A forked worker ends at its pool's SIGTERM without machinery.run's handler (no traceback); Ctrl-C is the
+    parent's."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main(argv=None):
     p = machinery.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=1000, help="runs per scenario and hypothesis (default 1000)")
@@ -335,7 +343,7 @@ def main(argv=None):
     jobs = [(name, SCENARIOS[name], args.heavy_runs if heavy(SCENARIOS[name]) else args.runs,
              args.seed + list(SCENARIOS).index(name), family) for name in names]
     order = sorted(range(len(jobs)), key=lambda i: jobs[i][2] * jobs[i][1][5], reverse=True)   # longest first
-    with multiprocessing.Pool(args.jobs) as pool:   # scenarios are independent: one process each
+    with multiprocessing.Pool(args.jobs, quiet_worker) as pool:   # scenarios are independent: one process each
         done = pool.starmap(run_scenario, [jobs[i] for i in order], chunksize=1)
     results = {names[i]: r for i, r in sorted(zip(order, done))}
     command = "python tools/compare_calibration.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -155,4 +155,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, ROOT)
+    import machinery   # one line and exit 2 for a refused --emit (a folder, an input, someone's file)
+    machinery.run(lambda: sys.exit(main()), exit_process=True)

@@ -18,6 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import analyze  # noqa: E402
+import common  # noqa: E402
 import compare  # noqa: E402
 import machinery  # noqa: E402
 import readers  # noqa: E402
@@ -173,6 +174,8 @@ def analyze_logs(logs, out):
 
 def main(argv=None):
     args = parse_args(argv)
+    common.check(args.seconds is None or 0 <= args.seconds < float("inf"), f"--seconds must be a number >= 0 (got "
+                                                                             f"{args.seconds})")
     logs = analyze.load_logs(args.logs)
     readers.check_comparable(logs, (), "tools/demo_report.py")   # its tables and verdicts set them side by side
     logs = analyze.attach_pA(logs, None, None)

@@ -55,7 +55,7 @@ def main(argv=None):
             logs[label] = analyze.attach_pA(analyze.load_logs([log], [label]), None, None)[0]
         readers.check_comparable([logs["gaussian"], logs["ours"]], (), "tools/demo_seeds.py")
         ref, s = demo_report.summarise(logs["gaussian"]), demo_report.summarise(logs["ours"])
-        c = demo_report.compare(s, ref)
+        c = demo_report.against_reference(s, ref)
         holds = c["acr_up"] and c["easy_up"] and not c["hard_helped"]
         stands += holds
         cell = lambda m, points=True: demo_report.difference(c, m, points)

@@ -1,0 +1,156 @@
+"""A careless user's commands: files of the user's beside an output are never replaced or removed, a log never
+holds an example twice, two outputs of one command never share a path, and flags that name nothing this project
+runs (a device, an architecture for other inputs, a 0 taken for the default, torchrun's variables without
+torchrun) are one line and exit 2, before anything is written."""
+import json
+import os
+import sys
+
+import pytest
+
+import machinery
+from helpers import digits_checkpoint, run_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return digits_checkpoint(tmp_path_factory.mktemp("ckpt") / "c.pth.tar", steps=5)
+
+
+def certify_into(ckpt, out, capsys, *extra):
+    import certify
+    code = run_main(certify.main, ["--checkpoint", ckpt, "--outfile", out, "--N0", 10, "--N", 40, *extra])
+    return code, capsys.readouterr().err
+
+
+def train(script, argv, capsys, monkeypatch):
+    import importlib
+    module = importlib.import_module(script[:-3])
+    monkeypatch.setattr(sys, "argv", [script, *map(str, argv)])
+    code = run_main(lambda a: module.main(), [])
+    return code, capsys.readouterr().err
+
+
+def test_a_users_file_where_the_sidecar_goes_is_refused_and_kept(ckpt, tmp_path, capsys):
+    (tmp_path / "u.json").write_text('{"my": "notes"}')
+    code, err = certify_into(ckpt, str(tmp_path / "u"), capsys, "--max", 2)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "not written by this project" in err, err
+    assert json.loads((tmp_path / "u.json").read_text()) == {"my": "notes"} and not (tmp_path / "u").exists()
+    # another run's log named o.json: certifying into o would put o's sidecar over it
+    assert certify_into(ckpt, str(tmp_path / "o.json"), capsys, "--max", 2)[0] == 0
+    log = (tmp_path / "o.json").read_text()
+    code, err = certify_into(ckpt, str(tmp_path / "o"), capsys, "--max", 2)
+    assert code == 2 and (tmp_path / "o.json").read_text() == log, err
+
+
+def test_a_users_file_where_the_lock_goes_is_refused_and_kept(ckpt, tmp_path, capsys):
+    (tmp_path / "v.lock").write_text("precious")
+    code, err = certify_into(ckpt, str(tmp_path / "v"), capsys, "--max", 2)
+    assert code == 2 and "is not a lock of this project" in err, err
+    assert (tmp_path / "v.lock").read_text() == "precious"
+    assert certify_into(ckpt, str(tmp_path / "w"), capsys, "--max", 2)[0] == 0 and not (tmp_path / "w.lock").exists()
+
+
+def test_a_log_holding_an_example_twice_is_not_resumed(ckpt, tmp_path, capsys):
+    out = tmp_path / "base.tsv"
+    assert certify_into(ckpt, str(out), capsys, "--max", 3)[0] == 0
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines + [lines[1]]) + "\n")   # idx 0 again, past the part the sidecar recorded
+    code, err = certify_into(ckpt, str(out), capsys, "--max", 5)
+    assert code == 2 and "idx 0 again" in err, err
+    assert out.read_text().splitlines() == lines + [lines[1]]
+
+
+@pytest.mark.parametrize("script, name, extra", [
+    ("train_gaussian.py", "log.tsv", []), ("train_gaussian.py", "checkpoint_epoch1.pth.tar", ["--save_every", 1]),
+    ("train_ours.py", "discard.json", ["--Et", 0, "--N", 4, "--T", 1]),
+    ("train_ours.py", "pA_epoch0_discard.tsv", ["--Et", 0, "--N", 4, "--T", 1])])
+def test_a_new_training_run_keeps_a_users_file_in_its_folder(script, name, extra, tmp_path, capsys, monkeypatch):
+    (tmp_path / name).write_text("mine")
+    argv = ["--dataset", "digits", "--sigma", 0.5, "--epochs", 1, "--max-batches", 1, "--workers", 0,
+            "--outdir", tmp_path, *extra]
+    code, err = train(script, argv, capsys, monkeypatch)
+    assert code == 2 and "not written by a run of ours" in err and name in err, err
+    assert (tmp_path / name).read_text() == "mine" and not (tmp_path / "args.json").exists()
+
+
+@pytest.mark.parametrize("script, argv, words", [
+    ("train_gaussian.py", ["--arch", "cifar_resnet20"], "does not take digits's inputs"),
+    ("train_ours.py", ["--arch", "digits_cnn", "--dataset", "cifar10", "--data-dir", "no_such_folder"],
+     "does not take cifar10's inputs"),   # before the data are looked for
+    ("train_gaussian.py", ["--device", "meta"], "not one this project runs on"),
+    ("train_gaussian.py", ["--device", "cpu:1"], "not one this project runs on"),
+    ("train_gaussian.py", ["--lr_step", 0], "--lr_step >= 1"),
+    ("train_ours.py", ["--N", 0], "--N"),
+    ("train_baselines.py", ["--method", "macer", "--batch", 0], "--batch"),
+])
+def test_a_flag_that_names_nothing_runnable_is_one_line_before_any_file(script, argv, words, tmp_path, capsys,
+                                                                        monkeypatch):
+    base = ["--dataset", "digits", "--sigma", 0.5, "--epochs", 1, "--max-batches", 1, "--workers", 0,
+            "--outdir", tmp_path / "run"]
+    code, err = train(script, base + argv, capsys, monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+@pytest.mark.parametrize("env, words", [({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR"),
+                                        ({"RANK": "0", "WORLD_SIZE": "abc"}, "not torchrun's"),
+                                        ({"RANK": "3", "WORLD_SIZE": "2"}, "not torchrun's")])
+def test_torchruns_variables_without_torchrun_are_one_line(ckpt, tmp_path, capsys, monkeypatch, env, words):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    code, err = certify_into(ckpt, str(tmp_path / "e.tsv"), capsys, "--max", 2)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+
+
+def test_two_outputs_of_one_command_never_share_a_path(tmp_path):
+    def both():
+        machinery.write_text_output(str(tmp_path / "m.tsv"), "DDRS memory", "a\n")
+        machinery.write_text_output(str(tmp_path / "m.tsv"), "DDRS memory summary", "b\n")
+    with pytest.raises(SystemExit) as stop:
+        machinery.run(both)
+    assert stop.value.code == 2 and not (tmp_path / "m.tsv").exists()
+
+
+def test_analyze_announces_only_the_files_it_put_in_place(tmp_path, capsys):
+    import analyze
+    log = os.path.join(ROOT, "results", "grid_cpu", "independent", "sigma0.5", "certify_N100000.tsv")
+    (tmp_path / "outputs.json").write_text("null")   # refused when the outputs are put in place
+    code = run_main(analyze.main, ["table", log, "--out", tmp_path])
+    err = capsys.readouterr().err
+    assert code == 2 and "wrote" not in err and not (tmp_path / "table.md").exists(), err
+
+
+@pytest.mark.parametrize("argv, words", [(["table", "--radii", "-1"], "--radii"),
+                                         (["envelope", "--radii", "nan"], "--radii")])
+def test_analyze_refuses_a_radius_that_is_no_radius(argv, words, capsys):
+    import analyze
+    log = os.path.join(ROOT, "results", "grid_cpu", "independent", "sigma0.5", "certify_N100000.tsv")
+    code = run_main(analyze.main, [argv[0], log, *argv[1:]])
+    assert code == 2 and words in capsys.readouterr().err
+
+
+def test_demo_seeds_judges_each_seeds_pair(tmp_path, monkeypatch, capsys):
+    """The seeds' tool runs the demo's verdict on each pair (here one log against itself: no difference)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import demo_seeds
+    log = os.path.join(ROOT, "results", "grid_cpu", "independent", "sigma0.5", "certify_N100000.tsv")
+
+    class Done:
+        returncode = 0
+
+        def communicate(self):
+            return "", ""
+    monkeypatch.setattr(demo_seeds, "lane", lambda *a, **k: (log, Done()))
+    assert run_main(demo_seeds.main, ["--seeds", 1, "--folder", tmp_path]) == 0
+    assert "seed 1: does not stand" in capsys.readouterr().out
+
+
+def test_copy_size_refuses_a_folder_for_the_pasted_file_in_one_line(tmp_path):
+    import subprocess
+    done = subprocess.run([sys.executable, "tools/copy_size.py", "certify:certify", "--emit", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
