@@ -793,7 +793,9 @@ def sound_noisy_inputs(a, k, sigma, generator=None, Q=SOUND_Q, levels=GRID_LEVEL
     device. Returns (z (k, B, C, H, W) float32, failed (k, B) bool: a draw with any failed coordinate).
     """
     check_tensor("a", a, None, "int")   # (B, C, H, W), or any (B, ...)
-    check_smoothing(sigma, k=k, Q=Q, levels=levels)
+    check_smoothing(sigma, k=k)
+    check_int("Q", Q)
+    check_int("levels", levels)
     check_type("generator", generator, None, torch.Generator)
     S, L = _table_on(sigma, a.device, Q, levels)
     U = torch.randint(0, Q, (k, *a.shape), dtype=torch.int64, device=a.device, generator=generator)

@@ -539,7 +539,8 @@ def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alph
                                                                   "analyze.py compare") if s != readers.IMAGES]
     rows, facts = compare_sides(side_a, side_b, radii, level, None if over == "images" else test_set_votes(N, alpha),
                                 family_names(family))
-    facts.update(differs=[line for _, line in differs],
+    facts.update(differs=[line for s, line in differs if s not in readers.NOTED],
+                 noted=[line for s, line in differs if s in readers.NOTED],
                  no_nY=[log["path"] for log in side_a + side_b if "nY" not in log] if facts["with_acr"] else [])
     role = (lambda m: [facts["roles"].get(m, "exploratory")]) if facts["family"] else (lambda m: [])
     if facts["left"]:
@@ -590,6 +591,9 @@ def compare_words(rows, facts, labels, level):
     lines = [f"- Not the same setting (--allow-different): {'; '.join(facts['differs'])}. A difference here is one "
              f"of the model and its setting together: each verdict is about both, not about the model alone."
              ] if facts.get("differs") else []
+    lines += [f"- Certified otherwise: {'; '.join(facts['noted'])}: each verdict is about the models as certified so "
+              f"(--sound certifies the same smoothed classifier; --precision is part of the model)."
+              ] if facts.get("noted") else []
     lines += [f"- Beyond noise{' (the claim)' if roles else ''}: {'; '.join(found)}." if found else
              f"- Every {'row of the claim' if roles else 'row'} is within noise."]
     hints = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v in ("higher", "lower") and roles.get(m) == "exploratory"]

@@ -210,10 +210,13 @@ def check_radii(log, sidecar):
 # a table, a ranking) must agree on these, or a difference between two rows may be one of setting, not of model.
 # A setting a log does not record (a log without settings file: its dataset, split and alpha, and its N unless
 # it has an N column) is taken to be the others'. sigma is not here: every analysis groups its logs by sigma.
-# data: the fingerprint of the images certified; budget: N, alpha and N0 (which decides abstentions); sampler:
-# --sound and --precision (a bf16 certificate is one of the bf16 classifier).
+# data: the fingerprint of the images certified; budget: N, alpha and N0 (whose selection draws decide abstentions).
 SETTINGS = {"dataset": ("dataset",), "split": ("split",), "data": ("data",), "budget": ("N", "alpha", "N0"),
-            "mode": ("mode",), "sampler": ("sound", "precision")}
+            "mode": ("mode",)}
+# Compared and named in the reports, never refused: --sound certifies the same smoothed classifier with a sampler
+# floating point cannot fool, and --precision is part of the model compared (a bf16 certificate is the bf16
+# classifier's).
+NOTED = {"sampler": ("sound", "precision")}
 IMAGES = "images"   # check_comparable's check of the idx sets (--allow-different images)
 COMPARED = (*SETTINGS, IMAGES)   # what --allow-different names
 
@@ -273,8 +276,8 @@ def check_comparable(logs, allow=(), command="this analysis", assumed=None):
     the flag --allow-different's, or of SETTINGS' fields where a command compares across one by design, e.g. N).
     Logs are read_certification_log's, each with its settings file as 'sidecar' where it has one; other files
     (ECDFs, pA estimates) are passed over. assumed: {field: value} a log that does not record the field is read
-    with (a command's --N, --alpha for such logs). Returns (setting, what differs) for each allowed difference,
-    e.g. ('budget', 'N: 500 (a.tsv), 1000 (b.tsv)'), for the report to say above its table."""
+    with (a command's --N, --alpha for such logs). Returns (setting, what differs) for each allowed difference
+    and each NOTED one, e.g. ('budget', 'N: 500 (a.tsv), 1000 (b.tsv)'), for the report to say above its table."""
     if isinstance(allow, str) or not all(isinstance(a, str) for a in allow):
         raise TypeError(f"allow must be a list of names of SETTINGS (got {allow!r})")
     wrong = sorted(set(allow) - set(COMPARED) - {field for fields in SETTINGS.values() for field in fields})
@@ -284,7 +287,7 @@ def check_comparable(logs, allow=(), command="this analysis", assumed=None):
     settings = [(log["path"], known(log)) for log in logs if judged(log)]
     short = short_names([path for path, _ in settings])
     differs = []
-    for group, fields in SETTINGS.items():
+    for group, fields in {**SETTINGS, **NOTED}.items():
         for field in fields:
             seen = {}   # value -> the first log that records it
             for path, setting in settings:
@@ -293,7 +296,7 @@ def check_comparable(logs, allow=(), command="this analysis", assumed=None):
             if len(seen) < 2:
                 continue
             (first, where), (other, path) = list(seen.items())[:2]
-            common.check(group in allow or field in allow,
+            common.check(group in allow or field in allow or group in NOTED,
                          f"{path}: {field} {other}, but {where} has {field} {first}"
                          f"{' (certified on other images)' if field == 'data' else ''}: a row does not mean the same in "
                          f"both, so {command} does not set them side by side (analyze.py's --allow-different {group} "
@@ -645,11 +648,11 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_certification_log, co
     if command is not None:
         differs = [(setting, line) for setting, line in check_comparable(
             logs, set(allow) | set(BY_DESIGN.get(command, ())), f"analyze.py {command}", assumed)
-                   if setting in allow or setting == IMAGES]
+                   if setting in allow or setting in (IMAGES, *NOTED)]
         for setting, line in differs:
             print(f"note: the logs differ in {line}" + (f" (--allow-different {setting}): each row is about its model "
-                  f"and that setting together" if setting in allow else ": each row is about its own images"),
-                  file=sys.stderr)
+                  f"and that setting together" if setting in allow else ": each row is about its own images" if
+                  setting == IMAGES else ": each row is about its model certified so"), file=sys.stderr)
         for log in logs:   # the reports say it above their tables (differs_line)
             log["differs"] = differs
     return logs

@@ -799,13 +799,12 @@ def test_every_analysis_refuses_a_split_a_dataset_or_an_alpha_that_differs(tmp_p
 
 @pytest.mark.parametrize("command", SIDE_BY_SIDE)
 @pytest.mark.parametrize("field, a_value, b_value, group", [
-    ("N0", 100, 10, "budget"), ("sound", False, True, "sampler"), ("precision", "fp32", "bf16", "sampler"),
-    ("data", "0123456789abcdef", "fedcba9876543210", "data")])
-def test_every_analysis_refuses_an_N0_a_sampler_or_other_images_that_differ(tmp_path, capsys, command, field,
-                                                                            a_value, b_value, group):
-    """N0 (which decides abstentions), --sound and --precision (a bf16 certificate is the bf16 classifier's) and the
-    images' fingerprint change what a row means, like the budget: refused in one line naming the setting and
-    the flag, nothing written; --allow-different lets them through and the report's Markdown says what differs."""
+    ("N0", 100, 10, "budget"), ("data", "0123456789abcdef", "fedcba9876543210", "data")])
+def test_every_analysis_refuses_an_N0_or_other_images_that_differ(tmp_path, capsys, command, field, a_value, b_value,
+                                                                  group):
+    """N0 (whose selection draws decide abstentions) and the images' fingerprint change what a row means, like the
+    budget: refused in one line naming the setting and the flag, nothing written; --allow-different lets them
+    through and the report's Markdown says what differs."""
     split = "train" if command == "trainpa" else "test"
     a = setting_log(tmp_path / "a_sigma0.5.tsv", split=split, **{field: a_value})
     b = setting_log(tmp_path / "b_sigma0.5.tsv", split=split, **{field: b_value})
@@ -823,6 +822,21 @@ def test_every_analysis_refuses_an_N0_a_sampler_or_other_images_that_differ(tmp_
     md = [p for p in (tmp_path / "out").iterdir() if p.suffix == ".md"]
     assert md and all(p.read_text().startswith(f"Not the same setting: {field}: ") for p in md
                       if not p.name.startswith(("trainpa", "budget"))), [p.read_text()[:200] for p in md]
+
+
+@pytest.mark.parametrize("command", ["table", "envelope", "ecdf", "compare"])
+@pytest.mark.parametrize("field, a_value, b_value", [("sound", False, True), ("precision", "fp32", "bf16")])
+def test_a_sampler_or_a_precision_that_differs_is_named_in_the_report(tmp_path, capsys, command, field, a_value,
+                                                                      b_value):
+    """--sound certifies the same smoothed classifier and --precision is part of the model compared: the logs are
+    set side by side, and the report says how each was certified."""
+    a = setting_log(tmp_path / "a_sigma0.5.tsv", **{field: a_value})
+    b = setting_log(tmp_path / "b_sigma0.5.tsv", **{field: b_value})
+    code, _, err = run_main(side_by_side(command, a, b, tmp_path) + ["--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    md = (tmp_path / "out" / f"{command}.md").read_text()
+    said = f"{field}: {a_value} (a_sigma0.5.tsv), {b_value} (b_sigma0.5.tsv)"
+    assert (f"Certified otherwise: {said}" if command == "compare" else f"Not the same setting: {said}") in md, md[:300]
 
 
 @pytest.mark.parametrize("command", ["table", "envelope", "ecdf", "ablation"])

@@ -29,11 +29,20 @@ def test_a_number_is_ascii_digits_and_nothing_else(tmp_path, cell):
         readers.read_certification_log(str(path))
 
 
-@pytest.mark.parametrize("cell", ["0.5", "-1", "1e-05", "2.5E+3", ".5", "1."])
+@pytest.mark.parametrize("cell", ["0.5", "0", "1e-05", "2.5E+3", ".5", "1."])
 def test_numbers_as_the_project_writes_them_still_read(tmp_path, cell):
     path = tmp_path / "log.tsv"
     path.write_text(LOG.format(cell))
     assert readers.read_certification_log(str(path))["radius"][0] == float(cell)
+
+
+def test_a_negative_radius_is_no_radius_but_predict_minus_one_is_an_abstention(tmp_path):
+    path = tmp_path / "log.tsv"
+    path.write_text(LOG.format("-1"))
+    with pytest.raises(common.UserError, match="line 2: radius must be a finite number >= 0"):
+        readers.read_certification_log(str(path))
+    path.write_text(LOG.format("0").replace("0\t1\t1\t0\t1", "0\t1\t-1\t0\t0"))
+    assert readers.read_certification_log(str(path))["predict"][0] == -1
 
 
 def test_a_column_twice_is_named_as_such(tmp_path):
