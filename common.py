@@ -351,7 +351,7 @@ def clopper_pearson_lower(nA, N, alpha):
     """One-sided (1 - alpha) Clopper-Pearson lower bound, elementwise: Beta(nA, N - nA + 1)'s alpha-quantile, 0 at 0."""
     nA, N, alpha = check_counts(nA, N, alpha)
     with np.errstate(invalid="ignore"):
-        bound = betaincinv(np.maximum(nA, 1), N - nA + 1, alpha)
+        bound = betaincinv(np.where(nA > 0, nA, 1), N - nA + 1, alpha)
     bound = np.where(nA > 0, bound, 0.0)
     return float(bound) if bound.ndim == 0 else bound
 
@@ -360,7 +360,7 @@ def clopper_pearson_upper(nA, N, alpha):
     """One-sided (1 - alpha) Clopper-Pearson upper bound: the (1 - alpha)-quantile of Beta(nA + 1, N - nA); 1 at nA == N."""
     nA, N, alpha = check_counts(nA, N, alpha)
     with np.errstate(invalid="ignore"):
-        bound = betaincinv(nA + 1, np.maximum(N - nA, 1), 1 - alpha)
+        bound = betaincinv(nA + 1, np.where(nA < N, N - nA, 1), 1 - alpha)
     bound = np.where(nA < N, bound, 1.0)
     return float(bound) if bound.ndim == 0 else bound
 
@@ -372,8 +372,9 @@ def certified_radius(pA_lower, sigma):
 
 def check_counts(nA, N, alpha):
     """The Clopper-Pearson bounds' arguments as float64 arrays: 0 <= nA <= N elementwise (numbers, or arrays that
-    broadcast together), N >= 1 whole, 0 <= alpha < 1 (0: the trivial bound)."""
-    nA, N = check_array("nA", nA, ge=0), check_array("N", N, integral=True, ge=1)
+    broadcast together; a fractional nA: the Beta quantile's continuous extension), 1 <= N <= 2^53 whole (float64's
+    whole numbers), 0 <= alpha < 1 (0: the trivial bound)."""
+    nA, N = check_array("nA", nA, ge=0), check_array("N", N, integral=True, ge=1, le=2 ** 53)
     alpha = check_array("alpha", alpha, ge=0, lt=1)
     try:
         np.broadcast_shapes(nA.shape, N.shape, alpha.shape)
@@ -458,7 +459,9 @@ def sample_counts(model, x, sigma, n, batch, num_classes, generator=None, copies
         for k in pass_sizes(n, max(1, batch // B)):
             noisy, failed = copies(x, k, sigma, generator)
             logits = model(noisy)
-            check(logits.shape[-1] == num_classes, f"num_classes {num_classes} != {logits.shape[-1]} model outputs")
+            check(isinstance(logits, torch.Tensor) and logits.shape == (len(noisy), num_classes),
+                  f"the model gave {getattr(logits, 'shape', type(logits).__name__)} for {len(noisy)} inputs; "
+                  f"expected ({len(noisy)}, num_classes = {num_classes})")
             finite = finite & torch.isfinite(logits).all()   # on the device: one sync at the end, not per pass
             pred = logits.argmax(1) if failed is None else torch.where(failed, num_classes, logits.argmax(1))
             counts.view(-1).index_add_(0, torch.arange(B, device=x.device).repeat(k) * (num_classes + 1) + pred,
@@ -581,7 +584,8 @@ def check_array(name, values, ndim=None, integral=False, finite=True, bools=Fals
     """values (numbers: one, or a list, array or tensor; not empty) as a float64 array of ndim dimensions (if given),
     finite (else not NaN), whole if integral, within bounds (ge: >=, gt: >, le: <=, lt: <); strings, bools: TypeError."""
     try:
-        a = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values)
+        a = np.asarray(values.detach().cpu().double() if isinstance(values, torch.Tensor) and values.is_floating_point()
+                       else values.detach().cpu() if isinstance(values, torch.Tensor) else values)   # bf16: no numpy type
     except ValueError:   # a ragged list
         a = np.asarray(None)
     if a.dtype.kind not in "iuf" + "b" * bools:
@@ -857,15 +861,18 @@ def in_precision(model, precision):
 def frozen_eval(model):
     """Run attacks in eval mode (BatchNorm statistics untouched) with frozen parameters (no weight gradients); then
     every module gets back its own mode (not only the top one's) and every parameter its requires_grad."""
-    modes = [(m, m.training) for m in model.modules()]   # each module's own: a frozen BatchNorm stays in eval
-    flags = [p.requires_grad for p in model.parameters()]
-    model.eval()
-    for p in model.parameters():
+    held = modules_of(model)   # a model wrapped in a function: the modules it holds
+    modes = [(m, m.training) for h in held for m in h.modules()]   # each module's own: a frozen BatchNorm stays eval
+    params = [p for h in held for p in h.parameters()]
+    flags = [p.requires_grad for p in params]
+    for module, _ in modes:
+        module.eval()
+    for p in params:
         p.requires_grad_(False)
     try:
         yield model
     finally:
-        for p, flag in zip(model.parameters(), flags):
+        for p, flag in zip(params, flags):
             p.requires_grad_(flag)
         for module, training in modes:
             module.train(training)
@@ -1020,6 +1027,9 @@ class TrainLoader:
     """
 
     def __init__(self, dataset, batch, workers, seed, rank=0, world=1):
+        check_int("batch", batch)
+        check_int("workers", workers, 0)
+        check_int("seed", seed, 0)
         self.dataset, self.seed, self.sampler = dataset, seed, EpochSampler()
         self.rank, self.world = check_int("rank", rank, 0), check_int("world", world, 1)
         check(rank < world, f"rank must lie below world ({world}), got {rank}")
@@ -1039,13 +1049,21 @@ class TrainLoader:
         of indices). The draws, their order and their augmentation depend only on (seed, epoch), so a resumed
         run sees the same batches. Under torchrun every rank gets an equal share of the draws.
         """
+        check_int("epoch", epoch, 0)
+        check(indices is not None or (weights is None and num_samples is None),
+              "weights and num_samples go with indices (the examples to draw from)")
         g = torch.Generator().manual_seed(epoch_seed(self.seed, epoch, 0))  # stream 0: the same on every rank
         if indices is None:
             order = torch.randperm(len(self.dataset), generator=g)
         else:
-            indices = torch.as_tensor(indices, dtype=torch.long)
             check(len(indices) > 0, "no training examples left to sample from (every example was discarded)")
-            num_samples = len(self.dataset) if num_samples is None else num_samples
+            indices = torch.as_tensor(check_array("indices", indices, ndim=1, integral=True, ge=0,
+                                                  lt=len(self.dataset)), dtype=torch.long)
+            num_samples = len(self.dataset) if num_samples is None else check_int("num_samples", num_samples)
+            if weights is not None:
+                weights = check_array("weights", weights, ndim=1, ge=0)
+                check(len(weights) == len(indices) and weights.sum() > 0, f"weights: one per entry of indices "
+                                                                          f"({len(indices)}), not all 0")
             if weights is None:
                 pick = torch.randint(len(indices), (num_samples,), generator=g)
             else:
@@ -1285,8 +1303,10 @@ def count_correct(model, dataset, indices, sigma, n, batch, workers=0):
     counts, labels, num_classes = [], [], None
     with eval_mode(net):
         for x, y in loader:
+            check_batch(net, x.to(device), y)   # the labels read on the CPU, where the dataset gives them
             x, y = x.to(device), y.to(device)
             num_classes = num_classes or net(x[:1]).shape[1]
+            check_labels(y, torch.empty(0, num_classes))
             votes = sample_counts(net, x, sigma, n, batch, num_classes)  # (B, K)
             counts.append(votes.gather(1, y.view(-1, 1)).squeeze(1).cpu())
             labels.append(y.cpu())

@@ -397,6 +397,9 @@ def row_pvalue(interval):
 
 def holm(pvalues, error):
     """Holm's step-down: the indices of pvalues rejected at family-wise error `error`."""
+    if len(pvalues):
+        common.check_array("pvalues", pvalues, ndim=1, ge=0, le=1)
+    common.check_float("error", error, gt=0, lt=1)
     order, rejected = sorted(range(len(pvalues)), key=lambda i: pvalues[i]), set()
     for k, i in enumerate(order):
         if pvalues[i] > error / (len(order) - k):
@@ -419,7 +422,9 @@ def check_sides(side_a, side_b, radii, level, votes, family):
     """compare_sides' arguments, each checked (a TypeError or ValueError naming it); the radii as floats."""
     is_log = lambda log: isinstance(log, dict) and all(isinstance(log.get(k), np.ndarray) and len(log[k]) ==   # noqa: E731
                                                        len(log["radius"]) for k in ("radius", "correct", "idx", "y")) \
-        and log["correct"].dtype == bool   # read_certification_log's
+        and log["correct"].dtype == bool and bool(np.all(np.isfinite(log["radius"]) & (log["radius"] >= 0))) \
+        and all(bool(np.all(log[k] <= log["N"])) for k in ("nA", "nY") if k in log and "N" in log) \
+        and "path" in log   # read_certification_log's, with its contract
     lists = {"side_a": (side_a, list, is_log, "logs"), "side_b": (side_b, list, is_log, "logs"),
              "radii": (radii, (list, tuple, np.ndarray), lambda r: True, "radii"),
              "family": (family or ["?"], (list, tuple), lambda n: isinstance(n, str), "row names")}

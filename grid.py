@@ -450,8 +450,11 @@ def grid_certify_many(model, items, sigma, N0, batch, num_classes, plan, copies=
                     room -= k
                 if room == 0:
                     break
-            logits = model(torch.cat(inputs))
-            common.check(logits.shape[-1] == num_classes, f"num_classes {num_classes} != {logits.shape[-1]} outputs")
+            inputs = torch.cat(inputs)
+            logits = model(inputs)
+            common.check(isinstance(logits, torch.Tensor) and logits.shape == (len(inputs), num_classes),
+                         f"the model gave {getattr(logits, 'shape', type(logits).__name__)} for {len(inputs)} inputs; "
+                         f"expected ({len(inputs)}, num_classes = {num_classes})")
             pred = torch.where(torch.isfinite(logits).all(1), logits.argmax(1), -1)
             if failures[0] is not None:   # the sound sampler's failed draws vote for no class
                 pred = torch.where(torch.cat(failures), num_classes, pred)

@@ -102,8 +102,8 @@ def read_certification_log(path):
     label's votes, certify.py since it records them) when present.
 
     Contract: a header with Cohen's columns idx label predict radius correct time (tab- or space-separated),
-    one line per example, idx unique; idx, label integers >= 0; predict an integer (-1: abstain); radius a
-    finite number >= 0; correct 0 or 1; optional nA, N, nY counts with 0 <= nA, nY <= N, N >= 1; optional sigma > 0
+    one line per example, idx unique; idx, label integers >= 0; predict an integer (-1: abstain, with correct 0
+    and radius 0); radius a finite number >= 0; correct 1 only where predict is the label; correct 0 or 1; optional nA, N, nY counts with 0 <= nA, nY <= N, N >= 1; optional sigma > 0
     (ddrs.py); a `stop` column marks a grid log (certify.py --radii), whose radius is a grid level, not a
     radius to average (it has no ACR)."""
     header = (read_lines(path) or [""])[0].split()
@@ -124,6 +124,10 @@ def read_certification_log(path):
                (cols["predict"] < 2 ** 53), "predict must be a class (an integer >= 0) or -1 (abstain)")
     check_rows(cols, path, np.isin(cols["correct"], (0, 1)), "correct must be 0 or 1")
     check_rows(cols, path, np.isfinite(cols["radius"]) & (cols["radius"] >= 0), "radius must be a finite number >= 0")
+    check_rows(cols, path, (cols["correct"] == 0) | (cols["predict"] == cols["label"]),
+               "correct is 1 but predict is not the label")
+    check_rows(cols, path, (cols["predict"] != -1) | ((cols["correct"] == 0) & (cols["radius"] == 0)),
+               "an abstention (predict -1) has correct 0 and radius 0")
     log = {"path": path, "radius": cols["radius"], "correct": cols["correct"].astype(bool),
            "idx": cols["idx"].astype(np.int64), "y": cols["label"].astype(np.int64),
            "predict": cols["predict"].astype(np.int64),
@@ -140,6 +144,8 @@ def read_certification_log(path):
     if "nA" in log:
         common.check("N" in log, f"{path}: has an nA column but no N column")
         check_rows(cols, path, (log["nA"] <= log["N"]) & (log["N"] >= 1), "need 0 <= nA <= N and N >= 1")
+    if "N" in log:
+        check_rows(cols, path, log["N"] >= 1, "N must be >= 1 (the draws a row made)")
     if "nY" in log:
         common.check("N" in log, f"{path}: has an nY column but no N column")
         check_rows(cols, path, log["nY"] <= log["N"], "need 0 <= nY <= N")
@@ -483,11 +489,13 @@ def read_train_pA(path):
 
 def read_gradient_norms(path):
     """A gradient-norm TSV of the training scripts' --gradnorm mode: {'pA', 'grad_norm'} arrays."""
-    cols = read_table(path, GRADNORM_COLUMNS, ("pA", "grad_norm"))
+    cols = read_table(path, GRADNORM_COLUMNS, ("idx", "pA", "grad_norm"))
     common.check(len(cols["pA"]) > 0, f"{path}: no examples (only a header)")
-    check_rows(cols, path, (cols["pA"] >= 0) & (cols["pA"] <= 1) & (cols["grad_norm"] >= 0),
-               "need 0 <= pA <= 1 and grad_norm >= 0 (finite)")
-    return {"path": path, "idx": cols["idx"], "pA": cols["pA"], "grad_norm": cols["grad_norm"]}
+    check_rows(cols, path, (cols["pA"] >= 0) & (cols["pA"] <= 1) & (cols["grad_norm"] >= 0) &
+               np.isfinite(cols["grad_norm"]) & (cols["idx"] >= 0) & (cols["idx"] == np.round(cols["idx"])),
+               "need 0 <= pA <= 1, grad_norm >= 0 finite and idx an integer >= 0")
+    common.check(len(np.unique(cols["idx"])) == len(cols["idx"]), f"{path}: an idx appears twice (one row a probe)")
+    return {"path": path, "idx": cols["idx"].astype(np.int64), "pA": cols["pA"], "grad_norm": cols["grad_norm"]}
 
 
 LOG_TIME_CELL = re.compile(r"(?:(\d+) days?, )?(\d+):([0-5]\d):([0-5]\d(?:\.\d+)?)")

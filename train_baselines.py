@@ -108,6 +108,9 @@ def draw_noise(x, sigma, m, noise=None):
     if noise is not None:
         common.check_type("noise", noise, torch.Tensor)
         common.check(noise.shape == (m, *x.shape), f"noise has shape {tuple(noise.shape)}, not (m, *x.shape)")
+        common.check(noise.dtype == x.dtype and noise.device == x.device, f"noise is {noise.dtype} on {noise.device}, "
+                                                                         f"x {x.dtype} on {x.device}: give it x's")
+        common.check(noise.is_cuda or bool(torch.isfinite(noise).all()), "noise holds NaN or infinite values")
         return noise
     return sigma * torch.randn(m, *x.shape, device=x.device, dtype=x.dtype)
 
@@ -450,6 +453,9 @@ def catrs_loss(model, x, y, idx, *, sigma, m, T, eps, lbd, target, confidence_ma
     targets = y.repeat(m)
     logits = model(add_noise(x, delta)).float()                               # Gaussian forward (m*b, K)
     common.check_labels(y, logits)
+    common.check(pb.shape[1] == logits.shape[1] and (pb.is_cuda or bool(((pb >= 0) & (pb <= 1)).all())),
+                 f"target must hold a probability in [0, 1] for each of the model's {logits.shape[1]} classes")
+    pb = pb.float()
     ce = F.cross_entropy(logits, targets, reduction="none").view(m, b)
     with torch.no_grad():
         votes = (logits.argmax(1) == targets).float().view(m, b).mean(0)

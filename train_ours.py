@@ -193,6 +193,7 @@ def keep_easy(counts, N, pt):
     """The indices whose estimated pA = counts / N is at least pt (§5.1)."""
     common.check_tensor("counts", counts, "n", "int")
     common.check_int("N", N)
+    common.check(bool(((counts >= 0) & (counts <= N)).all()), f"counts must lie in 0..N = {N}")
     common.check_float("pt", pt, ge=0, le=1)
     return torch.arange(len(counts))[counts.double() / N >= pt]
 

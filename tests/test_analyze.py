@@ -34,7 +34,7 @@ def write_log(path, radius, correct, nA=None, N=None):
     header = "idx\tlabel\tpredict\tradius\tcorrect\ttime" + ("\tnA\tN" if nA is not None else "")
     lines = [header]
     for i, (r, c) in enumerate(zip(radius, correct)):
-        cells = [i, 0, 0 if c else -1, repr(float(r)), int(c), "0:00:01.000000"]
+        cells = [i, 0, 0 if c else 1 if r > 0 else -1, repr(float(r)), int(c), "0:00:01.000000"]   # 1: a wrong class
         if nA is not None:
             cells += [int(nA[i]), N]
         lines.append("\t".join(map(str, cells)))

@@ -247,3 +247,123 @@ def test_optimize_sigma_refuses_per_input_sigmas_that_are_not_positive():
     for bad in ([-1.0, 0.5], [float("nan"), 0.5], [0.0, 0.5]):
         with pytest.raises(ValueError, match="sigma0"):
             ddrs.optimize_sigma(small_net(), x, torch.tensor(bad), 2, 2, 1e-3, gens)
+
+
+class Rows(torch.nn.Module):
+    """A model giving `extra` rows more (or fewer) than its inputs: its votes would be another input's."""
+
+    def __init__(self, extra):
+        super().__init__()
+        self.w, self.extra = torch.nn.Parameter(torch.zeros(())), extra
+
+    def forward(self, z):
+        return torch.nn.functional.one_hot(torch.zeros(len(z) + self.extra, dtype=torch.long), 10).float() + self.w
+
+
+@pytest.mark.parametrize("extra", [-1, 1])
+def test_a_model_giving_other_rows_than_its_inputs_is_refused_by_every_counter(extra):
+    import common
+    import grid
+    x, g = torch.rand(1, 8, 8), torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="expected"):
+        common.sample_counts(Rows(extra), x[None], 0.5, 20, 20, 10, g)
+    with pytest.raises(ValueError, match="expected"):
+        grid.grid_certify(Rows(extra), x, 0.5, 10, 20, 10, g, grid.grid_plan([0.25], 0.5, 200, 0.01))
+
+
+def test_an_attack_takes_a_model_wrapped_in_a_function_and_keeps_its_statistics():
+    import train_ours
+    net = small_net().train()
+    kept = net[1].running_mean.clone()
+    out = train_ours.ours_loss(lambda z: net(z), torch.rand(4, 1, 8, 8), torch.arange(4), 0.5, 2, 1, 0.25, "l2")
+    assert out["total"] == 8 and net.training and all(p.requires_grad for p in net.parameters())
+    assert not torch.equal(kept, net[1].running_mean)   # the loss's own pass trains BatchNorm; the attack's does not
+
+
+def test_a_baselines_given_noise_and_target_are_checked():
+    import train_baselines as tb
+    net, x, y = small_net(), torch.rand(4, 1, 8, 8), torch.arange(4)
+    for noise, words in [(torch.full((2, 4, 1, 8, 8), float("nan")), "NaN"), (torch.zeros(2, 4, 1, 8, 8).double(),
+                                                                                 "torch.float64")]:
+        with pytest.raises(ValueError, match=words):
+            tb.macer_loss(net, x, y, None, sigma=0.5, m=2, beta=16.0, gamma=8.0, lbd=12.0, noise=noise)
+    for target in (torch.full((4, 10), 7.0), torch.full((4, 5), 0.2)):
+        with pytest.raises(ValueError, match="target"):
+            tb.catrs_loss(net, x, y, torch.arange(4), sigma=0.5, m=2, T=1, eps=0.25, lbd=0.5, target=target)
+
+
+def test_train_time_pA_counts_refuse_labels_outside_the_classes_before_counting():
+    import common
+    data = torch.utils.data.TensorDataset(torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 10]))
+    with pytest.raises(ValueError, match="y holds labels outside"):
+        common.count_correct(small_net(), data, [0, 1, 2, 3], 0.5, 4, 8)
+
+
+def test_compare_sides_refuses_a_hand_made_log_that_breaks_the_readers_contract():
+    import numpy as np
+    import compare
+    good = {"path": "a", "radius": np.array([0.5, 0.0, 0.2]), "correct": np.array([True, False, True]),
+            "idx": np.arange(3), "y": np.zeros(3, dtype=int)}
+    for bad in ({"radius": np.array([np.nan, 0.0, 0.2])}, {"radius": np.array([-0.5, 0.0, 0.2])},
+                {"nY": np.array([5, 0, 1]), "N": np.array([4, 4, 4])}):
+        with pytest.raises(TypeError, match="logs as readers.read_certification_log"):
+            compare.compare_sides([dict(good, **bad)], [good], [0.25], 0.95)
+
+
+@pytest.mark.parametrize("row, words", [("0\t1\t1\t0.5\t1\t0\t0\t0", "N must be >= 1"),
+                                        ("0\t1\t2\t0.5\t1\t0\t5\t5", "correct is 1 but predict is not the label"),
+                                        ("0\t1\t-1\t0.5\t0\t0\t5\t5", "an abstention")])
+def test_the_log_reader_refuses_rows_no_certifier_writes(tmp_path, row, words):
+    import common
+    import readers
+    path = tmp_path / "log.tsv"
+    path.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\tN\tnY\n" + row + "\n")
+    with pytest.raises(common.UserError, match=words):
+        readers.read_certification_log(str(path))
+
+
+def test_the_gradient_norm_reader_refuses_an_infinite_norm_and_a_probe_twice(tmp_path):
+    import common
+    import readers
+    for rows in (["0\t1\t0.5\tinf"], ["0\t1\t0.5\t1.0", "0\t1\t0.7\t2.0"]):
+        path = tmp_path / "g.tsv"
+        path.write_text("idx\tlabel\tpA\tgrad_norm\n" + "\n".join(rows) + "\n")
+        with pytest.raises(common.UserError):
+            readers.read_gradient_norms(str(path))
+
+
+def test_clopper_pearson_is_the_beta_quantile_also_for_a_count_below_one_and_takes_bf16():
+    import common
+    from scipy.stats import beta
+    assert common.clopper_pearson_lower(0.5, 10, 0.01) == pytest.approx(beta.ppf(0.01, 0.5, 10.5), rel=1e-12)
+    assert common.clopper_pearson_upper(9.5, 10, 0.01) == pytest.approx(beta.ppf(0.99, 10.5, 0.5), rel=1e-12)
+    assert common.check_array("x", torch.tensor([0.5], dtype=torch.bfloat16)).tolist() == [0.5]
+    with pytest.raises(ValueError, match="N"):
+        common.clopper_pearson_lower(5, 1e300, 0.01)
+
+
+def test_holm_refuses_a_p_value_that_is_no_probability():
+    import compare
+    with pytest.raises(ValueError, match="pvalues"):
+        compare.holm([float("nan"), 0.9], 0.05)
+    assert compare.holm([0.001, 0.9], 0.05) == {0}
+
+
+def test_the_training_loader_refuses_draws_that_are_not_examples_of_its_dataset():
+    import common
+    data = torch.utils.data.TensorDataset(torch.rand(6, 1, 8, 8), torch.arange(6))
+    for kwargs, error in [(dict(batch=0), ValueError), (dict(batch=True), TypeError), (dict(seed=1.5), TypeError)]:
+        with pytest.raises(error):
+            common.TrainLoader(data, **{**dict(batch=2, workers=0, seed=0), **kwargs})
+    loaders = common.TrainLoader(data, 2, 0, 0)
+    for kwargs in (dict(indices=[-1, 2]), dict(indices=[0, 6]), dict(indices=[0, 1], weights=[1.0]),
+                   dict(indices=[0, 1], weights=[0.0, 0.0]), dict(weights=[1.0] * 6), dict(indices=[0], num_samples=0)):
+        with pytest.raises(ValueError):
+            loaders.epoch(0, **kwargs)
+    assert len(loaders.epoch(0, indices=[0, 1], weights=[1.0, 0.0], num_samples=4)) == 2
+
+
+def test_keep_easy_refuses_counts_outside_zero_to_N():
+    import train_ours
+    with pytest.raises(ValueError, match="0..N"):
+        train_ours.keep_easy(torch.tensor([20, 3]), 10, 0.5)
