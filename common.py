@@ -371,9 +371,8 @@ def certified_radius(pA_lower, sigma):
 
 
 def check_counts(nA, N, alpha):
-    """The Clopper-Pearson bounds' arguments as float64 arrays: 0 <= nA <= N elementwise (numbers, or arrays that
-    broadcast together; a fractional nA: the Beta quantile's continuous extension), 1 <= N <= 2^53 whole (float64's
-    whole numbers), 0 <= alpha < 1 (0: the trivial bound)."""
+    """The Clopper-Pearson bounds' arguments as float64 arrays that broadcast: 0 <= nA <= N, 1 <= N <= 2^53 whole
+    (float64's whole numbers), 0 <= alpha < 1 (0: the trivial bound)."""
     nA, N = check_array("nA", nA, ge=0), check_array("N", N, integral=True, ge=1, le=2 ** 53)
     alpha = check_array("alpha", alpha, ge=0, lt=1)
     try:
@@ -584,8 +583,8 @@ def check_array(name, values, ndim=None, integral=False, finite=True, bools=Fals
     """values (numbers: one, or a list, array or tensor; not empty) as a float64 array of ndim dimensions (if given),
     finite (else not NaN), whole if integral, within bounds (ge: >=, gt: >, le: <=, lt: <); strings, bools: TypeError."""
     try:
-        a = np.asarray(values.detach().cpu().double() if isinstance(values, torch.Tensor) and values.is_floating_point()
-                       else values.detach().cpu() if isinstance(values, torch.Tensor) else values)   # bf16: no numpy type
+        a = np.asarray((values.detach().cpu().double() if values.is_floating_point() else values.detach().cpu())
+                       if isinstance(values, torch.Tensor) else values)   # float64: bf16 has no numpy type
     except ValueError:   # a ragged list
         a = np.asarray(None)
     if a.dtype.kind not in "iuf" + "b" * bools:
