@@ -595,9 +595,8 @@ def compare_words(rows, facts, labels, level):
              and roles.get(m) != "exploratory"]
     lines = [f"- Not the same setting (--allow-different): {'; '.join(facts['differs'])}. A difference here is one "
              f"of the model and its setting together: each verdict is about both, not about the model alone."
-             ] if facts.get("differs") else []
-    noted = facts.get("noted")
-    lines += [f"- Certified otherwise (each model as certified): {'; '.join(noted)}."] if noted else []
+             ] * bool(facts.get("differs")) + [f"- Certified otherwise (each model as certified): "
+                                               f"{'; '.join(facts.get('noted') or [])}."] * bool(facts.get("noted"))
     lines += [f"- Beyond noise{' (the claim)' if roles else ''}: {'; '.join(found)}." if found else
              f"- Every {'row of the claim' if roles else 'row'} is within noise."]
     hints = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v in ("higher", "lower") and roles.get(m) == "exploratory"]
