@@ -593,8 +593,8 @@ def compare_words(rows, facts, labels, level):
     roles = facts["roles"] if facts["family"] else {}
     found = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v not in ("within noise", "fixed")
              and roles.get(m) != "exploratory"]
-    lines = [f"- Not the same setting (--allow-different): {'; '.join(facts['differs'])}. A difference here is one "
-             f"of the model and its setting together: each verdict is about both, not about the model alone."
+    lines = [f"- Not the same setting (--allow-different): {'; '.join(facts.get('differs') or [])}. A difference "
+             f"here is one of the model and its setting together: each verdict is about both, not about the model alone."
              ] * bool(facts.get("differs")) + [f"- Certified otherwise (each model as certified): "
                                                f"{'; '.join(facts.get('noted') or [])}."] * bool(facts.get("noted"))
     lines += [f"- Beyond noise{' (the claim)' if roles else ''}: {'; '.join(found)}." if found else
