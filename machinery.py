@@ -41,7 +41,16 @@ class ArgumentParser(argparse.ArgumentParser):
         FLAG_NAMES.update({a.dest: max(a.option_strings, key=len) for a in self._actions if a.option_strings})
         FLAG_DEFAULTS.clear()
         FLAG_DEFAULTS.update({a.dest: a.default for a in self._actions if a.option_strings})
-        return super().parse_args(args, namespace)
+        parsed = super().parse_args(args, namespace)
+        for name, value in vars(parsed).items():   # an empty value (a path, a device) names nothing: not the default
+            empty = value == "" or isinstance(value, list) and "" in value
+            if empty:
+                self.error(f"{FLAG_NAMES.get(name, name)} is empty; give a value or leave the flag out")
+            seeds = value if isinstance(value, list) else [value]
+            if name in ("seed", "seeds") and any(isinstance(s, int) and s < 0 for s in seeds):
+                self.error(f"{FLAG_NAMES.get(name, name)} must be >= 0 (got {value}): numpy's generators take no "
+                           f"negative seed")
+        return parsed
 
     def error(self, message):
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
@@ -219,6 +228,7 @@ def check_training_settings(settings):
         m = settings.get("m") if isinstance(settings.get("m"), int) else 1
         check_batch_bytes(settings["batch"] * max(m, 1), common.INPUT_SHAPE[settings["dataset"]], "--batch x --m")
     common.check(settings["lr"] > 0, f"--lr must be > 0, got {settings['lr']}")
+    common.check(settings.get("save_every") is None or settings["save_every"] >= 0, "--save_every must be >= 0")
     common.check(settings["momentum"] >= 0 and settings["weight_decay"] >= 0,
                  f"--momentum and --weight_decay must be >= 0, got {settings['momentum']} and {settings['weight_decay']}")
     common.check(settings["seed"] >= 0, f"--seed must be >= 0, got {settings['seed']}")
@@ -248,14 +258,16 @@ def get_device(name=None):
 
 def torchrun_env():
     """(rank, world size) from torchrun's environment, (0, 1) without it; values torchrun would not set refused."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    given = [k for k in ("RANK", "WORLD_SIZE") if k in os.environ]
+    if not given:
         return 0, 1
+    common.check(len(given) == 2 and "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ,
+                 f"{' and '.join(given)} set without torchrun's other variables (RANK, WORLD_SIZE, MASTER_ADDR, "
+                 f"MASTER_PORT): unset them, or start the command with torchrun")
     rank, world = os.environ["RANK"], os.environ["WORLD_SIZE"]
     common.check(rank.isdigit() and world.isdigit() and int(rank) < int(world),
                  f"RANK={rank!r} and WORLD_SIZE={world!r} are not torchrun's (a rank below the world size): unset "
                  f"them, or start the command with torchrun")
-    common.check(int(world) == 1 or ("MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ),
-                 "WORLD_SIZE > 1 without MASTER_ADDR and MASTER_PORT: start the command with torchrun")
     return int(rank), int(world)
 
 
@@ -854,9 +866,8 @@ def is_main_process():
 def setup_distributed(device_name=None):
     """The training device; under torchrun also the process group (nccl on GPUs, gloo on the CPU)."""
     device = get_device(device_name)
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:   # not started by torchrun
+    if torchrun_env() == (0, 1) and "RANK" not in os.environ:   # not started by torchrun
         return device
-    torchrun_env()
     import torch.distributed as dist
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -1088,6 +1099,10 @@ def check_gradnorm_output(path, inputs):
     check_output(path, inputs)
     check_output(path + ".json", inputs)
     old = readers.read_json_object(path + ".json", "record of gradient norms") if os.path.isfile(path + ".json") else {}
+    ours = {"script", "probe", "N", "seed", "sigma"} <= set(old)   # measure_grad_norms' record
+    common.check(not (os.path.lexists(path) or os.path.lexists(path + ".json")) or ours,
+                 f"{path!r} or its record exists and was not written by this project's --gradnorm (no record of "
+                 f"ours beside it); move it away or choose another --outdir")
     common.check(old.get("checkpoint_sha256") in (None, readers.loaded_sha256(inputs[0]) if inputs else None),
                  f"{path!r} was made from another checkpoint ({old.get('checkpoint')!r}): two inputs would share one "
                  f"output; choose another output (--outdir)")

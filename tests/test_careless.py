@@ -95,13 +95,19 @@ def test_a_flag_that_names_nothing_runnable_is_one_line_before_any_file(script, 
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
-@pytest.mark.parametrize("env, words", [({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR"),
-                                        ({"RANK": "0", "WORLD_SIZE": "abc"}, "not torchrun's"),
-                                        ({"RANK": "3", "WORLD_SIZE": "2"}, "not torchrun's")])
+MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("env, words", [({"RANK": "1", "WORLD_SIZE": "2"}, "without torchrun's other variables"),
+                                        ({"RANK": "0", "WORLD_SIZE": "1"}, "without torchrun's other variables"),
+                                        ({"RANK": "1"}, "RANK set without"),
+                                        ({"RANK": "0", "WORLD_SIZE": "abc", **MASTER}, "not torchrun's"),
+                                        ({"RANK": "3", "WORLD_SIZE": "2", **MASTER}, "not torchrun's")])
 def test_torchruns_variables_without_torchrun_are_one_line(ckpt, tmp_path, capsys, monkeypatch, env, words):
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
     code, err = certify_into(ckpt, str(tmp_path / "e.tsv"), capsys, "--max", 2)
     assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
 
@@ -154,3 +160,47 @@ def test_copy_size_refuses_a_folder_for_the_pasted_file_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "tools/copy_size.py", "certify:certify", "--emit", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("script, argv", [("train_gaussian.py", ["--outdir", ""]), ("train_ours.py", ["--device", ""]),
+                                          ("train_gaussian.py", ["--seed", "-1"])])
+def test_an_empty_value_or_a_negative_seed_is_one_line_not_the_default(script, argv, tmp_path, capsys, monkeypatch):
+    code, err = train(script, ["--dataset", "digits", "--sigma", 0.5, "--epochs", 1, *argv], capsys, monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and argv[0] in err, err
+
+
+def test_gradient_norms_keep_a_users_file_where_they_would_go(ckpt, tmp_path, capsys, monkeypatch):
+    (tmp_path / "gradnorm_gaussian.tsv").write_text("my data")
+    code, err = train("train_gaussian.py", ["--gradnorm", ckpt, "--outdir", tmp_path, "--probe", 4, "--N", 4],
+                      capsys, monkeypatch)
+    assert code == 2 and "not written by this project" in err and (tmp_path / "gradnorm_gaussian.tsv").read_text() == \
+        "my data", err
+
+
+def test_the_cifar_subset_tool_copies_the_first_images_of_each_class(tmp_path):
+    import subprocess
+    from PIL import Image
+    for split in ("train", "test"):
+        for k in range(10):
+            folder = tmp_path / "src" / split / f"c{k}"
+            folder.mkdir(parents=True)
+            for i in range(3):
+                Image.new("RGB", (32, 32), (k * 20, i * 50, 0)).save(folder / f"{i}.png")
+    done = subprocess.run([sys.executable, "tools/cifar_subset.py", "--source", str(tmp_path / "src"), "--dest",
+                           str(tmp_path / "dst"), "--train", "2", "--test", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    copied = sorted(p.relative_to(tmp_path / "dst").as_posix() for p in (tmp_path / "dst").rglob("*.png"))
+    assert len(copied) == 30 and "train/c0/0.png" in copied and "train/c0/2.png" not in copied
+    assert (tmp_path / "dst" / "test" / "c9" / "0.png").read_bytes() == (tmp_path / "src" / "test" / "c9" /
+                                                                         "0.png").read_bytes()
+
+
+def test_compare_refuses_one_log_on_both_sides_and_one_label_for_both(tmp_path, capsys):
+    import analyze
+    log = os.path.join(ROOT, "results", "grid_cpu", "independent", "sigma0.5", "certify_N100000.tsv")
+    assert run_main(analyze.main, ["compare", log, log]) == 2
+    assert "one log on both sides" in capsys.readouterr().err
+    other = os.path.join(ROOT, "results", "grid_cpu", "independent", "sigma0.5", "certify_N10000.tsv")
+    assert run_main(analyze.main, ["compare", log, other, "--labels", "x", "x", "--allow-different", "budget"]) == 2
+    assert "give each its own name" in capsys.readouterr().err

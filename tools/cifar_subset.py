@@ -61,11 +61,11 @@ def main(argv=None):
     other = sorted(existing_images(args.dest) - set(files)) if os.path.isdir(args.dest) else []
     common.check(not other, f"{args.dest!r} holds other images than this subset ({', '.join(other[:2])}, ...): "
                             f"the dataset would be another one; remove the folder or pass another --dest")
+    size = 0
     for rel, src in files.items():   # through the guard: it writes over nothing this tool did not write
         data = readers.read_bytes(src)
-        os.makedirs(os.path.dirname(os.path.join(args.dest, rel)), exist_ok=True)
+        size += len(data)
         machinery.write_output(os.path.join(args.dest, rel), "dataset image", lambda f, data=data: f.write(data))
-    size = sum(os.path.getsize(os.path.join(args.dest, rel)) for rel in files)
     print(f"copied {len(files)} images ({args.train} training and {args.test} test images a class, "
           f"{size / 2 ** 20:.1f} MiB) to {args.dest}")
 

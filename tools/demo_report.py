@@ -177,6 +177,10 @@ def main(argv=None):
     common.check(args.seconds is None or 0 <= args.seconds < float("inf"), f"--seconds must be a number >= 0 (got "
                                                                              f"{args.seconds})")
     logs = analyze.load_logs(args.logs)
+    labels = sorted({log["label"] for log in logs})
+    common.check(args.reference in labels and args.claim in labels and args.reference != args.claim,
+                 f"--reference {args.reference!r} and --claim {args.claim!r} must be two of the logs' labels "
+                 f"({', '.join(labels)})")
     readers.check_comparable(logs, (), "tools/demo_report.py")   # its tables and verdicts set them side by side
     logs = analyze.attach_pA(logs, None, None)
     for log in logs:
