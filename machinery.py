@@ -1193,7 +1193,7 @@ def check_log(outfile, settings, columns, counts=None, inputs=(), overwrite=Fals
         readers.read_log_prefix(path, counts[1] if path[len(outfile):].startswith(".counts") else columns)
     written = old.get("written") if isinstance(old.get("written"), dict) else {}
     changed = f"changed since {old['script']} wrote it; move it away or choose another --outfile"
-    common.check(written.get(os.path.basename(sidecar), settings_sha256(old)) == settings_sha256(old),
+    common.check(written.get(os.path.basename(sidecar), readers.settings_sha256(old)) == readers.settings_sha256(old),
                  f"{sidecar!r} {changed}")
     for path in files:
         common.check(os.path.isfile(path) and not os.path.islink(path),
@@ -1250,16 +1250,10 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
     return done
 
 
-def settings_sha256(sidecar):
-    """The sha256 of a sidecar's settings (all but "written"), in a canonical JSON form."""
-    settings = {k: v for k, v in sidecar.items() if k != "written"}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-
-
 def written_now(outfile, settings):
     """The sidecar's record "written": each file's size and sha256 now, and the settings' own hash."""
     files = {os.path.basename(p): {"size": os.path.getsize(p), "sha256": file_sha256(p)} for p in run_files(outfile)}
-    return dict(files, **{os.path.basename(outfile) + ".json": settings_sha256(settings)})
+    return dict(files, **{os.path.basename(outfile) + ".json": readers.settings_sha256(settings)})
 
 
 def record_written(outfile):
