@@ -219,3 +219,13 @@ def test_a_settings_file_edited_by_hand_is_refused_by_the_analyses(ckpt, tmp_pat
     capsys.readouterr()
     assert run_main(analyze.main, ["table", out]) == 2
     assert "changed since the run wrote it" in capsys.readouterr().err
+
+
+def test_the_demo_folder_record_keeps_a_users_file_of_its_name(tmp_path):
+    import subprocess
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / ".demo").write_text("my own notes")
+    done = subprocess.run([sys.executable, "tools/remove_outputs.py", "--record", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not a record of this project" in done.stderr, done.stderr
+    assert (tmp_path / ".demo").read_text() == "my own notes"

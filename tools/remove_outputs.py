@@ -15,9 +15,17 @@ RECORD = ".demo"   # the folder's record: {path relative to the folder: sha256} 
 
 def record_tree(folder):
     """Write the record of the folder tree `folder` (as the demo ends): every file in it with its sha256."""
+    path = os.path.join(folder, RECORD)
+    if os.path.lexists(path):   # a record of ours maps file names to sha256s; anything else is a user's file
+        try:
+            old = readers.read_json_object(path, "record of a folder")
+        except common.UserError:
+            old = None
+        common.check(isinstance(old, dict) and all(isinstance(v, str) and len(v) == 64 for v in old.values()),
+                     f"{path!r} exists and is not a record of this project; move it away")
     files = {os.path.relpath(os.path.join(root, name), folder): machinery.file_sha256(os.path.join(root, name))
              for root, _, names in os.walk(folder) for name in sorted(names) if name != RECORD}
-    machinery.write_json(files, os.path.join(folder, RECORD), "record of a folder")
+    machinery.write_json(files, path, "record of a folder")
 
 
 def remove_tree(folder):
