@@ -740,10 +740,6 @@ def compare_command(args):
                              command="compare --over test-set" if args.over == "test-set" else "compare",
                              allow=args.allow_different, assumed={"N": args.N, "alpha": args.alpha})
     check_same_images(logs)
-    rows = lambda log: (log["idx"].tobytes(), log["radius"].tobytes(), log["correct"].tobytes(), log["sigma"])  # noqa: E731
-    common.check(not {rows(log) for log in logs[:len(side_a)]} & {rows(log) for log in logs[len(side_a):]},
-                 "one log on both sides: the same certificates compared with themselves (compare two models, or two "
-                 "certifications of one)")
     if args.train_seeds is not None:
         set_train_seeds(logs, args.train_seeds)
     common.check(len(set(args.labels or "ab")) == 2, f"--labels names both sides {(args.labels or [''])[0]!r}: give "

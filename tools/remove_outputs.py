@@ -16,7 +16,8 @@ RECORD = ".demo"   # the folder's record: {path relative to the folder: sha256} 
 def record_tree(folder):
     """Write the record of the folder tree `folder` (as the demo ends): every file in it with its sha256."""
     path = os.path.join(folder, RECORD)
-    if os.path.lexists(path):   # a record of ours maps file names to sha256s; anything else is a user's file
+    if os.path.lexists(path) and not (os.path.isfile(path) and os.path.getsize(path) == 0):   # empty: the demo's
+        # marker; a record of ours maps file names to sha256s; anything else is a user's file
         try:
             old = readers.read_json_object(path, "record of a folder")
         except common.UserError:
