@@ -410,6 +410,11 @@ def read_sidecar(path, required=()):
                     raise common.UserError(f"{candidate}: field {key!r} has an invalid value {settings[key]!r}")
             missing = [k for k in required if k not in settings]
             common.check(not missing, f"{candidate}: lacks the field(s) {', '.join(missing)}")
+            own = settings["written"].get(os.path.basename(candidate)) if isinstance(settings.get("written"),
+                                                                                     dict) else None
+            common.check(own in (None, settings_sha256(settings)), f"{candidate}: changed since the run wrote it (its "
+                                                                   f"record of its own settings differs): restore it, "
+                                                                   f"or certify again")
             return settings
     common.check(not required, f"{path}: its settings file {path}.json is missing (it names {', '.join(required)})")
     return {}

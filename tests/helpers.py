@@ -78,3 +78,12 @@ def as_if_copied(*paths):
             side.pop("written", None)
             with open(path, "w") as f:
                 json.dump(side, f)
+
+
+def as_written(side, path):
+    """A sidecar edited as another run would have written it: its record of its own settings follows the edit."""
+    import os
+    import readers
+    if isinstance(side.get("written"), dict):
+        side["written"][os.path.basename(path)] = readers.settings_sha256(side)
+    return side

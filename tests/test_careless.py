@@ -212,3 +212,17 @@ def test_the_demo_folder_record_keeps_a_users_file_of_its_name(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not a record of this project" in done.stderr, done.stderr
     assert (tmp_path / ".demo").read_text() == "my own notes"
+
+
+def test_a_settings_file_edited_by_hand_is_refused_by_the_analyses(ckpt, tmp_path, capsys):
+    """The sidecar records a hash of its own settings: a split changed by hand (no row contradicts it) is found."""
+    import analyze
+    out = str(tmp_path / "a.tsv")
+    assert certify_into(ckpt, out, capsys, "--max", 2)[0] == 0
+    assert run_main(analyze.main, ["table", out]) == 0
+    settings = json.loads(open(out + ".json").read())
+    settings["split"] = "train"
+    open(out + ".json", "w").write(json.dumps(settings))
+    capsys.readouterr()
+    assert run_main(analyze.main, ["table", out]) == 2
+    assert "changed since the run wrote it" in capsys.readouterr().err

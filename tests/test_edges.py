@@ -16,6 +16,7 @@ import torch
 import common
 import readers
 import machinery
+from helpers import as_written
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOG = "idx\tlabel\tpredict\tradius\tcorrect\ttime\n0\t1\t1\t{}\t1\t0:00:01\n1\t2\t2\t0.25\t1\t0:00:01\n"
@@ -488,7 +489,7 @@ def test_the_grid_benchmark_refuses_logs_it_cannot_count(ckpt, tmp_path, capsys)
     sidecar = json.loads(open(logs["grid"] + ".json").read())
     sidecar["N0"] = None
     with open(logs["grid"] + ".json", "w") as f:
-        json.dump(sidecar, f)
+        json.dump(as_written(sidecar, logs["grid"] + ".json"), f)
     with pytest.raises(common.UserError, match="N0 None"):
         bench.grid_from_logs([logs["a/cert"], logs["grid"]])
 
@@ -540,7 +541,7 @@ def test_ddrs_pairs_only_logs_of_one_model_on_the_images_it_reads(ckpt, tmp_path
     assert not (tmp_path / "report").exists()
     side = json.loads((tmp_path / "ds.tsv.json").read_text())
     side["data"] = "0" * 16   # a log certified on other images
-    (tmp_path / "ds.tsv.json").write_text(json.dumps(side))
+    (tmp_path / "ds.tsv.json").write_text(json.dumps(as_written(side, tmp_path / "ds.tsv.json")))
     assert run_main(ddrs.main, ["memory", tmp_path / "ds.tsv"]) == 2
     err = capsys.readouterr().err
     assert "other images" in err and not (tmp_path / "ds_memory.tsv").exists()
@@ -573,7 +574,7 @@ def test_compare_refuses_logs_of_other_images_under_the_same_idx(ckpt, tmp_path,
     assert run_main(analyze.main, argv) == 0   # one model, one set of images, two seeds
     side = json.loads((tmp_path / "b.tsv.json").read_text())
     side["data"] = "0" * 16
-    (tmp_path / "b.tsv.json").write_text(json.dumps(side))
+    (tmp_path / "b.tsv.json").write_text(json.dumps(as_written(side, tmp_path / "b.tsv.json")))
     capsys.readouterr()
     assert run_main(analyze.main, argv[:-1] + [tmp_path / "cmp2"]) == 2
     err = capsys.readouterr().err

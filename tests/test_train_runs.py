@@ -12,6 +12,7 @@ import machinery
 import readers
 import train_gaussian
 import train_ours
+from helpers import as_written
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -141,7 +142,7 @@ def test_gradnorm_mode_writes_norms_with_and_without_the_attack(monkeypatch, tmp
     assert run_entry(analyze.main, argv) == 0
     side = json.loads(open(f"{log}.json").read())
     side["checkpoint_sha256"] = "0" * 64   # a log of another model
-    open(f"{log}.json", "w").write(json.dumps(side))
+    open(f"{log}.json", "w").write(json.dumps(as_written(side, f"{log}.json")))
     capsys.readouterr()
     assert run_entry(analyze.main, argv) == 2 and "another checkpoint" in capsys.readouterr().err
 
