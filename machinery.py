@@ -294,6 +294,7 @@ _WRITTEN = []        # the files this process has completed, for the message of 
 _HELD_LOCKS = set()  # realpaths of the exclusive_locks this process holds (not "another run")
 _INPUTS = []         # the files the running command reads (set_inputs): never written over
 _STAGED = None       # inside run: {path: (its temporary file, kind)} of tables and reports, renamed at the end
+_PROVENANCE = {}     # provenance() of the command running: its inputs hashed once
 OUTPUTS = "outputs.json"   # a folder's record of the tables, figures and reports written into it
 
 
@@ -397,6 +398,7 @@ def is_locked(path):
 def set_inputs(paths):
     """Declare the files the command now starting reads (a folder: every file under it): never written over."""
     _INPUTS.clear()
+    _PROVENANCE.clear()
     _WRITTEN.clear()
     for path in filter(None, paths):
         _INPUTS.extend([os.path.join(r, f) for r, _, files in os.walk(path) for f in files] if os.path.isdir(path)
@@ -561,20 +563,25 @@ def _install(path, tmp, kind=None, announce=False):
 def provenance():
     """What a table, figure or report was made from, for its folder's record: the command line (paths relative),
     the sha256 over the files it read (set_inputs) and their settings files (path, then hash, a line each), and
-    the checkpoint hashes those settings files name: the models behind the numbers."""
-    lines, models = [], set()
-    for path in sorted(set(_INPUTS)):
-        for p in (path, path + ".json"):
-            if os.path.isfile(p):
-                lines.append(f"{os.path.relpath(p)}\t{file_sha256(p)}\n")
-        with contextlib.suppress(OSError, ValueError, common.UserError):
-            side = readers.read_json_object(path + ".json", "settings file") if os.path.isfile(path + ".json") else {}
-            if isinstance(side.get("checkpoint_sha256"), str):
-                models.add(side["checkpoint_sha256"])
-    command = [os.path.basename(sys.argv[0] or "python")] + [os.path.relpath(a) if os.path.isabs(a) else a
-                                                             for a in sys.argv[1:]]
-    return {"command": " ".join(command), "inputs_sha256": hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape")).hexdigest(),
-            "models": sorted(models)}
+    the checkpoint hashes those settings files name: the models behind the numbers. Hashed once a command."""
+    key = (tuple(sys.argv), tuple(sorted(set(_INPUTS))))
+    if key not in _PROVENANCE:
+        lines, models = [], set()
+        for path in key[1]:
+            for p in (path, path + ".json"):
+                if os.path.isfile(p):
+                    lines.append(f"{os.path.relpath(p)}\t{file_sha256(p)}\n")
+            with contextlib.suppress(OSError, ValueError, common.UserError):
+                side = readers.read_json_object(path + ".json", "settings file") if os.path.isfile(path + ".json") \
+                    else {}
+                if isinstance(side.get("checkpoint_sha256"), str):
+                    models.add(side["checkpoint_sha256"])
+        command = [os.path.basename(sys.argv[0] or "python")] + [os.path.relpath(a) if os.path.isabs(a) else a
+                                                                 for a in sys.argv[1:]]
+        _PROVENANCE.clear()
+        _PROVENANCE[key] = {"command": " ".join(command), "models": sorted(models), "inputs_sha256": hashlib.sha256(
+            "".join(lines).encode("utf-8", "surrogateescape")).hexdigest()}
+    return dict(_PROVENANCE[key])
 
 
 def alive(pid):

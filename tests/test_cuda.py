@@ -130,6 +130,16 @@ def test_counting_and_attacks_do_not_synchronise_with_the_host():
     assert synchronisations(lambda: common.sphere_pgd(model, x, label, delta, T=4, eps=0.25)) == 0
 
 
+def resumes_exactly(module, argv, tmp_path, monkeypatch):
+    """Two epochs in one run and in two (the second a --resume) give the same weights, bit for bit."""
+    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "whole"], monkeypatch) == 0
+    assert run(module, [*argv, "--epochs", 1, "--outdir", tmp_path / "parts"], monkeypatch) == 0
+    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "parts", "--resume"], monkeypatch) == 0
+    a = readers.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
+    b = readers.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 @pytest.mark.parametrize("module, extra", [
     (train_gaussian, []),
@@ -140,12 +150,7 @@ def test_counting_and_attacks_do_not_synchronise_with_the_host():
 ])
 def test_every_training_script_runs_on_cuda_with_amp_and_resumes_exactly(module, extra, amp, tmp_path, monkeypatch):
     argv = [*DIGITS, *extra, "--amp", amp, "--channels-last", "--max-batches", 2]
-    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "whole"], monkeypatch) == 0
-    assert run(module, [*argv, "--epochs", 1, "--outdir", tmp_path / "parts"], monkeypatch) == 0
-    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "parts", "--resume"], monkeypatch) == 0
-    a = readers.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
-    b = readers.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    resumes_exactly(module, argv, tmp_path, monkeypatch)
 
 
 def graphed_epoch(loss, precision, graph):
@@ -185,12 +190,7 @@ def test_a_graphed_epoch_replays_the_eager_steps(loss, precision, monkeypatch):
 @pytest.mark.parametrize("module, extra", [(train_gaussian, []), (train_ours, ["--Et", 1, "--N", 10, "--T", 2])])
 def test_cuda_graph_trains_from_the_command_line_and_resumes_exactly(module, extra, tmp_path, monkeypatch):
     argv = [*DIGITS, *extra, "--amp", "bf16", "--channels-last", "--cuda-graph", "--max-batches", 4]
-    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "whole"], monkeypatch) == 0
-    assert run(module, [*argv, "--epochs", 1, "--outdir", tmp_path / "parts"], monkeypatch) == 0
-    assert run(module, [*argv, "--epochs", 2, "--outdir", tmp_path / "parts", "--resume"], monkeypatch) == 0
-    a = readers.load_checkpoint(str(tmp_path / "whole" / "checkpoint.pth.tar"))["state_dict"]
-    b = readers.load_checkpoint(str(tmp_path / "parts" / "checkpoint.pth.tar"))["state_dict"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    resumes_exactly(module, argv, tmp_path, monkeypatch)
     assert run(module, [*DIGITS, *extra, "--amp", "fp16", "--cuda-graph", "--epochs", 1, "--outdir",
                         tmp_path / "fp16"], monkeypatch) == 2   # fp16's loss scaling reads the host: refused
 
