@@ -635,7 +635,7 @@ def claim_work(args, locks, run, rank, world):
             seed = resolve_seed(args.seed, "" if args.overwrite else run.outfile + ".json")
             run.settings["seed_value"] = seed if args.seed == "random" else None   # recorded once the run starts
             done = machinery.prepare_outputs(run.outfile, run.settings, run.columns, args.overwrite, run.counts,
-                                             run.inputs)
+                                             run.inputs, world)
             todo = [(select_examples(len(run.dataset), args.skip, args.max, set()), done, seed)]
             print(f"{'predict' if args.predict else 'certify'}: {len(todo[0][0]) - len(done & set(todo[0][0]))} "
                   f"examples to go "

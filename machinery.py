@@ -443,8 +443,9 @@ def _not_written(path, e):
 def write_output(path, kind, write, inputs=(), now=False, announce=False):
     """Write the file `path` (of a `kind`: 'table', 'checkpoint', ...) through the guard; returns path.
 
-    write(f) puts the content into the binary file f: a new temporary file, fsynced, renamed over `path`; a failed
-    write (disk full, Ctrl-C) leaves `path` as it was, and a temporary file a killed writer left is removed first.
+    write(f) puts the content into the binary file f: a new temporary file <path>.tmp<pid>, fsynced, renamed over
+    `path`; a failed write (disk full, Ctrl-C) leaves `path` as it was and removes the temporary. One a killed
+    process left (SIGKILL, a power cut) stays: nothing tells it from a user's file of that name.
     now=True: a file of a run's own state (checkpoint, sidecar, log), which its record covers, renamed at once.
     Else a table, figure or report: it replaces only a file its folder's outputs.json lists as this kind with the
     content recorded, and inside run only as the command ends (a command refused at its last output changed none).
@@ -456,10 +457,6 @@ def write_output(path, kind, write, inputs=(), now=False, announce=False):
     problem = None if now else owned_problem(path, kind)
     common.check(problem is None, problem)
     make_outdir(os.path.dirname(os.path.abspath(path)))
-    for left in glob.glob(glob.escape(path) + ".tmp*"):
-        pid = left[len(path) + 4:]
-        if pid.isdigit() and not alive(int(pid)) and os.path.isfile(left) and not os.path.islink(left):
-            os.remove(left)
     if _STAGED and path in _STAGED:   # written twice in one command: the last content counts
         _discard(_STAGED.pop(path)[0])
     try:
@@ -582,17 +579,6 @@ def provenance():
         _PROVENANCE[key] = {"command": " ".join(command), "models": sorted(models), "inputs_sha256": hashlib.sha256(
             "".join(lines).encode("utf-8", "surrogateescape")).hexdigest()}
     return dict(_PROVENANCE[key])
-
-
-def alive(pid):
-    """True when the process `pid` runs now (on this machine)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:   # another user's process
-        pass
-    return True
 
 
 def write_text_output(path, kind, text, inputs=(), announce=False):
@@ -1149,45 +1135,49 @@ def part_files(outfile):
     return sorted(parts, key=lambda p: int(p.rsplit(".rank", 1)[1]))
 
 
+def listed_files(outfile, sidecar):
+    """{path: what the sidecar (a dict) records of it} for the files of the run at `outfile` that exist and are
+    listed in its "written", under the log's name when it was written (a renamed copy keeps its record)."""
+    written = sidecar.get("written") if isinstance(sidecar.get("written"), dict) else {}
+    own = next((k for k, v in written.items() if isinstance(v, str) and k.endswith(".json")), None)
+    base = own[:-len(".json")] if own else os.path.basename(outfile)
+    candidates = [outfile, outfile + ".counts"] + part_files(outfile) + part_files(outfile + ".counts")
+    return {p: written[base + p[len(outfile):]] for p in candidates if base + p[len(outfile):] in written and
+            os.path.lexists(p)}
+
+
 def run_files(outfile):
-    """The files of the certification run at `outfile` now: the log, vote counts its sidecar keeps, parts."""
-    logs = [p for p in [outfile] + part_files(outfile) if os.path.lexists(p)]
+    """The files of the certification run at `outfile` that exist now: those its sidecar lists."""
     try:
-        keeps = logs and readers.read_json_object(outfile + ".json", "settings file of a log").get("save_counts")
+        return list(listed_files(outfile, readers.read_json_object(outfile + ".json", "settings file of a log")))
     except common.UserError:
-        keeps = False
-    counts = [p for p in [outfile + ".counts"] + part_files(outfile + ".counts") if os.path.lexists(p)]
-    return logs + (counts if keeps is True else [])
+        return []
 
 
 def check_log(outfile, settings, columns, counts=None, inputs=(), overwrite=False):
     """Read-only, before any work: may this run write the log `outfile`, its parts and its vote counts
-    (counts: (path, columns) or None)? Every file passes the guard, and those that exist are what the sidecar (the
-    run's record) claims: certify.py's or ddrs.py's, naming model and data, with its columns, each still beginning
-    with what it held when the run last stopped writing (an edit is refused, a copy with its sidecar recognised).
-    Unless overwrite, the sidecar records every CHECKED_SETTINGS as this run has them and the lines parse. Returns
-    notes on NOTED_SETTINGS that changed."""
-    sidecar = outfile + ".json"
-    for path in [outfile, sidecar, outfile + ".counts"] + part_files(outfile) + part_files(outfile + ".counts"):
+    (counts: (path, columns) or None)? Every file passes the guard, and a file of the run's that exists is one the
+    sidecar (the run's record: certify.py's or ddrs.py's, naming model and data) lists, still beginning with what
+    it held when the run last stopped writing (an edit is refused, a copy with its sidecar recognised); any other
+    is a user's, refused. Unless overwrite, the sidecar records every CHECKED_SETTINGS as this run has them and
+    the lines parse. Returns notes on NOTED_SETTINGS that changed."""
+    sidecar, logs = outfile + ".json", [outfile] + part_files(outfile)
+    maybe = [outfile + ".counts"] + part_files(outfile + ".counts")
+    for path in [sidecar] + logs + maybe:
         check_output(path, inputs)
-    files = run_files(outfile)
-    common.check(not counts or not os.path.lexists(counts[0]) or counts[0] in files,
-                 f"{counts and counts[0]!r} exists and was not written by this project (no log's sidecar keeps "
-                 f"vote counts); move it away or choose another --outfile")
+    old = {}
     if os.path.isfile(sidecar) and not os.path.islink(sidecar):   # a user's file there would be replaced
-        try:
-            ours = readers.read_json_object(sidecar, "settings file of a log").get("script") in ("certify.py",
-                                                                                                 "ddrs.py certify")
-        except common.UserError:
-            ours = False
-        common.check(ours, f"{sidecar!r} exists and was not written by this project (the run's settings file would "
-                           f"replace it); move it away or choose another --outfile")
+        with contextlib.suppress(common.UserError):
+            old = readers.read_json_object(sidecar, "settings file of a log")
+        common.check(old.get("script") in ("certify.py", "ddrs.py certify"), f"{sidecar!r} exists and was not "
+                     f"written by this project (the run's settings file would replace it); move it away or choose "
+                     f"another --outfile")
+    files = listed_files(outfile, old)
+    theirs = [p for p in logs + (maybe if counts else []) if os.path.lexists(p) and p not in files]
+    common.check(not theirs, f"{theirs and theirs[0]!r} exists and was not written by this project (no settings "
+                             f"file {sidecar!r} of certify.py lists it); move it away or choose another --outfile")
     if not files:
         return []
-    old = readers.read_json_object(sidecar, "settings file of a log") if os.path.lexists(sidecar) else {}
-    common.check(old.get("script") in ("certify.py", "ddrs.py certify"),
-                 f"{files[0]!r} exists and was not written by this project (no settings file {sidecar!r} of "
-                 f"certify.py claims it); move it away or choose another --outfile")
     missing = [k for k in IDENTITY if old.get(k) is None] + [k for k in CHECKED_SETTINGS if k not in old and
                                                               not overwrite and k not in IDENTITY]
     common.check(not missing, f"{sidecar!r} does not record {', '.join(missing)}, so what {outfile!r} was made with "
@@ -1198,10 +1188,8 @@ def check_log(outfile, settings, columns, counts=None, inputs=(), overwrite=Fals
                            f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
     for path in [] if overwrite else files:
         readers.read_log_prefix(path, counts[1] if path[len(outfile):].startswith(".counts") else columns)
-    written = old.get("written") if isinstance(old.get("written"), dict) else {}
     changed = f"changed since {old['script']} wrote it; move it away or choose another --outfile"
-    common.check(written.get(os.path.basename(sidecar), readers.settings_sha256(old)) == readers.settings_sha256(old),
-                 f"{sidecar!r} {changed}")
+    readers.read_sidecar(outfile)   # refuses a sidecar edited by hand (its record of its own settings)
     for path in files:
         common.check(os.path.isfile(path) and not os.path.islink(path),
                      f"{path!r} is not a plain file (a link, FIFO or device); move it away")
@@ -1209,7 +1197,7 @@ def check_log(outfile, settings, columns, counts=None, inputs=(), overwrite=Fals
                      readers.read_header(path) == "\t".join(old.get("columns", [])),
                      f"{path!r} exists and was not written by this project (not the columns {sidecar!r} names); "
                      f"move it away or choose another --outfile")
-        kept = written.get(os.path.basename(path))
+        kept = files[path]
         common.check(not isinstance(kept, dict) or os.path.getsize(path) >= kept.get("size", 0) and
                      file_sha256(path, kept.get("size", 0)) == kept.get("sha256"), f"{path!r} {changed}")
     return [] if overwrite else [f"note: resuming with {k} {settings[k]!r} (was {old.get(k)!r}): new lines are "
@@ -1225,11 +1213,11 @@ def lock_outputs(locks, outfile):
                                                     f"stop it first")
 
 
-def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=()):
+def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(), world=1):
     """Rank 0, under lock_outputs: check_log, then start or resume the outfile; returns the idx done.
-    --overwrite removes every file of the run it replaces; else torn last lines are cut, and vote counts the log
-    lacks are dropped (the log decides what is done). The sidecar goes first (a log without one is not ours) and
-    records what each file holds."""
+    --overwrite removes every file of the run it replaces (those its sidecar lists); else torn last lines are cut,
+    and vote counts the log lacks are dropped (the log decides what is done). The sidecar goes first (a log
+    without one is not ours) and lists what each file holds, the files the `world` ranks will write too."""
     for note in check_log(outfile, settings, columns, counts, inputs, overwrite):
         sys.stderr.write(note + "\n")
     for path in run_files(outfile) if overwrite else []:
@@ -1249,17 +1237,23 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
                     if i in done:
                         kept.setdefault(i, row)
                 write_tsv(path, cols, [[row] for row in kept.values()], "vote counts", inputs)
+    logs = [path for path, _ in files]
+    planned = logs + [f"{path}.rank{r}" for path in logs for r in range(world) if world > 1]
     settings = json.loads(json.dumps(settings, default=str))   # as the sidecar will hold them
-    write_json(dict(settings, written=written_now(outfile, settings)), outfile + ".json", "settings of a log", inputs)
+    write_json(dict(settings, written=written_now(outfile, settings, planned)), outfile + ".json", "settings of a log",
+               inputs)
     for path, cols in files:
         for log in [path] + part_files(path):   # every rank appends to its own part later
             open_append(log, "\t".join(cols), inputs).close()
     return done
 
 
-def written_now(outfile, settings):
-    """The sidecar's record "written": each file's size and sha256 now, and the settings' own hash."""
-    files = {os.path.basename(p): {"size": os.path.getsize(p), "sha256": file_sha256(p)} for p in run_files(outfile)}
+def written_now(outfile, settings, planned=()):
+    """The sidecar's record "written": each file of the run (and each of `planned`) with its size and sha256 now
+    (0 bytes for one not made yet), and the settings' own hash."""
+    paths = dict.fromkeys(run_files(outfile) + list(planned))
+    files = {os.path.basename(p): {"size": os.path.getsize(p), "sha256": file_sha256(p)} if os.path.lexists(p) else
+             {"size": 0, "sha256": hashlib.sha256(b"").hexdigest()} for p in paths}
     return dict(files, **{os.path.basename(outfile) + ".json": readers.settings_sha256(settings)})
 
 

@@ -410,8 +410,8 @@ def read_sidecar(path, required=()):
                     raise common.UserError(f"{candidate}: field {key!r} has an invalid value {settings[key]!r}")
             missing = [k for k in required if k not in settings]
             common.check(not missing, f"{candidate}: lacks the field(s) {', '.join(missing)}")
-            own = settings["written"].get(os.path.basename(candidate)) if isinstance(settings.get("written"),
-                                                                                     dict) else None
+            written = settings.get("written") if isinstance(settings.get("written"), dict) else {}
+            own = next((v for k, v in written.items() if isinstance(v, str) and k.endswith(".json")), None)
             common.check(own in (None, settings_sha256(settings)), f"{candidate}: changed since the run wrote it (its "
                                                                    f"record of its own settings differs): restore it, "
                                                                    f"or certify again")

@@ -67,15 +67,22 @@ def project_files(root):
     return sorted(found)
 
 
-def as_if_copied(*paths):
-    """Drop what the sidecars among `paths` record of their log's content ("written"), as if the log had been
-    copied here from another machine without it: a test that edits a sidecar or log by hand to play such a file
-    uses this, since an edit of what a sidecar records is refused as an edit."""
+def as_recorded(*paths):
+    """Make the sidecars among `paths` record the files of their log as they are now ("written"), as the run
+    would have had it stopped here: a test that edits a log or sidecar by hand to play a stopped run's files uses
+    this, since an edit of what a sidecar records is refused as an edit."""
     import json
+    import os
+    import machinery
+    import readers
     for path in map(str, paths):
         if path.endswith(".json"):
-            side = json.load(open(path))
-            side.pop("written", None)
+            side, log = json.load(open(path)), path[:-len(".json")]
+            files = [p for p in [log, log + ".counts"] + machinery.part_files(log) +
+                     machinery.part_files(log + ".counts") if os.path.isfile(p)]
+            side["written"] = {os.path.basename(p): {"size": os.path.getsize(p), "sha256": machinery.file_sha256(p)}
+                               for p in files}
+            side["written"][os.path.basename(path)] = readers.settings_sha256(side)
             with open(path, "w") as f:
                 json.dump(side, f)
 
@@ -85,5 +92,7 @@ def as_written(side, path):
     import os
     import readers
     if isinstance(side.get("written"), dict):
+        for name in [k for k, v in side["written"].items() if isinstance(v, str)]:
+            del side["written"][name]
         side["written"][os.path.basename(path)] = readers.settings_sha256(side)
     return side

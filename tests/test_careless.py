@@ -53,6 +53,41 @@ def test_a_users_file_where_the_lock_goes_is_refused_and_kept(ckpt, tmp_path, ca
     assert certify_into(ckpt, str(tmp_path / "w"), capsys, "--max", 2)[0] == 0 and not (tmp_path / "w.lock").exists()
 
 
+@pytest.mark.parametrize("part", ["o.tsv.rank3", "o.tsv.counts.rank2", "o.tsv.counts"])
+def test_overwrite_removes_only_the_files_the_runs_record_lists(ckpt, tmp_path, capsys, part):
+    """A file named like a part or the vote counts of a run, that its sidecar does not list, is a user's: neither
+    a resume nor --overwrite takes it, removes it or merges it into the log."""
+    import certify
+    out = tmp_path / "o.tsv"
+    assert certify_into(ckpt, str(out), capsys, "--max", 2, "--save-counts")[0] == 0
+    mine = "\t".join(certify.CERTIFY_COLUMNS) + "\n0\t0\t0\t0.1\t1\t40\t40\t40\t0.01\n"
+    if part == "o.tsv.counts":   # a user's counts in place of the run's, which a resume drops
+        (tmp_path / part).unlink()
+    (tmp_path / part).write_text(mine)
+    for extra in ([], ["--overwrite"]):
+        code, err = certify_into(ckpt, str(out), capsys, "--max", 3, "--save-counts", *extra)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and part in err, (extra, err)
+        assert (tmp_path / part).read_text() == mine
+    (tmp_path / part).unlink()
+    code, err = certify_into(ckpt, str(out), capsys, "--max", 3, "--save-counts", "--overwrite")
+    assert code == 0, err
+
+
+def test_a_renamed_copy_of_a_log_and_its_sidecar_resumes_and_an_edited_one_does_not(ckpt, tmp_path, capsys):
+    out, copy = tmp_path / "a.tsv", tmp_path / "b.tsv"
+    assert certify_into(ckpt, str(out), capsys, "--max", 2)[0] == 0
+    copy.write_bytes(out.read_bytes())
+    (tmp_path / "b.tsv.json").write_bytes((tmp_path / "a.tsv.json").read_bytes())
+    assert certify_into(ckpt, str(copy), capsys, "--max", 3)[0] == 0
+    assert len(copy.read_text().splitlines()) == 4
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:1] + [lines[1].rsplit("\t", 1)[0] + "\t9.99"] + lines[2:]) + "\n")   # an edit
+    (tmp_path / "c.tsv").write_bytes(out.read_bytes())
+    (tmp_path / "c.tsv.json").write_bytes((tmp_path / "a.tsv.json").read_bytes())
+    code, err = certify_into(ckpt, str(tmp_path / "c.tsv"), capsys, "--max", 3)
+    assert code == 2 and "changed since" in err, err
+
+
 def test_a_log_holding_an_example_twice_is_not_resumed(ckpt, tmp_path, capsys):
     out = tmp_path / "base.tsv"
     assert certify_into(ckpt, str(out), capsys, "--max", 3)[0] == 0

@@ -18,7 +18,7 @@ import certify
 import common
 import grid
 import machinery
-from helpers import as_if_copied, digits_checkpoint, run_main
+from helpers import as_recorded, digits_checkpoint, run_main
 from torchrun_util import failure_report, run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -273,7 +273,7 @@ def test_torn_last_line_is_dropped_and_redone(reference, digits_ckpt, tmp_path):
     shutil.copy(reference + ".json", str(out) + ".json")
     for torn in (lines[6][:7], lines[6][:-1], lines[6].rsplit("\t", 1)[0] + "\n"):  # no newline / too few fields
         out.write_text("".join(lines[:6]) + torn)
-        as_if_copied(out, str(out) + ".json")   # a stopped run's log from elsewhere (each time a fresh copy)
+        as_recorded(out, str(out) + ".json")   # a run stopped with a torn last line
         assert run_cli(["--checkpoint", digits_ckpt, "--outfile", out, "--skip", 3, "--max", 24, *CLI]) == 0
         assert rows(out) == rows(reference)
     # a finished file is left as it is
@@ -338,6 +338,7 @@ def test_torchrun_with_two_ranks_resumes_splits_and_merges_like_one_process(refe
     with open(reference) as f:
         out.write_text("".join(f.read().splitlines(keepends=True)[:4]))  # a killed run: 3 lines done
     shutil.copy(reference + ".json", str(out) + ".json")
+    as_recorded(str(out) + ".json")
     # `--` keeps torchrun from reading --max as an abbreviation of its own --max-restarts
     args = [os.path.join(ROOT, "certify.py"), "--", "--checkpoint", digits_ckpt, "--outfile", str(out),
             "--skip", "3", "--max", "24", *CLI, "--device", "cpu"]
@@ -364,6 +365,7 @@ def test_true_label_votes_and_saved_counts_agree_across_resume_and_torchrun(digi
     (tmp_path / "part.tsv.counts").write_text("".join(open(str(whole) + ".counts").read()
                                                       .splitlines(keepends=True)[:5]))
     shutil.copy(str(whole) + ".json", str(part) + ".json")
+    as_recorded(str(part) + ".json")
     assert run_cli([*base, "--outfile", part]) == 0
     assert rows(part) == rows(whole) and read_counts(str(part) + ".counts") == counts
     # two ranks under torchrun: the same lines and counts, merged
@@ -391,8 +393,8 @@ def test_a_log_in_other_columns_is_not_resumed(reference, digits_ckpt, tmp_path,
     old.write_text("".join("\t".join(ln.split("\t")[:-1]) + "\n" for ln in lines[:6]))  # header + 5, no nY
     settings = json.load(open(reference + ".json"))
     settings["columns"] = settings["columns"][:-1]
-    settings.pop("written", None)
     json.dump(settings, open(str(old) + ".json", "w"))
+    as_recorded(str(old) + ".json")
     before = old.read_bytes()
     capsys.readouterr()
     assert run_cli(["--checkpoint", digits_ckpt, "--outfile", old, "--skip", 3, "--max", 24, *CLI]) == 2

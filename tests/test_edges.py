@@ -460,8 +460,8 @@ def test_a_random_seed_whose_value_is_lost_is_not_resumed_with_another(ckpt, tmp
     sidecar = json.loads((tmp_path / "o.tsv.json").read_text())
     sidecar["seed_value"] = None
     (tmp_path / "o.tsv.json").write_text(json.dumps(sidecar))
-    from helpers import as_if_copied
-    as_if_copied(tmp_path / "o.tsv", tmp_path / "o.tsv.json")   # a log from elsewhere that lost its seed value
+    from helpers import as_recorded
+    as_recorded(tmp_path / "o.tsv", tmp_path / "o.tsv.json")   # a log from elsewhere that lost its seed value
     before = (tmp_path / "o.tsv").read_bytes()
     assert run_main(certify.main, argv + ["--max", 3]) == 2
     err = capsys.readouterr().err

@@ -104,13 +104,13 @@ def test_the_checkpoint_hash_through_a_link_flipped_after_the_read_is_that_of_th
 
 
 def test_a_sidecar_without_the_checkpoint_hash_is_not_resumed(ckpt, tmp_path, capsys):
-    from helpers import as_if_copied
+    from helpers import as_recorded
     out = tmp_path / "log.tsv"
     assert run_main(certify.main, certify_argv(ckpt, out, 2)) == 0
     side = json.load(open(str(out) + ".json"))
     side["checkpoint_sha256"] = None
     open(str(out) + ".json", "w").write(json.dumps(side))
-    as_if_copied(str(out) + ".json")
+    as_recorded(str(out) + ".json")
     before = out.read_bytes()
     capsys.readouterr()
     assert run_main(certify.main, certify_argv(ckpt, out, 4)) == 2

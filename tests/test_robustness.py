@@ -185,12 +185,12 @@ def test_a_kill_between_the_log_row_and_the_checkpoint_loses_no_row(tmp_path, mo
     assert without_time(rows["parts"]) == without_time(rows["whole"])   # each epoch once, the same numbers
 
 
-def test_stale_temporaries_are_removed_and_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
+def test_stale_temporaries_are_kept_and_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     argv = [*DIGITS, "--max-batches", 1, "--outdir", out]
     assert run(train_gaussian, [*argv, "--epochs", 1], monkeypatch)[0] == 0
-    # a writer killed mid-save leaves its temporary file <name>.tmp<pid> (that process gone), which the next
-    # write of that name removes; a file of another name is someone else's: it stays
+    # a file named like the temporary of a writer killed mid-save (<name>.tmp<pid>, that process gone) may be a
+    # user's: no write removes it, and it blocks none
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (out / f"checkpoint.pth.tar.tmp{dead.pid}").write_bytes(b"x" * 1000)
@@ -203,8 +203,12 @@ def test_stale_temporaries_are_removed_and_a_full_disk_is_one_line(tmp_path, mon
     code, err = run(train_gaussian, [*argv, "--epochs", 2, "--resume"], monkeypatch, capsys)
     assert code == 2 and one_line(err) and "No space left" in err
     assert (out / "checkpoint.pth.tar").read_bytes() == before    # the last good checkpoint stays
-    assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == [f"notes.tmp{dead.pid}"]
-    assert (out / f"notes.tmp{dead.pid}").read_bytes() == b"a user's file"
+    assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == sorted(
+        [f"checkpoint.pth.tar.tmp{dead.pid}", f"notes.tmp{dead.pid}"])
+    assert (out / f"checkpoint.pth.tar.tmp{dead.pid}").read_bytes() == b"x" * 1000
+    monkeypatch.undo()
+    assert run(train_gaussian, [*argv, "--epochs", 2, "--resume"], monkeypatch)[0] == 0   # it blocks no write
+    assert (out / f"checkpoint.pth.tar.tmp{dead.pid}").read_bytes() == b"x" * 1000
 
 
 # 8. checks before anything is written ---------------------------------------------------------------------
@@ -238,6 +242,8 @@ def test_a_rank_file_still_written_by_a_live_worker_is_refused(ckpt, tmp_path, m
     assert certified(ckpt, out, monkeypatch, capsys, "--max", 2)[0] == 0    # an earlier run, with its sidecar
     part = tmp_path / "c.tsv.rank1"
     part.write_text("\t".join(certify.CERTIFY_COLUMNS) + "\n")
+    from helpers import as_recorded
+    as_recorded(str(out) + ".json")    # the part of an earlier torchrun, which its sidecar lists
     with machinery.exclusive_lock(str(part) + ".lock", "worker"):    # a worker of a killed torchrun, still alive
         code, err = certified(ckpt, out, monkeypatch, capsys)
     assert code == 2 and one_line(err) and "earlier run" in err
