@@ -987,9 +987,9 @@ def share_difference(log, base, test, a=0.05 / 2):
     z = -ndtri(a / 2)
     if n:
         b, o = test(base["pA_all"][rows[id(base)]]), test(log["pA_all"][rows[id(log)]])
-        return float(o.mean() - b.mean()), *tango_interval(int(np.sum(o & ~b)), int(np.sum(b & ~o)), n, z)
+        return float(o.mean() - b.mean()), *common.tango_interval(int(np.sum(o & ~b)), int(np.sum(b & ~o)), n, z)
     b, o = test(base["pA_all"]).astype(float), test(log["pA_all"]).astype(float)
-    return float(o.mean() - b.mean()), *newcombe_interval(float(b.mean()), len(b), float(o.mean()), len(o), z)
+    return float(o.mean() - b.mean()), *common.newcombe_interval(float(b.mean()), len(b), float(o.mean()), len(o), z)
 
 
 def plot_ecdf(logs, out, name):
@@ -1348,53 +1348,13 @@ def paper_report(root, out):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Intervals for a difference of shares (the ECDF report's mass sentence; compare.py builds on them)
+# Shared images of logs, the semi-elastic settings of a DDRS log (compare.py builds on them)
 # ----------------------------------------------------------------------------------------------------------
 
 def semi_elastic(log):
     """The semi-elastic settings of a ddrs.py certify --semi-elastic log (r, k, m, sigma_b), else None."""
     ddrs_settings = (log.get("sidecar") or {}).get("ddrs") or {}
     return ddrs_settings.get("semi_elastic") if isinstance(ddrs_settings, dict) else None
-
-
-def tango_interval(x12, x21, n, z):
-    """Tango's (1998) score interval for p_B - p_A from n paired 0/1 outcomes: x12 images where only B is 1,
-    x21 where only A is. The deltas whose score statistic lies within +-z; the statistic falls in delta, so
-    each end is found by bisection."""
-    def score(delta):
-        b = (2 * n - x12 + x21) * delta - x12 - x21
-        c = -x21 * delta * (1 - delta)
-        p21 = (-b + math.sqrt(max(b * b - 8 * n * c, 0.0))) / (4 * n)   # constrained MLE of P(only A is 1)
-        num = x12 - x21 - n * delta
-        return 0.0 if num == 0 else num / math.sqrt(max(n * (2 * p21 + delta * (1 - delta)), 1e-300))
-
-    d = (x12 - x21) / n
-    low, high = -1.0, 1.0
-    if score(-1.0) > z:                     # the lower end: score(low) = z
-        lo, hi = -1.0, d
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if score(mid) > z else (lo, mid)
-        low = hi
-    if score(1.0) < -z:                     # the upper end: score(high) = -z
-        lo, hi = d, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if score(mid) >= -z else (lo, mid)
-        high = lo
-    return low, high
-
-
-def wilson(p, n, z):
-    """Wilson's score interval for a proportion p of n (p may be a mean of 0/1 values, not a count / n)."""
-    centre, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
-
-
-def newcombe_interval(pa, na, pb, nb, z):
-    """Newcombe's (1998) hybrid score interval for p_B - p_A from independent shares pa of na and pb of nb."""
-    (la, ua), (lb, ub), d = wilson(pa, na, z), wilson(pb, nb, z), pb - pa
-    return d - math.hypot(pb - lb, ua - pa), d + math.hypot(ub - pb, pa - la)
 
 
 def shared_images(logs):

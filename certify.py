@@ -553,7 +553,7 @@ def load_run(args, device_name, sigma_of=None, extra_settings=None, prepare=None
     machinery.check_precision(args.precision, device)
     if device.type == "cpu":
         keep_freed_memory()
-    model, ckpt = machinery.load_model(args.checkpoint, args.dataset, args.arch, device, args.trust_checkpoint,
+    model, ckpt = readers.load_model(args.checkpoint, args.dataset, args.arch, device, args.trust_checkpoint,
                                        args.precision)
     dataset_name = args.dataset or ckpt.get("dataset")
     common.check(dataset_name is not None, f"checkpoint {args.checkpoint!r} names no dataset; pass --dataset")

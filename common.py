@@ -365,6 +365,53 @@ def clopper_pearson_upper(nA, N, alpha):
     return float(bound) if bound.ndim == 0 else bound
 
 
+def tango_interval(x12, x21, n, z):
+    """Tango's (1998) score interval for p_B - p_A from n paired outcomes in [0, 1]: x12 the sum of B's excess
+    over A (images where only B is 1, for 0/1 outcomes), x21 of A's over B. The deltas whose score statistic lies
+    within +-z (z > 0: the normal quantile); the statistic falls in delta, so each end is found by bisection."""
+    n = check_int("n", n)
+    z = check_float("z", z, gt=0)
+    x12, x21 = check_float("x12", x12, ge=0), check_float("x21", x21, ge=0)
+    check(x12 + x21 <= n, f"x12 + x21 = {x12 + x21:g} exceeds n = {n}: at most one excess per pair")
+
+    def score(delta):
+        b = (2 * n - x12 + x21) * delta - x12 - x21
+        c = -x21 * delta * (1 - delta)
+        p21 = (-b + math.sqrt(max(b * b - 8 * n * c, 0.0))) / (4 * n)   # constrained MLE of P(only A is 1)
+        num = x12 - x21 - n * delta
+        return 0.0 if num == 0 else num / math.sqrt(max(n * (2 * p21 + delta * (1 - delta)), 1e-300))
+
+    d = (x12 - x21) / n
+    low, high = -1.0, 1.0
+    if score(-1.0) > z:                     # the lower end: score(low) = z
+        lo, hi = -1.0, d
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if score(mid) > z else (lo, mid)
+        low = hi
+    if score(1.0) < -z:                     # the upper end: score(high) = -z
+        lo, hi = d, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if score(mid) >= -z else (lo, mid)
+        high = lo
+    return low, high
+
+
+def wilson(p, n, z):
+    """Wilson's score interval for a proportion p in [0, 1] of n (p may be a mean of values in [0, 1], never a
+    count); z > 0, the normal quantile."""
+    p, n, z = check_float("p", p, ge=0, le=1), check_int("n", n), check_float("z", z, gt=0)
+    centre, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+def newcombe_interval(pa, na, pb, nb, z):
+    """Newcombe's (1998) hybrid score interval for p_B - p_A from independent shares pa of na and pb of nb."""
+    (la, ua), (lb, ub), d = wilson(pa, na, z), wilson(pb, nb, z), pb - pa
+    return d - math.hypot(pb - lb, ua - pa), d + math.hypot(ub - pb, pa - la)
+
+
 def certified_radius(pA_lower, sigma):
     """Certified l2 radius sigma * Phi^-1(pA_lower) of Cohen et al.'s Theorem 1 (negative below 1/2)."""
     return check_float("sigma", sigma, gt=0) * ndtri(check_array("pA_lower", pA_lower, ge=0, le=1))

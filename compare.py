@@ -138,9 +138,9 @@ def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None, matched=Fa
         ma, mb = fa.mean(0), fb.mean(0)    # per-image means over seeds
         if paired and one_model and binary:
             x12, x21 = int(np.sum((mb > ma))), int(np.sum((ma > mb)))
-            return (d, *analyze.tango_interval(x12, x21, len(ma), -ndtri(a / 2)), -ndtri(a / 2))
+            return (d, *common.tango_interval(x12, x21, len(ma), -ndtri(a / 2)), -ndtri(a / 2))
         if not paired and one_model and binary:
-            return (d, *analyze.newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), -ndtri(a / 2)),
+            return (d, *common.newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), -ndtri(a / 2)),
                     -ndtri(a / 2))
         if paired:
             images = [(max(float(np.var(mb - ma, ddof=1)) / len(ma) - inter, 0.0), len(ma) - 1)]
@@ -166,8 +166,8 @@ def row_interval(fa, fb, binary, paired, a, vote_a=None, vote_b=None, matched=Fa
     if binary and vote_a is None and not rich:   # few seeds: never narrower than the one-model score interval
         z = -ndtri(a / 2)                        # on the seed means
         ma, mb = fa.mean(0), fb.mean(0)
-        floor = (analyze.tango_interval(float(np.maximum(mb - ma, 0).sum()), float(np.maximum(ma - mb, 0).sum()), len(ma), z)
-                 if paired else analyze.newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), z))
+        floor = (common.tango_interval(float(np.maximum(mb - ma, 0).sum()), float(np.maximum(ma - mb, 0).sum()), len(ma), z)
+                 if paired else common.newcombe_interval(float(ma.mean()), len(ma), float(mb.mean()), len(mb), z))
         low, high = min(low, floor[0]), max(high, floor[1])
     return d, low, high, t
 
@@ -749,3 +749,8 @@ def compare_command(args):
         labels = [f"A ({labels[0]})", f"B ({labels[1]})"]
     return compare_report(logs[:len(side_a)], logs[len(side_a):], labels, args.radii, args.level, args.over,
                           args.out, args.N, args.alpha, args.family, args.allow_different)
+
+
+if __name__ == "__main__":   # the same command as `python analyze.py compare ...`
+    import machinery
+    machinery.run(lambda: analyze.main(["compare", *sys.argv[1:]]), exit_process=True)

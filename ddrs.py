@@ -75,16 +75,25 @@ def radius_proxy(model, x, s, e, cA=None, clamp=(0.02, 0.98)):
     x: (B, C, H, W); s: (B,); e: (M, B, C, H, W) standard normal draws (the reparameterised noise s e).
     E = the mean softmax over the M draws; E_A = E[cA] (cA: (B,) classes, or the top class when None) and
     E_B = the largest other entry, both clamped to `clamp` (a clamped value has zero gradient).
-    Returns (radius (B,), E (B, K)).
+    The model runs in eval mode (one fixed classifier; its modules get their modes back). Returns (radius (B,),
+    E (B, K)).
     """
     check_proxy(model, x, cA, clamp)
     common.check_tensor("s", s, "B", B=len(x))
     common.check_tensor("e", e, "M B C H W", B=len(x))
     common.check(e.shape[2:] == x.shape[1:], f"e's draws have shape {tuple(e.shape[2:])}, x's {tuple(x.shape)}")
+    common.check(e.dtype == x.dtype and e.device == x.device, f"e is {e.dtype} on {e.device}, x {x.dtype} on {x.device}")
+    common.check(bool((torch.isfinite(s) & (s > 0)).all()) and bool(torch.isfinite(e).all()),
+                 "s must be finite and > 0 (the noise levels), e finite (standard normal draws)")
     M, B = e.shape[:2]
-    z = x.unsqueeze(0) + s.view(1, B, *[1] * (x.dim() - 1)) * e                  # (M, B, C, H, W)
-    E = F.softmax(model(z.flatten(0, 1)).float(), 1).view(M, B, -1).mean(0)      # (B, K)
-    cA = E.argmax(1) if cA is None else cA
+    z = x.unsqueeze(0) + s.view(1, B, *[1] * (x.dim() - 1)).to(x.dtype) * e     # (M, B, C, H, W)
+    with common.eval_mode(model):
+        logits = model(z.flatten(0, 1))
+    common.check(logits.dim() == 2 and len(logits) == M * B, f"the model returned logits of shape "
+                                                             f"{tuple(logits.shape)} for {M * B} inputs")
+    E = F.softmax(logits.float(), 1).view(M, B, -1).mean(0)                      # (B, K)
+    common.check(cA is None or int(cA.max()) < E.shape[1], f"cA holds classes beyond the model's {E.shape[1]}")
+    cA = E.argmax(1) if cA is None else cA.to(E.device)
     E_A = E.gather(1, cA.view(-1, 1)).squeeze(1)
     E_B = E.scatter(1, cA.view(-1, 1), -1.0).max(1).values
     lo, hi = clamp
@@ -96,8 +105,10 @@ def check_proxy(model, x, cA, clamp):
     """The arguments radius_proxy and optimize_sigma share: TypeError or ValueError naming the argument."""
     common.check_type("model", model, callable)
     common.check_tensor("x", x, "B C H W")
+    common.check_input_of(model, x)
     if cA is not None:
         common.check_tensor("cA", cA, "B", "int", B=len(x))
+        common.check(bool((cA >= 0).all()), "cA holds negative classes")
     clamp = common.check_array("clamp", clamp, ndim=1, gt=0, lt=1)
     common.check(len(clamp) == 2 and clamp[0] < clamp[1], f"clamp = {clamp!r}: (low, high) with low < high")
 
@@ -159,8 +170,9 @@ def optimize_sigma(model, x, sigma0, K, M, lr, generators, clamp=(0.02, 0.98), b
     common.check_int("K", K, 0)
     common.check_int("M", M)
     common.check_float("lr", lr, ge=0)
-    common.check(isinstance(generators, (list, tuple)) and len(generators) == B and
-                 all(isinstance(g, torch.Generator) for g in generators), "generators: one torch.Generator per input")
+    common.check(isinstance(generators, (list, tuple)) and len(generators) == B and len(set(map(id, generators))) == B
+                 and all(isinstance(g, torch.Generator) for g in generators), "generators: one torch.Generator per "
+                                                                             "input, each its own")
     common.check(isinstance(bounds, (list, tuple)) and len(bounds) == 2, f"bounds must be (low, high or None), "
                                                                         f"not {bounds!r:.40}")
     lo, hi = bounds
@@ -208,6 +220,7 @@ def knn_distance(train, x, k, chunk=8192):
     common.check(x.numel() == train.shape[1], f"x has {x.numel()} values, train's rows {train.shape[1]}")
     common.check_int("k", k, 1, len(train))
     common.check_int("chunk", chunk)
+    common.check(bool(torch.isfinite(x).all() and torch.isfinite(train).all()), "x and train must be finite")
     x = x.flatten().double()
     d = torch.cat([(train[i:i + chunk].double() - x).norm(dim=1) for i in range(0, len(train), chunk)])
     return float(d.topk(k, largest=False).values.mean())
@@ -226,6 +239,8 @@ def worst_class_b(d, sigma0, sigma1, pA_lower, dim):
     common.check_array("sigma1", sigma1, gt=0)
     common.check_array("pA_lower", pA_lower, ge=0, le=1)
     common.check_int("dim", dim)
+    common.check(bool(np.all(np.asarray(sigma1, float) != float(sigma0))), "sigma1 must differ from sigma0 (equal "
+                 "sigmas: Cohen's Theorem 1 gives the answer)")
     from scipy.stats import ncx2
     d, s0, s1 = np.asarray(d, float), float(sigma0), np.asarray(sigma1, float)
     L0 = s0 ** 2 * d ** 2 / (s0 ** 2 - s1 ** 2) ** 2
@@ -251,7 +266,7 @@ def semi_elastic_radius(pA_lower, sigma, r, dim, scan=32, bisect=40, verify=8):
     radius], then bisection; the result is then verified on a grid of d' and of interior sigmas, and lowered
     until it passes. Never above Cohen's radius sigma Phi^-1(pA_lower) (r = 0: exactly Cohen's); 0 below 1/2.
     """
-    common.check_float("pA_lower", pA_lower, ge=0, le=1)
+    common.check_float("pA_lower", pA_lower, ge=0, lt=1)   # 1 bounds no finite sample: an infinite radius
     common.check_float("sigma", sigma, gt=0)
     common.check_float("r", r, ge=0)
     for name, n in (("dim", dim), ("scan", scan), ("bisect", bisect), ("verify", verify)):
@@ -265,7 +280,10 @@ def semi_elastic_radius(pA_lower, sigma, r, dim, scan=32, bisect=40, verify=8):
 
     def holds(d, fractions=(-1.0, 1.0), distances=(1.0,)):
         dd = d * np.asarray(distances)[:, None]
-        s1 = sigma * np.exp(np.asarray(fractions)[None, :] * (r * dd + SIGMA_ROUNDING))
+        with np.errstate(over="ignore", under="ignore"):
+            s1 = sigma * np.exp(np.asarray(fractions)[None, :] * (r * dd + SIGMA_ROUNDING))
+        if not (np.all(dd > 0) and np.all(np.isfinite(s1) & (s1 > 0) & (s1 != sigma))):
+            return False   # a band of sigma beyond float64 (r or sigma extreme): not proven
         with warnings.catch_warnings(record=True) as caught:   # scipy's series did not converge: not proven
             warnings.simplefilter("always")
             b = worst_class_b(dd, sigma, s1, pA_lower, dim)
@@ -313,7 +331,10 @@ def memory_step(memory, x, c, r, rule="paper"):
     common.check_int("c", c, ABSTAIN)
     common.check_float("r", r, ge=0)
     common.check_choice("rule", rule, ("paper", "code"))
+    common.check(bool(torch.isfinite(x).all()), "x holds NaN or infinite values: not an input")
     x = x.flatten().double()
+    common.check(all(isinstance(m, tuple) and len(m) == 3 and isinstance(m[0], torch.Tensor) and m[0].shape == x.shape
+                     for m in memory), f"memory must hold memory_step's (x flattened to {x.numel()} values, c, r)")
     if memory:
         centers = torch.stack([m[0] for m in memory])
         d = (centers - x).norm(dim=1)
@@ -475,8 +496,9 @@ def certify_main(args):
 
 
 def num_classes(model, x):
-    """The number of classes of `model` (its output width on x)."""
-    with torch.inference_mode():
+    """The number of classes of `model` (its output width on one input x (C, H, W), in eval mode)."""
+    common.check_tensor("x", x, "C H W")
+    with torch.inference_mode(), common.eval_mode(model):
         return int(model(x.unsqueeze(0)).shape[1])
 
 
@@ -566,9 +588,12 @@ def ds_loss_fn(method, hp, sigmas, sigma_steps, epoch, seed):
     value (Algorithm 2, weights frozen inside optimize_sigma), store it, then the method's loss at those sigmas.
     sigmas: a CPU tensor with one sigma per training index, updated in place. sigma_steps: (K, M, lr)."""
     import train_baselines
+    common.check_choice("method", method, ("gaussian", "smoothadv", "macer"))
+    common.check_tensor("sigmas", sigmas, "n")
     K, M, lr = sigma_steps
 
     def loss_fn(model, x, y, idx):
+        common.check(int(idx.max()) < len(sigmas), f"idx reaches {int(idx.max())}: sigmas holds {len(sigmas)} images")
         gens = [sigma_generator(seed + 7919 * (epoch + 1), int(i), x.device) for i in idx.tolist()]
         s = optimize_sigma(common.unwrap(model), x, sigmas[idx.cpu()].to(x.device), K, M, lr, gens)
         sigmas[idx.cpu()] = s.cpu()
@@ -631,8 +656,8 @@ def ds_train(s, hp, device):
                                              args=vars(s))
     if first == 0 and s.init_checkpoint is not None:   # weights only: optimizer and schedule start fresh
         path = s.init_checkpoint["path"]
-        try:   # machinery.load_model's checks: strict key matching, finite weights, this dataset's inputs
-            loaded, start = machinery.load_model(path, s.dataset, s.arch, device, s.trust_checkpoint)
+        try:   # readers.load_model's checks: strict key matching, finite weights, this dataset's inputs
+            loaded, start = readers.load_model(path, s.dataset, s.arch, device, s.trust_checkpoint)
         except common.UserError as e:
             raise common.UserError(f"--init-checkpoint: {e}") from None
         common.check(readers.loaded_sha256(path) == s.init_checkpoint["sha256"], f"--init-checkpoint {path!r} "

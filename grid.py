@@ -43,11 +43,21 @@ GROUP = 64
 KT_PRIOR = (0.5, 0.5)   # Krichevsky-Trofimov: Beta(1/2, 1/2)
 
 
+def check_prior(prior):
+    """The mixing prior Beta(a0, b0): two numbers > 0, else a TypeError or ValueError naming it."""
+    a = common.check_array("prior", prior, ndim=1, gt=0)
+    common.check(len(a) == 2, f"prior must be (a0, b0), the parameters of a Beta distribution, not {prior!r:.40}")
+    return float(a[0]), float(a[1])
+
+
 def kt_log_wealth(A, t, p, prior=KT_PRIOR):
-    """log W_t(p) = log B(A + a0, t - A + b0) / (B(a0, b0) p^A (1 - p)^(t - A)), mixture prior Beta(a0, b0)."""
+    """log W_t(p) = log B(A + a0, t - A + b0) / (B(a0, b0) p^A (1 - p)^(t - A)), mixture prior Beta(a0, b0);
+    0 <= A <= t votes, p in [0, 1] (arrays broadcast)."""
     from scipy.special import betaln, xlog1py, xlogy
     A, t, p = np.asarray(A, dtype=float), np.asarray(t, dtype=float), np.asarray(p, dtype=float)
-    a0, b0 = prior
+    common.check(bool(np.all((0 <= A) & (A <= t))) and bool(np.all((0 <= p) & (p <= 1))),
+                 "kt_log_wealth needs 0 <= A <= t votes and p in [0, 1]")
+    a0, b0 = check_prior(prior)
     return betaln(A + a0, t - A + b0) - betaln(a0, b0) - xlogy(A, p) - xlog1py(t - A, -p)
 
 
@@ -57,7 +67,9 @@ def one_sided_log_wealth(A, t, tau, side, prior=KT_PRIOR):
     (side +1), so by Ville P(ever >= 1 / alpha) <= alpha; underflow only lowers it (prior mass floored)."""
     from scipy.special import betainc, betaincc
     A, t = np.asarray(A, dtype=float), np.asarray(t, dtype=float)
-    a0, b0 = prior
+    common.check(side in (-1, 1), f"side must be +1 (against pA <= tau) or -1 (against pA >= tau), not {side!r:.20}")
+    common.check_float("tau", tau, gt=0, lt=1)
+    a0, b0 = check_prior(prior)
     a, b = A + a0, t - A + b0
     tail, mass = (betaincc(a, b, tau), betaincc(a0, b0, tau)) if side > 0 else \
         (betainc(a, b, tau), betainc(a0, b0, tau))
@@ -86,7 +98,10 @@ def threshold_row(tau, checks, level, side, prior=KT_PRIOR):
     """Per check t: side +1, the smallest A > t tau whose log wealth against pA <= tau reaches `level` (t + 1: none);
     side -1, the largest A < t tau whose wealth against pA >= tau reaches it (-1: none); one_sided_log_wealth.
     Every 8th check first: their answers, interpolated, guide the others."""
-    t = np.asarray(checks, dtype=np.int64)
+    common.check_float("tau", tau, gt=0, lt=1)
+    common.check(side in (-1, 1), f"side must be +1 or -1, not {side!r:.20}")
+    common.check(not math.isnan(level), "level is NaN; a log wealth (math.inf: never)")
+    t = np.asarray(common.check_array("checks", checks, ndim=1, integral=True, ge=1), dtype=np.int64)
     lo, hi = (np.floor(t * tau).astype(np.int64) + 1, t) if side > 0 else (0 * t, np.ceil(t * tau).astype(np.int64) - 1)
 
     def search(idx, guess=None):   # side -1: the first A whose wealth falls short of the level, minus 1
@@ -130,6 +145,10 @@ def crossing_probability(lower, checks, p, drop=1e-15):
     counts as crossing (1e-12 per cutting check, `drop` of lower tail per check, binomial tails under 1e-20)."""
     from scipy.signal import fftconvolve
     from scipy.stats import binom
+    checks = common.check_array("checks", checks, ndim=1, integral=True, ge=1)
+    common.check(len(np.asarray(lower)) == len(checks) and bool(np.all(np.diff(checks) > 0)),
+                 f"lower ({len(np.asarray(lower))}) must have one threshold per check ({len(checks)}), checks rising")
+    common.check_float("p", p, ge=0, le=1)
     dist, offset, previous, crossed = np.ones(1), 0, 0, 0.0   # dist[k]: P(A = offset + k, not crossed)
     sizes = np.unique(np.diff(checks, prepend=0)).astype(np.int64)
     steps = {}                                                 # n -> (first count kept, its pmf, mass cut off)
@@ -160,7 +179,7 @@ def kt_interval(A, t, alpha_low, beta_up, prior=KT_PRIOR):
     common.check_int("A", A, 0, t)
     common.check_float("alpha_low", alpha_low, ge=0, lt=1)
     common.check_float("beta_up", beta_up, ge=0, lt=1)
-    common.check_array("prior", prior, ndim=1, gt=0)
+    check_prior(prior)
     from scipy.optimize import brentq
     if t == 0:
         return 0.0, 1.0
@@ -242,6 +261,7 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, zero_level
     beta = DEFAULT_BETA if beta is None else common.check_float("beta", beta, ge=0, lt=1)
     radii = common.check_array("radii", radii, ndim=1, ge=0).tolist()
     common.check_smoothing(sigma, alpha, N_max=N_max)
+    sigma, alpha = float(sigma), float(alpha)   # a tensor or numpy number: a plain float in the plan
     common.check_type("final_look", final_look, bool)
     common.check_type("zero_level", zero_level, bool)
     radii = sorted({0.0, *radii} if zero_level else set(radii))
@@ -259,7 +279,7 @@ def grid_plan(radii, sigma, N_max, alpha, beta=None, final_look=True, zero_level
 def prior_tables(plan, prior):
     """grid_plan's tables for the mixture Beta(prior), cached: lower (threshold_row), upper (ruled_out_rows),
     reach (votes beyond all-cA draws still needed: curtailing) and final_bound (the final look's at the whole alpha)."""
-    key = (float(prior[0]), float(prior[1]))
+    key = check_prior(prior)
     if key not in plan["cache"]:
         checks, level = plan["checks"], math.log(1 / plan["alpha_seq"])
         lower = np.maximum.accumulate([threshold_row(tau, checks, level, +1, key)
@@ -317,11 +337,14 @@ def job_tables(plan, k0, N0):
     (prior_tables), or the plan's own (KT's prior) without selection draws (grid_plan)."""
     if not N0:
         return plan
+    common.check_int("k0", k0, 0, common.check_int("N0", N0, 0))
     return prior_tables(plan, (k0 + 0.5, N0 - k0 + 0.5))
 
 
 def decided_levels(tables, A, i, final=False):
     """(highest certified level, highest not ruled out) after check i with A votes (-1: none); columns rise in j."""
+    common.check_int("i", i, 0, tables["lower"].shape[1] - 1)
+    common.check_int("A", A, 0)
     certified = int(np.searchsorted(tables["lower"][:, i], A, side="right"))
     if final:
         certified = max(certified, int(np.searchsorted(tables["final"], A, side="right")))
@@ -407,6 +430,7 @@ def grid_interval(out, plan):
     """(pA_lower, pA_upper) of a grid_certify_many result, the log's estimate of pA: the betting interval of its
     count with its test's prior (alpha_seq below, beta above), the lower end raised to the final look's
     Clopper-Pearson bound where it ran to N_max. Its pA_certified, not this, is what the radius rests on."""
+    common.check(out["N"] <= plan["N_max"], f"out has N = {out['N']} draws, beyond the plan's N_max = {plan['N_max']}")
     L, U = kt_interval(out["nA"], out["N"], plan["alpha_seq"], plan["beta"], out["prior"])
     tables = final_look_tables(plan, prior_tables(plan, out["prior"])) if out["N"] == plan["N_max"] else {}
     if tables.get("alpha_fin", 0) > 0:

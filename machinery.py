@@ -43,8 +43,7 @@ class ArgumentParser(argparse.ArgumentParser):
         FLAG_DEFAULTS.update({a.dest: a.default for a in self._actions if a.option_strings})
         parsed = super().parse_args(args, namespace)
         for name, value in vars(parsed).items():   # an empty value (a path, a device) names nothing: not the default
-            empty = value == "" or isinstance(value, list) and "" in value
-            if empty:
+            if value == "" or isinstance(value, list) and "" in value:
                 self.error(f"{FLAG_NAMES.get(name, name)} is empty; give a value or leave the flag out")
             seeds = value if isinstance(value, list) else [value]
             if name in ("seed", "seeds") and any(isinstance(s, int) and s < 0 for s in seeds):
@@ -161,9 +160,8 @@ class GuardedStream:
 
 def is_out_of_memory(e):
     """True for Python's MemoryError and torch's allocator failing on a GPU or on the CPU."""
-    text = str(e)
-    return isinstance(e, MemoryError) or isinstance(e, getattr(torch, "OutOfMemoryError", MemoryError)) or (
-        isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower()))
+    return isinstance(e, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))) or isinstance(
+        e, RuntimeError) and any(words in str(e).lower() for words in ("out of memory", "can't allocate memory"))
 
 
 FLOAT32_MAX = 3.4028234663852886e38   # numbers reach the models, optimisers and noise in float32
@@ -231,13 +229,12 @@ def check_training_settings(settings):
     common.check(settings.get("save_every") is None or settings["save_every"] >= 0, "--save_every must be >= 0")
     common.check(settings["momentum"] >= 0 and settings["weight_decay"] >= 0,
                  f"--momentum and --weight_decay must be >= 0, got {settings['momentum']} and {settings['weight_decay']}")
-    common.check(settings["seed"] >= 0, f"--seed must be >= 0, got {settings['seed']}")
     arch, dataset = settings.get("arch"), settings.get("dataset")
     common.check(arch not in common.ARCH_DATASETS or dataset in common.ARCH_DATASETS[arch],
                  f"--arch {arch} does not take {dataset}'s inputs; it takes "
                  f"{' and '.join(common.ARCH_DATASETS.get(arch, ()))}")
-    get_device(settings.get("device"))   # one this project runs on, before any file
-    common.check(not settings.get("sync_bn") or get_device(settings.get("device")).type != "cpu",
+    device = get_device(settings.get("device"))   # one this project runs on, before any file
+    common.check(not settings.get("sync_bn") or device.type != "cpu",
                  "--sync-bn needs GPUs (torch's SyncBatchNorm does not run on the CPU); drop it")
     common.check(settings.get("max_batches") is None or settings["max_batches"] >= 1,
                  f"--max-batches must be >= 1 (omit it for whole epochs), got {settings.get('max_batches')}")
@@ -475,8 +472,9 @@ def read_outputs(folder):
     it was made from (provenance): "command", "inputs_sha256", "models"}}."""
     path = os.path.join(folder, OUTPUTS)
     record = readers.read_json_object(path, "record of outputs") if os.path.lexists(path) else {}
-    common.check(all(isinstance(v, dict) for v in record.values()),
-                 f"{path}: not a record of outputs (expected {{file name: {{kind, by, sha256}}}}); remove it")
+    common.check(all(isinstance(v, dict) and {"kind", "by", "sha256"} <= set(v) for v in record.values()),
+                 f"{path}: not this project's record of outputs (expected {{file name: {{kind, by, sha256}}}}); move "
+                 f"it away")
     return record
 
 
@@ -697,30 +695,27 @@ def math_kernels():
     ("Intel AVX2"), the core OpenBLAS chose ("Haswell"), the ISA_PINS set; None where unknown. oneDNN says its ISA
     in its verbose output (a C printf to descriptor 1): one small convolution runs with that descriptor caught."""
     import tempfile
-    onednn = openblas = None
-    if torch.backends.mkldnn.is_available():
-        try:
-            sys.stdout.flush()
-            saved = os.dup(1)
-            with tempfile.TemporaryFile() as caught:
-                os.dup2(caught.fileno(), 1)
-                try:   # a batch of 2 of this size goes to oneDNN (a smaller one may not)
-                    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
-                        torch.nn.functional.conv2d(torch.ones(2, 3, 32, 32), torch.ones(6, 3, 5, 5))
-                finally:
-                    os.dup2(saved, 1)
-                    os.close(saved)
-                caught.seek(0)
-                text = caught.read().decode(errors="replace")
-            onednn = next((line.split("isa:", 1)[1].strip() for line in text.splitlines() if ",isa:" in line), None)
-        except (OSError, RuntimeError, ValueError):   # no descriptor 1 (a closed stdout), a build without verbose
-            pass
-    with contextlib.suppress(Exception):   # threadpoolctl missing or failing: the record is informative only
+    found = {"onednn_isa": None, "openblas_core": None,
+             "isa_pins": {name: os.environ[name] for name in ISA_PINS if name in os.environ}}
+    # no descriptor 1 (a closed stdout), a build without verbose, no threadpoolctl: the record is informative only
+    with contextlib.suppress(Exception), tempfile.TemporaryFile() as caught:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(caught.fileno(), 1)
+        try:   # a batch of 2 of this size goes to oneDNN (a smaller one may not)
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                torch.nn.functional.conv2d(torch.ones(2, 3, 32, 32), torch.ones(6, 3, 5, 5))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        caught.seek(0)
+        found["onednn_isa"] = next((line.split("isa:", 1)[1].strip() for line in
+                                    caught.read().decode(errors="replace").splitlines() if ",isa:" in line), None)
+    with contextlib.suppress(Exception):
         import threadpoolctl
-        openblas = next((lib.get("architecture") for lib in threadpoolctl.threadpool_info()
-                         if lib.get("internal_api") == "openblas"), None)
-    return {"onednn_isa": onednn, "openblas_core": openblas,
-            "isa_pins": {name: os.environ[name] for name in ISA_PINS if name in os.environ}}
+        found["openblas_core"] = next((lib.get("architecture") for lib in threadpoolctl.threadpool_info()
+                                       if lib.get("internal_api") == "openblas"), None)
+    return found
 
 
 def environment_line(env=None):
@@ -756,10 +751,11 @@ def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
     return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
-# ====== Checkpoints: atomic save, loading of ours and of the released ones without running code
+# ====== Checkpoints: atomic save (readers.load_model loads ours and the released ones without running code)
 
 def save_checkpoint(state, path, kind="checkpoint", inputs=()):
-    """torch.save through the guard, at once (a run's own state); into memory first."""
+    """torch.save through the guard, at once (a run's own state); into memory first, as torch's zip writer turns
+    a Ctrl-C or an error of the file mid-write into another error."""
     import io
 
     def write(f):
@@ -767,54 +763,6 @@ def save_checkpoint(state, path, kind="checkpoint", inputs=()):
         torch.save(state, buffer)
         f.write(buffer.getbuffer())
     write_output(path, kind, write, inputs, now=True)
-
-
-def state_dict_of(path, ckpt, model):
-    """The checkpoint's state_dict without the `module.` segments of DataParallel and DDP, checked:
-    what the model holds in floating point is real floating point and finite (load_state_dict would cast silently)."""
-    common.check(all(isinstance(k, str) for k in ckpt["state_dict"]), "the checkpoint's state_dict has keys that "
-                 "are not parameter names (strings); not a model's weights")
-    state = {".".join(p for p in k.split(".") if p != "module"): v for k, v in ckpt["state_dict"].items()}
-    own = common.unwrap(model).state_dict()
-    for name, value in state.items():
-        common.check(not value.is_complex() and not (name in own and own[name].is_floating_point() and
-                                                     not value.is_floating_point()),
-                     f"checkpoint {path!r}: tensor {name!r} is {value.dtype}, not real floating point")
-        common.check(not value.is_floating_point() or bool(torch.isfinite(value).all()),
-                     f"checkpoint {path!r}: tensor {name!r} has non-finite values (a diverged run?)")
-    return state
-
-
-def load_model(path, dataset=None, arch=None, device="cpu", trust=False, precision="fp32"):
-    """Build the architecture the checkpoint (or `arch`) names and load its weights with strict key
-    matching; returns (model in eval mode on device, checkpoint). dataset: default the checkpoint's, else guessed
-    from the architecture. precision: the weights must stay finite cast to it (fp16 overflows above 65504)."""
-    ckpt = readers.load_checkpoint(path, device, trust)
-    arch = arch or ckpt.get("arch")
-    common.check(arch is not None, f"checkpoint {path!r} names no architecture; pass --arch")
-    dataset = dataset or ckpt.get("dataset") or {"resnet50": "imagenet", "digits_cnn": "digits",
-                                                 "lenet": "digits"}.get(arch, "cifar10")
-    common.check(arch in common.ARCHS, f"checkpoint {path!r} names an unknown architecture {arch!r}; pass --arch")
-    model = common.get_architecture(arch, dataset)
-    try:
-        model.load_state_dict(state_dict_of(path, ckpt, model), strict=True)
-    except RuntimeError as e:
-        first = str(e).split("\n\t")[1][:200] if "\n\t" in str(e) else str(e)[:200]
-        raise common.UserError(f"checkpoint {path!r} does not fit architecture {arch!r} on {dataset}: {first}") from None
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-    bad = [k for k, v in ckpt["state_dict"].items() if dtype is not None and v.is_floating_point() and
-           not torch.isfinite(v.to(dtype)).all()]
-    common.check(not bad, f"checkpoint {path!r} has weights too large for --precision {precision} "
-                          f"({', '.join(bad[:2])} overflow when cast); certify in fp32")
-    model = model.to(device).eval()
-    try:   # one forward pass on a dummy input: a model that cannot take this dataset's inputs fails here
-        with torch.no_grad():
-            model(torch.zeros(1, *common.INPUT_SHAPE[dataset], device=device))
-    except RuntimeError as e:
-        raise common.UserError(f"checkpoint {path!r} ({arch}) cannot take {dataset} inputs of shape "
-                               f"{common.INPUT_SHAPE[dataset]} ({str(e).splitlines()[0][:120]}); pass the right "
-                               f"--dataset") from None
-    return model, ckpt
 
 
 # ====== Training runs: the folder and its lock, resumable checkpoints, the epoch log, progress, torchrun
@@ -954,9 +902,6 @@ def resume_mismatches(saved_args, args):
     """'key old -> new' for every setting both know that differs and is not RESUME_MAY_CHANGE; the run identity
     ('run': script and data) part by part, so that the message names what differs."""
     diff = []
-    if isinstance(args.get("run"), dict) and not isinstance(saved_args.get("run"), dict):
-        diff.append("the checkpoint records no run identity (script and data), so what it was trained on cannot "
-                    "be checked")
     for k in sorted(set(saved_args) & set(args) - RESUME_MAY_CHANGE):
         old, new = saved_args[k], args[k]
         if k == "run" and isinstance(old, dict) and isinstance(new, dict):
@@ -972,17 +917,6 @@ def resume_mismatches(saved_args, args):
 RUN_FILES = ("log.tsv", "checkpoint*.pth.tar", "discard.json", "pA_epoch*.tsv")   # what a training run writes
 
 
-def check_own_settings(path):
-    """A new run writes its settings to `path` (args.json): a file already there must be a run's of ours that
-    stopped before its first checkpoint (it records outdir, seed and environment), never a user's file."""
-    try:
-        own = not os.path.islink(path) and readers.read_json_object(path, "settings of a run")
-    except common.UserError:
-        own = None
-    common.check(not os.path.lexists(path) or isinstance(own, dict) and {"outdir", "seed", "environment"} <= set(own),
-                 f"{path!r} exists and is not the settings of a run of ours; move it away or choose another --outdir")
-
-
 def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False, args=None):
     """Start a new run in outdir, or (resume) restore it from its checkpoint; returns (epochs done,
     the checkpoint's `extra`), (0, {}) for a new run. A new run refuses a folder holding a checkpoint or another's
@@ -992,9 +926,11 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     if not resume:
         common.check(not os.path.lexists(path), f"{outdir!r} already holds a run ({CHECKPOINT}); pass --resume to "
                                                 f"continue it, or choose another --outdir")
-        settings = os.path.join(outdir, "args.json")
-        check_own_settings(settings)
-        theirs = [] if os.path.lexists(settings) else sorted(   # without our args.json, a run's files are a user's
+        settings, own = os.path.join(outdir, "args.json"), None   # ours: a run that stopped before its checkpoint
+        with contextlib.suppress(common.UserError):
+            own = not os.path.islink(settings) and readers.read_json_object(settings, "settings of a run")
+        ours = isinstance(own, dict) and {"outdir", "seed", "environment"} <= set(own)
+        theirs = [] if ours else [settings] * os.path.lexists(settings) + sorted(   # without it, a user's files
             p for pattern in RUN_FILES for p in glob.glob(os.path.join(glob.escape(outdir), pattern)))
         common.check(not theirs, f"{theirs[0] if theirs else ''!r} exists and was not written by a run of ours (no "
                                  f"args.json of ours beside it): a new run would replace it; move it away or choose "
@@ -1002,7 +938,9 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
         return 0, {}
     common.check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
     ckpt = readers.load_checkpoint(path, "cpu", trust)   # load_state_dict moves it to the model's device
-    missing = [k for k in ("epoch", "optimizer", "scheduler", "rng", "log") if k not in ckpt]
+    missing = [k for k in ("epoch", "optimizer", "scheduler", "rng", "log") if k not in ckpt] + \
+        ["args.run (its run identity: script and data)"] * (isinstance((args or {}).get("run"), dict) and
+                                          not isinstance((ckpt.get("args") or {}).get("run"), dict))
     common.check(not missing, f"--resume: {path!r} lacks {', '.join(missing)} (not a checkpoint of a training run "
                               f"of ours); start a new run in another --outdir")
     for key, value in (expect or {}).items():
@@ -1016,7 +954,7 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
                  (not kept.get("size") or file_sha256(log, kept["size"]) == kept.get("sha256")),
                  f"--resume: {log!r} is missing or changed since the run wrote it (its checkpoint records what it "
                  f"held); start a new run in another --outdir")
-    state = state_dict_of(path, ckpt, model)
+    state = readers.state_dict_of(path, ckpt, model)
     try:
         common.unwrap(model).load_state_dict(state)
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -1038,12 +976,6 @@ def open_train_log(outdir, start_epoch):
         if start_epoch > 0 and os.path.isfile(path) else []
     write_tsv(path, columns, rows, "training log")
     return open_append(path, "\t".join(columns))
-
-
-def copy_training_log(source, path):
-    """Copy a run's log.tsv (read_train_log checks it) to `path` through the guard (scripts/lib.sh keep_log)."""
-    rows = [[r[c] for c in readers.TRAIN_LOG_COLUMNS] for r in readers.read_train_log(source)]
-    return write_tsv(path, readers.TRAIN_LOG_COLUMNS, rows, "training log copy", [source], now=False)
 
 
 def format_eta(done, total, start):
@@ -1124,7 +1056,6 @@ def measure_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch, pa
 CHECKED_SETTINGS = ("script", "data", "mode", "dataset", "split", "checkpoint_sha256", "arch", "sigma", "N0", "N",
                     "alpha", "seed", "skip", "precision", "early_abstain", "save_counts", "sound", "radii", "beta",
                     "final_look", "grid_test", "ddrs")
-IDENTITY = ("script", "data", "checkpoint_sha256")   # never unknown in a log that is resumed
 # Settings that change the random draws or the rounding but not their distribution: a change is only worth a note.
 NOTED_SETTINGS = ("batch", "device_type", "channels_last", "fold_bn", "compile")
 
@@ -1178,28 +1109,19 @@ def check_log(outfile, settings, columns, counts=None, inputs=(), overwrite=Fals
                              f"file {sidecar!r} of certify.py lists it); move it away or choose another --outfile")
     if not files:
         return []
-    missing = [k for k in IDENTITY if old.get(k) is None] + [k for k in CHECKED_SETTINGS if k not in old and
-                                                              not overwrite and k not in IDENTITY]
-    common.check(not missing, f"{sidecar!r} does not record {', '.join(missing)}, so what {outfile!r} was made with "
-                              f"cannot be checked; {'' if overwrite else 'pass --overwrite to start again or '}"
-                              f"choose another --outfile")
-    diff = [f"{k} {old[k]!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if not overwrite and old[k] != settings[k]]
+    diff = [f"{k} {old.get(k)!r} -> {settings[k]!r}" for k in CHECKED_SETTINGS if not overwrite and
+            old.get(k) != settings[k]]   # one it does not record (None) too: what the lines mean is unknown
     common.check(not diff, f"{outfile!r} was written with other settings ({'; '.join(diff)}); rerun with the "
                            f"same ones to resume, pass --overwrite to start again, or choose another --outfile")
     for path in [] if overwrite else files:
         readers.read_log_prefix(path, counts[1] if path[len(outfile):].startswith(".counts") else columns)
-    changed = f"changed since {old['script']} wrote it; move it away or choose another --outfile"
     readers.read_sidecar(outfile)   # refuses a sidecar edited by hand (its record of its own settings)
-    for path in files:
+    for path, kept in files.items():   # its header, once made, is part of what the record covers
         common.check(os.path.isfile(path) and not os.path.islink(path),
                      f"{path!r} is not a plain file (a link, FIFO or device); move it away")
-        common.check(path[len(outfile):].startswith(".counts") or os.path.getsize(path) == 0 or
-                     readers.read_header(path) == "\t".join(old.get("columns", [])),
-                     f"{path!r} exists and was not written by this project (not the columns {sidecar!r} names); "
-                     f"move it away or choose another --outfile")
-        kept = files[path]
         common.check(not isinstance(kept, dict) or os.path.getsize(path) >= kept.get("size", 0) and
-                     file_sha256(path, kept.get("size", 0)) == kept.get("sha256"), f"{path!r} {changed}")
+                     file_sha256(path, kept.get("size", 0)) == kept.get("sha256"), f"{path!r} changed since "
+                     f"{old['script']} wrote it; move it away or choose another --outfile")
     return [] if overwrite else [f"note: resuming with {k} {settings[k]!r} (was {old.get(k)!r}): new lines are "
                                  f"valid but may differ from those an uninterrupted run would write (noise or "
                                  f"rounding)" for k in NOTED_SETTINGS if old.get(k) != settings[k]]
@@ -1245,6 +1167,7 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
     for path, cols in files:
         for log in [path] + part_files(path):   # every rank appends to its own part later
             open_append(log, "\t".join(cols), inputs).close()
+    record_written(outfile)   # now with the headers
     return done
 
 

@@ -702,6 +702,7 @@ def safe_load(path, device="cpu", trust=False, what="checkpoint"):
     SmoothMix, CAT-RS and the paper, and ours). A file that names a class or a function is a UserError naming
     what it asks for and --trust-checkpoint; trust=True loads anything (weights_only=False): only for files from
     a trusted source. The file is read once; its bytes are loaded and hashed (loaded_sha256)."""
+    common.check(not os.path.isdir(path), f"{what} {path!r} is a folder, not a file")
     common.check(os.path.isfile(path), f"{what} {path!r} not found")
     try:
         with open(path, "rb") as f:
@@ -712,8 +713,9 @@ def safe_load(path, device="cpu", trust=False, what="checkpoint"):
     try:
         return torch.load(io.BytesIO(data), map_location=device, weights_only=not trust)
     except Exception as e:
-        if trust or "Weights only load failed" not in str(e):
-            raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file?") from None
+        # torch.save writes a zip archive, older torch a pickle (protocol 2 and up): other bytes are no torch file
+        if trust or "Weights only load failed" not in str(e) or not data.startswith((b"PK\x03\x04", b"\x80")):
+            raise common.UserError(f"cannot read {what} {path!r} ({type(e).__name__}): not a torch file") from None
     try:
         names = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))) or "objects"
     except Exception:
@@ -752,7 +754,8 @@ def load_checkpoint(path, device="cpu", trust=False):
     """A checkpoint dict ({'arch', 'state_dict', ...}, or a bare state_dict) read with safe_load and checked
     against CHECKPOINT_FIELDS; a missing or unreadable file, or one that would run code (unless trust), is a
     UserError."""
-    common.check(os.path.isfile(path), f"checkpoint {path!r} not found (no such file)")   # whichever flag named it
+    common.check(os.path.isfile(path), f"checkpoint {path!r} " + ("is a folder, not a file" if os.path.isdir(path) else
+                                                                  "not found (no such file)"))   # whichever flag
     if is_tensor_dict(ckpt := safe_load(path, device, trust)) and "state_dict" not in ckpt:
         ckpt = {"state_dict": ckpt}
     common.check(isinstance(ckpt, dict) and "state_dict" in ckpt,
@@ -762,3 +765,51 @@ def load_checkpoint(path, device="cpu", trust=False):
         common.check(name not in ckpt or ok(ckpt[name]), f"checkpoint {path!r}: field {name!r} has an invalid value "
                                                          f"({type(ckpt.get(name)).__name__})")
     return ckpt
+
+
+def state_dict_of(path, ckpt, model):
+    """The checkpoint's state_dict without the `module.` segments of DataParallel and DDP, checked:
+    what the model holds in floating point is real floating point and finite (load_state_dict would cast silently)."""
+    common.check(all(isinstance(k, str) for k in ckpt["state_dict"]), "the checkpoint's state_dict has keys that "
+                 "are not parameter names (strings); not a model's weights")
+    state = {".".join(p for p in k.split(".") if p != "module"): v for k, v in ckpt["state_dict"].items()}
+    own = common.unwrap(model).state_dict()
+    for name, value in state.items():
+        common.check(not value.is_complex() and not (name in own and own[name].is_floating_point() and
+                                                     not value.is_floating_point()),
+                     f"checkpoint {path!r}: tensor {name!r} is {value.dtype}, not real floating point")
+        common.check(not value.is_floating_point() or bool(torch.isfinite(value).all()),
+                     f"checkpoint {path!r}: tensor {name!r} has non-finite values (a diverged run?)")
+    return state
+
+
+def load_model(path, dataset=None, arch=None, device="cpu", trust=False, precision="fp32"):
+    """Build the architecture the checkpoint (or `arch`) names and load its weights with strict key
+    matching; returns (model in eval mode on device, checkpoint). dataset: default the checkpoint's, else guessed
+    from the architecture. precision: the weights must stay finite cast to it (fp16 overflows above 65504)."""
+    ckpt = load_checkpoint(path, device, trust)
+    arch = arch or ckpt.get("arch")
+    common.check(arch is not None, f"checkpoint {path!r} names no architecture; pass --arch")
+    dataset = dataset or ckpt.get("dataset") or {"resnet50": "imagenet", "digits_cnn": "digits",
+                                                 "lenet": "digits"}.get(arch, "cifar10")
+    common.check(arch in common.ARCHS, f"checkpoint {path!r} names an unknown architecture {arch!r}; pass --arch")
+    model = common.get_architecture(arch, dataset)
+    try:
+        model.load_state_dict(state_dict_of(path, ckpt, model), strict=True)
+    except RuntimeError as e:
+        first = str(e).split("\n\t")[1][:200] if "\n\t" in str(e) else str(e)[:200]
+        raise common.UserError(f"checkpoint {path!r} does not fit architecture {arch!r} on {dataset}: {first}") from None
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    bad = [k for k, v in ckpt["state_dict"].items() if dtype is not None and v.is_floating_point() and
+           not torch.isfinite(v.to(dtype)).all()]
+    common.check(not bad, f"checkpoint {path!r} has weights too large for --precision {precision} "
+                          f"({', '.join(bad[:2])} overflow when cast); certify in fp32")
+    model = model.to(device).eval()
+    try:   # one forward pass on a dummy input: a model that cannot take this dataset's inputs fails here
+        with torch.no_grad():
+            model(torch.zeros(1, *common.INPUT_SHAPE[dataset], device=device))
+    except RuntimeError as e:
+        raise common.UserError(f"checkpoint {path!r} ({arch}) cannot take {dataset} inputs of shape "
+                               f"{common.INPUT_SHAPE[dataset]} ({str(e).splitlines()[0][:120]}); pass the right "
+                               f"--dataset") from None
+    return model, ckpt

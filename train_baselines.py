@@ -598,7 +598,7 @@ def make_target_mode(args):
                                                f"--out (a target is never written over a file)")
     machinery.make_outdir(os.path.dirname(os.path.abspath(args.out)))
     device = machinery.get_device(args.device)
-    model, ckpt = machinery.load_model(args.checkpoint, device=device, trust=args.trust_checkpoint)
+    model, ckpt = readers.load_model(args.checkpoint, device=device, trust=args.trust_checkpoint)
     dataset = ckpt.get("dataset") or args.dataset
     train_set = common.get_dataset(dataset, "train", args.data_dir)  # with the train transform, once per image
     print(f"CAT-RS target: {N} votes at sigma {sigma} for each of {len(train_set)} {dataset} training images")
@@ -741,7 +741,7 @@ def settings(args):
 def gradnorm_mode(args):
     """Table 2: gradient norm of the method's own loss for each probe example, with the example's pA."""
     device = machinery.get_device(args.device)
-    model, ckpt = machinery.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
+    model, ckpt = readers.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     dataset = ckpt.get("dataset") or args.dataset
     outdir = args.outdir or os.path.dirname(os.path.abspath(args.gradnorm))   # default: beside the checkpoint
     args = settings(argparse.Namespace(**dict(vars(args), sigma=ckpt.get("sigma") if args.sigma is None else args.sigma,

@@ -23,6 +23,7 @@ import torch
 
 import common
 import machinery
+import readers
 
 
 def parse_args():
@@ -89,7 +90,7 @@ def settings(args):
 def gradnorm_mode(args):
     """Table 2: gradient norm of the Gaussian loss of each probe example, with the example's pA."""
     device = machinery.get_device(args.device)
-    model, ckpt = machinery.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
+    model, ckpt = readers.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     sigma = ckpt.get("sigma") if args.sigma is None else args.sigma
     common.check(sigma is not None and sigma > 0, "--gradnorm: the checkpoint names no sigma; pass --sigma > 0")
     common.check(args.m >= 1 and args.probe >= 1 and args.N >= 1, "--m, --probe and --N must be >= 1")

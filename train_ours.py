@@ -258,7 +258,7 @@ def radius_weights(counts, N, alpha, p_min, formula):
 def gradnorm_mode(args):
     """Table 2 / Fig. 5: gradient norm of our loss per probe example, with the attack and without (T = 0)."""
     device = machinery.get_device(args.device)
-    model, ckpt = machinery.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
+    model, ckpt = readers.load_model(args.gradnorm, device=device, trust=args.trust_checkpoint)
     s = settings(args, ckpt.get("sigma") if args.sigma is None else args.sigma, ckpt.get("dataset") or args.dataset)
     common.check(args.probe >= 1, "--probe must be >= 1")
     train_set = common.get_dataset(s.dataset, "train", s.data_dir, train_transform=False)
@@ -311,7 +311,7 @@ def train(args, device):
         t0 = time.time()
         common.seed_epoch(args.seed, epoch, machinery.get_rank())
         if args.discard and epoch == start:                                             # Alg. 2: epoch == Et
-            pA_model = (machinery.load_model(args.pA_checkpoint, device=device, trust=args.trust_checkpoint)[0]
+            pA_model = (readers.load_model(args.pA_checkpoint, device=device, trust=args.trust_checkpoint)[0]
                         if args.pA_checkpoint else model)
             kept = discard_step(pA_model, train_set, args, epoch, device)
             weights = None

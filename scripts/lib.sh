@@ -96,11 +96,13 @@ need() {
     fi
 }
 
-# keep_log RUN_DIR FILE: copy a finished run's training log (log.tsv) beside the results it gave, through the
-# output guard (machinery.copy_training_log: never over a file this project did not write as such).
+# keep_log RUN_DIR FILE: copy a finished run's training log (log.tsv, which read_train_log checks) beside the
+# results it gave, through the output guard (never over a file this project did not write as such).
 keep_log() {
     if [ "$DRY_RUN" != 1 ]; then
-        "$PYTHON" -c 'import sys; sys.path.insert(0, sys.argv[3]); import machinery
-machinery.run(lambda: machinery.copy_training_log(sys.argv[1], sys.argv[2]))' "$1/log.tsv" "$2" "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+        "$PYTHON" -c 'import sys; sys.path.insert(0, sys.argv[3]); import machinery, readers
+columns, (source, path) = readers.TRAIN_LOG_COLUMNS, sys.argv[1:3]
+machinery.run(lambda: machinery.write_tsv(path, columns, [[r[c] for c in columns] for r in readers.read_train_log(
+    source)], "training log copy", [source], now=False))' "$1/log.tsv" "$2" "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     fi
 }

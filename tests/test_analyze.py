@@ -584,7 +584,7 @@ def test_section_4_3_sentence_says_whether_a_method_has_more_mass_near_0_and_1(t
     code, out, _ = run_main(["ecdf", g, o, m, one], capsys)
     assert code == 0
     # paired: 10 of 20 images differ, all one way: Tango's score interval at z = Phi^-1(1 - 0.05/4)
-    low, high = analyze.tango_interval(10, 0, 20, norm.isf(0.05 / 4))
+    low, high = common.tango_interval(10, 0, 20, norm.isf(0.05 / 4))
     assert "ours vs gaussian: more mass near 0 and near 1: §4.3's pattern" in out
     assert f"P(pA<0.1) 50.0 vs 0.0 %, +50.0 [{100 * low:+.1f}, {100 * high:+.1f}] points, higher" in out
     assert "macer vs gaussian: no more mass near 0 or near 1 beyond noise" in out

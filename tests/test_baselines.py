@@ -367,7 +367,7 @@ def test_catrs_target_holds_the_monte_carlo_votes_of_the_checkpoint(catrs_target
     assert counts.shape == (len(train), 10) and (counts.sum(1) == 30).all()
     assert saved["N"] == 30 and saved["sigma"] == 0.25 and saved["dataset"] == "digits"
     assert not os.path.exists(str(catrs_target / "target.pt") + ".partial")
-    model, _ = machinery.load_model(str(catrs_target / "gauss.pth.tar"))   # redo the first 64 images by hand
+    model, _ = readers.load_model(str(catrs_target / "gauss.pth.tar"))   # redo the first 64 images by hand
     common.seed_everything(common.epoch_seed(5, 0))
     expected = common.sample_counts(model, train.images[:64], 0.25, 30, 1024, 10)
     assert torch.equal(counts[:64], expected)

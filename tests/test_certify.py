@@ -18,6 +18,7 @@ import certify
 import common
 import grid
 import machinery
+import readers
 from helpers import as_recorded, digits_checkpoint, run_main
 from torchrun_util import failure_report, run_torchrun
 
@@ -171,7 +172,7 @@ def test_cohen_cifar_checkpoints_load_strictly_and_certify_like_the_original(tmp
     sd = save_foreign(original, arch, tmp_path / "ck.pth.tar", wrap)
     assert "1.conv1.weight" in sd or "module.1.conv1.weight" in sd or "1.module.conv1.weight" in sd
     assert not any(k.startswith(("0.", "module.0.")) for k in sd)  # no saved normalisation tensors
-    model, ckpt = machinery.load_model(str(tmp_path / "ck.pth.tar"))
+    model, ckpt = readers.load_model(str(tmp_path / "ck.pth.tar"))
     assert ckpt["arch"] == arch and not model.training
     for (name, p), q in zip(original.state_dict().items(), model.state_dict().values()):
         assert torch.equal(p, q), name
@@ -186,7 +187,7 @@ def test_cohen_imagenet_resnet50_checkpoint_loads_strictly(tmp_path):
     original = common.get_architecture("resnet50", "imagenet")
     sd = save_foreign(original, "resnet50", tmp_path / "ck.pth.tar", wrap="inner")
     assert "1.module.conv1.weight" in sd
-    model, _ = machinery.load_model(str(tmp_path / "ck.pth.tar"))
+    model, _ = readers.load_model(str(tmp_path / "ck.pth.tar"))
     assert torch.equal(model.state_dict()["1.fc.weight"], original.state_dict()["1.fc.weight"])
 
 

@@ -71,9 +71,9 @@ NOMINAL = lambda sims: 0.05 + 3 * np.sqrt(0.05 * 0.95 / sims)   # family-wise 5 
 def test_wilson_and_newcombe_match_newcombes_published_examples():
     z = 1.959964
     # Newcombe (1998), single proportion 81/263: Wilson 0.2553 to 0.3662
-    assert analyze.wilson(81 / 263, 263, z) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert common.wilson(81 / 263, 263, z) == pytest.approx((0.2553, 0.3662), abs=1e-4)
     # Newcombe (1998), independent proportions 56/70 - 48/80, method 10 (hybrid score): 0.0524 to 0.3339
-    assert analyze.newcombe_interval(48 / 80, 80, 56 / 70, 70, z) == pytest.approx((0.0524, 0.3339), abs=1e-4)
+    assert common.newcombe_interval(48 / 80, 80, 56 / 70, 70, z) == pytest.approx((0.0524, 0.3339), abs=1e-4)
 
 
 def test_tango_interval_is_the_set_where_the_score_statistic_stays_within_z():
@@ -82,7 +82,7 @@ def test_tango_interval_is_the_set_where_the_score_statistic_stays_within_z():
     from scipy.optimize import minimize_scalar
     z = 2.5
     for x12, x21, n in ((0, 0, 500), (3, 0, 500), (12, 5, 44), (40, 90, 300), (7, 7, 60), (60, 0, 60)):
-        low, high = analyze.tango_interval(x12, x21, n, z)
+        low, high = common.tango_interval(x12, x21, n, z)
         assert -1 <= low <= (x12 - x21) / n <= high <= 1
 
         def score(delta):      # numerical MLE of p21 under p12 - p21 = delta
@@ -93,7 +93,7 @@ def test_tango_interval_is_the_set_where_the_score_statistic_stays_within_z():
         for end, target in ((low, z), (high, -z)):
             if -1 < end < 1:
                 assert score(end) == pytest.approx(target, abs=2e-3), (x12, x21, n, end)
-    assert analyze.tango_interval(0, 0, 500, z) == pytest.approx((-z * z / (500 + z * z), z * z / (500 + z * z)))
+    assert common.tango_interval(0, 0, 500, z) == pytest.approx((-z * z / (500 + z * z), z * z / (500 + z * z)))
 
 
 def test_satterthwaite_degrees_of_freedom():
@@ -808,7 +808,7 @@ def test_five_seeds_drop_the_floor_and_keep_the_error():
         fa = np.stack([log["correct"] for log in a]).astype(float)
         fb = np.stack([log["correct"] for log in b]).astype(float)
         ma, mb = fa.mean(0), fb.mean(0)
-        floor = analyze.tango_interval(float(np.maximum(mb - ma, 0).sum()), float(np.maximum(ma - mb, 0).sum()),
+        floor = common.tango_interval(float(np.maximum(mb - ma, 0).sum()), float(np.maximum(ma - mb, 0).sum()),
                                        len(ma), -compare.ndtri(0.05 / 2))
         _, lo, hi, _ = compare.row_interval(fa, fb, True, True, 0.05)
         assert (lo <= floor[0] and hi >= floor[1]) == floored, (k, lo, hi, floor)

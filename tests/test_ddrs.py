@@ -239,7 +239,7 @@ def test_ds_training_learns_stores_sigmas_resumes_exactly_and_certifies(method, 
 # ----------------------------------------------------------------------------------------------------------
 
 def test_smoothed_class_is_the_prediction_of_the_model_smoothed_at_sigma0(ckpt):
-    model, _ = machinery.load_model(ckpt)
+    model, _ = readers.load_model(ckpt)
     test = common.get_dataset("digits", "test", None, train_transform=False)
     checked = 0
     for idx in range(0, 360, 9):

@@ -661,7 +661,7 @@ def test_packing_gives_each_example_the_result_it_gets_alone_and_draws_ahead_whe
     """grid_certify_many: an example's noise comes from its own chunks, each drawn on its own, so packed with
     others (group of 12) it gets the result it gets alone; a pass takes several chunks of an example where no
     look between them could end it (fewer passes than chunks, alone), and packing needs fewer passes still."""
-    model, _ = machinery.load_model(digits_model)
+    model, _ = readers.load_model(digits_model)
     data = common.get_dataset("digits", "test")
     plan = grid.grid_plan([0.25, 0.5], 0.25, 5000, 0.001, 0.2, True)
     sizes, chunks = [], []

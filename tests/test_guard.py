@@ -391,7 +391,7 @@ def test_a_sidecar_copied_beside_a_user_file_does_not_let_overwrite_remove_it(tm
     notes.write_text("my\tnotes\n")
     (tmp_path / "notes.tsv.json").write_bytes((tmp_path / "log.tsv.json").read_bytes())
     code, err = run_script(certify, argv + ["--outfile", notes, "--overwrite"], capsys)
-    assert code == 2 and "not written by this project" in err and notes.read_text() == "my\tnotes\n"
+    assert code == 2 and "changed since certify.py wrote it" in err and notes.read_text() == "my\tnotes\n"
 
 
 def test_a_command_ends_its_own_process_without_teardown_and_no_other(monkeypatch):

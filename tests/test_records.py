@@ -17,6 +17,7 @@ import analyze
 import certify
 import common
 import machinery
+import readers
 from helpers import digits_checkpoint, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,13 +68,13 @@ def test_the_checkpoint_hash_is_of_the_bytes_loaded_even_if_the_file_is_replaced
     shutil.copy(ckpt, mine)
     loaded = hashlib.sha256(mine.read_bytes()).hexdigest()
     other = digits_checkpoint(tmp_path / "other.pth.tar", steps=5, seed=3)
-    real = machinery.load_model
+    real = readers.load_model
 
     def load_then_replace(path, *a, **k):
         result = real(path, *a, **k)
         os.replace(other, mine)   # the next epoch lands now
         return result
-    monkeypatch.setattr(machinery, "load_model", load_then_replace)
+    monkeypatch.setattr(readers, "load_model", load_then_replace)
     out = tmp_path / "log.tsv"
     assert run_main(certify.main, certify_argv(str(mine), out, 2)) == 0
     side = json.load(open(str(out) + ".json"))
@@ -89,14 +90,14 @@ def test_the_checkpoint_hash_through_a_link_flipped_after_the_read_is_that_of_th
     digits_checkpoint(other, steps=5, seed=3)
     link = tmp_path / "latest.pth.tar"
     os.symlink(mine, link)
-    real = machinery.load_model
+    real = readers.load_model
 
     def load_then_flip(path, *a, **k):
         result = real(path, *a, **k)
         os.remove(link)
         os.symlink(other, link)
         return result
-    monkeypatch.setattr(machinery, "load_model", load_then_flip)
+    monkeypatch.setattr(readers, "load_model", load_then_flip)
     out = tmp_path / "log.tsv"
     assert run_main(certify.main, certify_argv(str(link), out, 2)) == 0
     side = json.load(open(str(out) + ".json"))

@@ -108,7 +108,7 @@ def test_released_formats_and_ours_load_without_the_flag(tmp_path, monkeypatch):
     state = {f"1.module.{k[2:]}" if k.startswith("1.") else k: v for k, v in model.state_dict().items()}
     path = tmp_path / "cohen.pth.tar"
     torch.save({"epoch": 90, "arch": "cifar_resnet20", "state_dict": state, "optimizer": opt.state_dict()}, path)
-    loaded, ckpt = machinery.load_model(str(path))
+    loaded, ckpt = readers.load_model(str(path))
     assert ckpt["epoch"] == 90 and all(torch.equal(a, b) for a, b in
                                        zip(loaded.state_dict().values(), model.state_dict().values()))
     # our own training checkpoint, RNG states included, loads and resumes without the flag
@@ -148,7 +148,7 @@ def test_a_weight_that_is_not_real_finite_floating_point_is_refused_naming_the_t
     path = tmp_path / "bad.pth.tar"
     torch.save({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25, "state_dict": state}, path)
     with pytest.raises(common.UserError, match=f"checkpoint .*{path.name}.*tensor '{name}'"):
-        machinery.load_model(str(path))
+        readers.load_model(str(path))
     good = tmp_path / "good.pth.tar"
     torch.save({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25, "state_dict": digits_state_dict()}, good)
-    assert machinery.load_model(str(good))[0] is not None
+    assert readers.load_model(str(good))[0] is not None

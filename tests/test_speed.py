@@ -292,7 +292,7 @@ def test_a_sidecar_that_lacks_a_setting_that_changes_the_lines_is_not_resumed(tr
     capsys.readouterr()
     assert run_cli([*base, "--max", 4, "--no-channels-last"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "precision, early_abstain" in err[0], err
+    assert len(err) == 1 and "precision None -> " in err[0] and "early_abstain None -> " in err[0], err
     assert (tmp_path / "o.tsv").read_bytes() == before
 
 
@@ -370,7 +370,7 @@ def test_training_scripts_accept_amp_and_channels_last(script, tmp_path, monkeyp
     module = importlib.import_module(script[:-3])   # its main reads sys.argv: the command line, in this process
     monkeypatch.setattr(sys, "argv", [script, *cmd[2:], "--amp", "--outdir", str(tmp_path / "run")])
     assert run_main(lambda a: module.main(), []) == 0, capsys.readouterr().err[-2000:]
-    model, _ = machinery.load_model(str(tmp_path / "run" / machinery.CHECKPOINT))  # certify.py reads it as usual
+    model, _ = readers.load_model(str(tmp_path / "run" / machinery.CHECKPOINT))  # certify.py reads it as usual
     assert json.load(open(tmp_path / "run" / "args.json"))["amp"] == "bf16"
     if script == "train_gaussian.py":  # the check is shared (machinery.check_precision): one script is enough
         import train_gaussian

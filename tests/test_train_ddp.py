@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import machinery
+import readers
 from torchrun_util import failure_report, run_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +24,7 @@ def test_two_ranks_under_torchrun_train_discard_reweight_attack_and_resume(tmp_p
     assert proc.stdout.count("epoch 1/1") == 1                  # only rank 0 logs
     lines = open(out / "log.tsv").read().splitlines()
     assert len(lines) == 2 and os.path.isfile(out / "pA_epoch0_weights.tsv")
-    model, ckpt = machinery.load_model(str(out / "checkpoint.pth.tar"))   # a plain state_dict, no `module.`
+    model, ckpt = readers.load_model(str(out / "checkpoint.pth.tar"))   # a plain state_dict, no `module.`
     assert ckpt["epoch"] == 1 and not any(k.startswith("module.") for k in ckpt["state_dict"])
     assert len(ckpt["extra"]["kept"]) == int(lines[-1].split("\t")[-1])
     assert ckpt["scheduler"]["milestones"] == {1: 1}             # --lr_milestones reached the scheduler

@@ -45,7 +45,7 @@ def test_gaussian_training_lowers_the_loss_and_beats_chance_under_noise(monkeypa
     assert float(log[-1]["train_loss"]) < float(log[0]["train_loss"])
     assert float(log[-1]["test_acc_noisy"]) > 0.5                    # 10 classes: chance is 0.1
     assert json.load(open(out / "args.json"))["m"] == 4
-    model, ckpt = machinery.load_model(str(out / "checkpoint.pth.tar"))  # what certify.py loads
+    model, ckpt = readers.load_model(str(out / "checkpoint.pth.tar"))  # what certify.py loads
     assert ckpt["epoch"] == 3 and ckpt["sigma"] == 0.25 and ckpt["arch"] == "digits_cnn"
     assert "ETA" in capsys.readouterr().out
 
@@ -64,7 +64,7 @@ def test_ours_with_all_parts_on_learns_and_records_its_estimates(monkeypatch, tm
     assert len(open(out / "pA_epoch4_weights.tsv").readlines()) == discard["kept"] + 1  # kept examples only
     ckpt = readers.load_checkpoint(str(out / "checkpoint.pth.tar"))
     assert len(ckpt["extra"]["kept"]) == discard["kept"] and len(ckpt["extra"]["weights"]) == discard["kept"]
-    machinery.load_model(str(out / "checkpoint.pth.tar"))
+    readers.load_model(str(out / "checkpoint.pth.tar"))
 
 
 def test_the_paper_settings_follow_sigma_and_flags_override():

@@ -524,7 +524,7 @@ def bench_sound(device, reps, passes):
 def trained_model(path, device, data_dir, examples, trust=False):
     """A trained checkpoint as (d), (g) and (h) use it: a dict with the model on the fast path (folded,
     channels-last), ckpt, sigma, dataset_name, classes, the test set and `picked`, examples spread over it."""
-    model, ckpt = machinery.load_model(path, device=device, trust=trust)
+    model, ckpt = readers.load_model(path, device=device, trust=trust)
     common.check(ckpt.get("sigma") and ckpt.get("dataset"), f"{path!r} stores no sigma or dataset")
     dataset = common.get_dataset(ckpt["dataset"], "test", data_dir, train_transform=False)
     return {"model": certify.fast_model(model, certify.is_convolutional(model), False, [], "fp32", fold_bn=True),

@@ -232,7 +232,7 @@ def run_scenario(name, spec, runs, seed, family=None):
 
 def wilson95(k, n):
     """A 95 % Wilson interval for a rate k / n, in the report's format."""
-    lo, hi = analyze.wilson(k / n, n, 1.959964)
+    lo, hi = common.wilson(k / n, n, 1.959964)
     return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
@@ -266,8 +266,8 @@ def calibration_report(results, command, seconds, jobs, family=None):
         p0_name, paired, counts, N, k, n, over, tau, omega, shift, rho = SCENARIOS[name]
         null, alt = r["null"], r["alternative"]
         fwer, cover = null["any_flag"] / null["runs"], 1 - alt["any_miss"] / alt["runs"]
-        fwer_low = analyze.wilson(fwer, null["runs"], 1.959964)[0]
-        cover_high = analyze.wilson(cover, alt["runs"], 1.959964)[1]
+        fwer_low = common.wilson(fwer, null["runs"], 1.959964)[0]
+        cover_high = common.wilson(cover, alt["runs"], 1.959964)[1]
         word = ("hold" if fwer <= 0.05 and cover >= 0.94 else "hold within Monte Carlo error"
                 if fwer_low <= 0.05 and cover_high >= 0.94 else "MISSED")
         holds_all &= word != "MISSED"

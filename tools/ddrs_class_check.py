@@ -15,6 +15,7 @@ from scipy.stats import binomtest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import common  # noqa: E402
 import machinery  # noqa: E402
+import readers  # noqa: E402
 import ddrs  # noqa: E402
 
 REF_DRAWS = 10_000
@@ -32,7 +33,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     common.check(args.skip >= 1, f"--skip must be >= 1 (got {args.skip})")
     machinery.set_inputs([args.checkpoint])
-    model, ckpt = machinery.load_model(args.checkpoint, trust=args.trust_checkpoint)
+    model, ckpt = readers.load_model(args.checkpoint, trust=args.trust_checkpoint)
     sigma, name = float(ckpt["sigma"]), ckpt["dataset"]
     test = common.get_dataset(name, "test", args.data_dir, train_transform=False)
     k = common.NUM_CLASSES[name]
