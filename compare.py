@@ -544,8 +544,12 @@ def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alph
                                                                   "analyze.py compare") if s != readers.IMAGES]
     rows, facts = compare_sides(side_a, side_b, radii, level, None if over == "images" else test_set_votes(N, alpha),
                                 family_names(family))
-    facts.update(differs=[line for s, line in differs if s not in readers.NOTED],
+    for s, line in differs:
+        if s in readers.NOTES:
+            print(f"note: {line}", file=sys.stderr)
+    facts.update(differs=[line for s, line in differs if s not in (*readers.NOTED, *readers.NOTES)],
                  noted=[line for s, line in differs if s in readers.NOTED],
+                 notes=[line for s, line in differs if s in readers.NOTES],
                  no_nY=[log["path"] for log in side_a + side_b if "nY" not in log] if facts["with_acr"] else [])
     role = (lambda m: [facts["roles"].get(m, "exploratory")]) if facts["family"] else (lambda m: [])
     if facts["left"]:
@@ -596,7 +600,10 @@ def compare_words(rows, facts, labels, level):
     lines = [f"- Not the same setting (--allow-different): {'; '.join(facts.get('differs') or [])}. A difference "
              f"here is one of the model and its setting together: each verdict is about both, not about the model alone."
              ] * bool(facts.get("differs")) + [f"- Certified otherwise (each model as certified): "
-                                               f"{'; '.join(facts.get('noted') or [])}."] * bool(facts.get("noted"))
+                                               f"{'; '.join(facts.get('noted') or [])}."] * bool(facts.get("noted")) + [
+        f"- Note: {'; '.join(facts.get('notes') or [])}: a difference between its sides is one of how it was certified "
+        f"(and of Monte Carlo noise), not of the model." if any("one model" in n for n in facts.get("notes") or []) else
+        f"- Note: {'; '.join(facts.get('notes') or [])}."] * bool(facts.get("notes"))
     lines += [f"- Beyond noise{' (the claim)' if roles else ''}: {'; '.join(found)}." if found else
              f"- Every {'row of the claim' if roles else 'row'} is within noise."]
     hints = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v in ("higher", "lower") and roles.get(m) == "exploratory"]

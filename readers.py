@@ -224,6 +224,10 @@ SETTINGS = {"dataset": ("dataset",), "split": ("split",), "data": ("data",), "bu
 # classifier's).
 NOTED = {"sampler": ("sound", "precision")}
 IMAGES = "images"   # check_comparable's check of the idx sets (--allow-different images)
+# Never refused, always said (check_comparable): one model under two names (its checkpoint's hash), and the
+# settings a log does not record (no settings file: taken as the others').
+ONE_MODEL, UNRECORDED = "one model", "unrecorded"
+NOTES = (ONE_MODEL, UNRECORDED)
 COMPARED = (*SETTINGS, IMAGES)   # what --allow-different names
 
 
@@ -283,7 +287,8 @@ def check_comparable(logs, allow=(), command="this analysis", assumed=None):
     Logs are read_certification_log's, each with its settings file as 'sidecar' where it has one; other files
     (ECDFs, pA estimates) are passed over. assumed: {field: value} a log that does not record the field is read
     with (a command's --N, --alpha for such logs). Returns (setting, what differs) for each allowed difference
-    and each NOTED one, e.g. ('budget', 'N: 500 (a.tsv), 1000 (b.tsv)'), for the report to say above its table."""
+    and each NOTED one, e.g. ('budget', 'N: 500 (a.tsv), 1000 (b.tsv)'), and the NOTES, for the report to say
+    above its table."""
     if isinstance(allow, str) or not all(isinstance(a, str) for a in allow):
         raise TypeError(f"allow must be a list of names of SETTINGS (got {allow!r})")
     wrong = sorted(set(allow) - set(COMPARED) - {field for fields in SETTINGS.values() for field in fields})
@@ -320,6 +325,18 @@ def check_comparable(logs, allow=(), command="this analysis", assumed=None):
                                       f"not set them side by side (analyze.py's --allow-different images does)")
         differs.append((IMAGES, "idx sets: " + ", ".join(f"{len(s)} images ({short[p]})"
                                                          for s, p in images.items())))
+    models = {}   # checkpoint hash -> the logs of that model
+    for log in logs:
+        sha = (log.get("sidecar") or {}).get("checkpoint_sha256")
+        if judged(log) and isinstance(sha, str):
+            models.setdefault(sha, []).append(short[log["path"]])
+    differs += [(ONE_MODEL, f"{', '.join(names)} are one model (checkpoint {sha[:12]})")
+                for sha, names in models.items() if len(names) > 1]
+    for path, setting in settings:
+        unknown = [f for fields in SETTINGS.values() for f in fields
+                   if setting[f] is None and any(other[f] is not None for _, other in settings)]
+        differs += [(UNRECORDED, f"{short[path]} records no {', '.join(unknown)} (taken as the other logs')")] * \
+            bool(unknown)
     return differs
 
 
@@ -667,11 +684,12 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_certification_log, co
     if command is not None:
         differs = [(setting, line) for setting, line in check_comparable(
             logs, set(allow) | set(BY_DESIGN.get(command, ())), f"analyze.py {command}", assumed)
-                   if setting in allow or setting in (IMAGES, *NOTED)]
+                   if setting in allow or setting in (IMAGES, *NOTED, *NOTES)]
         for setting, line in differs:
-            print(f"note: the logs differ in {line}" + (f" (--allow-different {setting}): each row is about its model "
-                  f"and that setting together" if setting in allow else ": each row is about its own images" if
-                  setting == IMAGES else ": each row is about its model certified so"), file=sys.stderr)
+            print("note: " + (line if setting in NOTES else f"the logs differ in {line}" + (
+                f" (--allow-different {setting}): each row is about its model and that setting together" if setting in
+                allow else ": each row is about its own images" if setting == IMAGES else ": each row is about its "
+                "model certified so")), file=sys.stderr)
         for log in logs:   # the reports say it above their tables (differs_line)
             log["differs"] = differs
     return logs
@@ -680,8 +698,9 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_certification_log, co
 def differs_line(logs):
     """The line a report puts above its table when its logs differ in a setting load_logs let through, else ''."""
     differs = next((log["differs"] for log in logs if log.get("differs")), [])
-    return ("Not the same setting: " + "; ".join(line for _, line in differs) + ". Each row is about its model and "
-            "its own setting.\n\n") if differs else ""
+    other, notes = [line for s, line in differs if s not in NOTES], [line for s, line in differs if s in NOTES]
+    return ("Not the same setting: " + "; ".join(other) + ". Each row is about its model and its own setting.\n\n") * \
+        bool(other) + ("Note: " + "; ".join(notes) + ".\n\n") * bool(notes)
 
 
 # ====== Checkpoints: torch files read without running code, checked against their contract

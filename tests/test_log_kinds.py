@@ -163,8 +163,9 @@ def test_bench_takes_arms_at_another_N_by_design_but_not_at_another_alpha(tmp_pa
         shutil.copy(os.path.join(source, name + ".json"), tmp_path / (name + ".json"))
         paths.append(str(tmp_path / name))
     logs = analyze.load_logs(paths)
-    assert readers.check_comparable(logs, ("N",)) == [("budget", "N: 100000 (certify_N100000.tsv), 10000 "
-                                                                "(certify_N10000.tsv)")]
+    differs = readers.check_comparable(logs, ("N",))
+    assert differs[0] == ("budget", "N: 100000 (certify_N100000.tsv), 10000 (certify_N10000.tsv)")
+    assert [s for s, _ in differs[1:]] == [readers.ONE_MODEL]   # the arms of one model, said
     side = json.load(open(paths[1] + ".json"))
     with open(paths[1] + ".json", "w") as f:
         json.dump(dict(side, alpha=0.01), f)
