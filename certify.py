@@ -337,7 +337,6 @@ def resolve_seed(seed, sidecar):
 
 def check_args(args):
     """Bad flag values: one line naming the problem and the fix (exit 2 through machinery.run)."""
-    machinery.check_finite(vars(args))
     if args.sigma is not None:
         machinery.check_sigma(args.sigma, precision=args.precision)
     common.check(args.N0 >= 1 and args.N >= 1, f"--N0 and --N must be >= 1 (got N0={args.N0}, N={args.N})")

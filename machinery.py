@@ -45,10 +45,15 @@ class ArgumentParser(argparse.ArgumentParser):
         for name, value in vars(parsed).items():   # an empty value (a path, a device) names nothing: not the default
             if value == "" or isinstance(value, list) and "" in value:
                 self.error(f"{FLAG_NAMES.get(name, name)} is empty; give a value or leave the flag out")
-            seeds = value if isinstance(value, list) else [value]
-            if name in ("seed", "seeds") and any(isinstance(s, int) and s < 0 for s in seeds):
+            values = value if isinstance(value, list) else [value]
+            if name in ("seed", "seeds") and any(isinstance(s, int) and s < 0 for s in values):
                 self.error(f"{FLAG_NAMES.get(name, name)} must be >= 0 (got {value}): numpy's generators take no "
                            f"negative seed")
+            if any(isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX) for v in values):
+                self.error(f"{FLAG_NAMES.get(name, name)} must be a finite number in float32 (|x| < 3.4e38), got "
+                           f"{value}")   # --lr 1e300 is inf where models, optimisers and noise compute
+            if any(isinstance(v, int) and abs(v) >= 2 ** 63 for v in values):
+                self.error(f"{FLAG_NAMES.get(name, name)} must fit in 64 bits, got {value}")
         return parsed
 
     def error(self, message):
@@ -176,17 +181,6 @@ def flag(dest):
     return FLAG_NAMES.get(dest, "--" + dest.replace("_", "-"))
 
 
-def check_finite(settings):
-    """Refuse a number float32 cannot hold (--lr 1e300 is inf there), or an integer beyond 64 bits."""
-    for key, value in settings.items():
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(v, float):
-                common.check(math.isfinite(v) and abs(v) <= FLOAT32_MAX,
-                             f"{flag(key)} must be a finite number in float32 (|x| < 3.4e38), got {value}")
-            elif isinstance(v, int) and not isinstance(v, bool):
-                common.check(abs(v) < 2 ** 63, f"{flag(key)} must fit in 64 bits, got {value}")
-
-
 def check_mode_options(args, modes, alone=None):
     """Refuse an option given while none of its modes is on (modes: {option: its modes}, argparse dests): ignoring
     it would run something else than asked. alone: {mode: the options it uses}; with the mode on, any other option
@@ -219,7 +213,6 @@ def check_batch_bytes(inputs, shape, what="--batch"):
 def check_training_settings(settings):
     """What every training script refuses before anything is written (settings: its
     flags): numbers out of range, a batch too large, --sync-bn on the CPU."""
-    check_finite(settings)
     if settings.get("sigma") is not None:
         check_sigma(settings["sigma"], precision=settings.get("amp") or "fp32")
     if settings.get("dataset") in common.INPUT_SHAPE and isinstance(settings.get("batch"), int):
@@ -276,7 +269,8 @@ def check_precision(precision, device):
     common.check(precision != "fp16" or device.type == "cuda", "fp16 needs a CUDA device; use bf16 on the CPU")
     common.check(precision != "bf16" or device.type != "cuda" or torch.cuda.is_bf16_supported(),
                  "this GPU does not support bf16; use fp16")
-    if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:
+    flags = cpu_info()[1] if precision == "bf16" and device.type == "cpu" else None   # None: unknown, or not asked
+    if flags is not None and not {"avx512_bf16", "amx_bf16"} & set(flags):   # emulated: slower than fp32
         print("warning: bf16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): it is "
               "emulated and slower than fp32 here (8x in certification on an AVX2-only AMD EPYC, "
               "results/speed/bf16_cpu.txt); fp32 is faster on this machine", file=sys.stderr)
@@ -558,23 +552,21 @@ def _install(path, tmp, kind=None, announce=False):
 def provenance():
     """What a table, figure or report was made from, for its folder's record: the command line (paths relative),
     the sha256 over the files it read (set_inputs) and their settings files (path, then hash, a line each), and
-    the checkpoint hashes those settings files name: the models behind the numbers. Hashed once a command."""
+    {input: the checkpoint hash its settings file names}, the models behind the numbers. Hashed once a command."""
     key = (tuple(sys.argv), tuple(sorted(set(_INPUTS))))
     if key not in _PROVENANCE:
-        lines, models = [], set()
+        lines, models = [], {}
         for path in key[1]:
             for p in (path, path + ".json"):
                 if os.path.isfile(p):
                     lines.append(f"{os.path.relpath(p)}\t{file_sha256(p)}\n")
-            with contextlib.suppress(OSError, ValueError, common.UserError):
-                side = readers.read_json_object(path + ".json", "settings file") if os.path.isfile(path + ".json") \
-                    else {}
-                if isinstance(side.get("checkpoint_sha256"), str):
-                    models.add(side["checkpoint_sha256"])
+            with contextlib.suppress(OSError, ValueError, common.UserError):   # <log>.json or <stem>.json
+                if isinstance(sha := readers.read_sidecar(path).get("checkpoint_sha256"), str):
+                    models[os.path.relpath(path)] = sha
         command = [os.path.basename(sys.argv[0] or "python")] + [os.path.relpath(a) if os.path.isabs(a) else a
                                                                  for a in sys.argv[1:]]
         _PROVENANCE.clear()
-        _PROVENANCE[key] = {"command": " ".join(command), "models": sorted(models), "inputs_sha256": hashlib.sha256(
+        _PROVENANCE[key] = {"command": " ".join(command), "models": models, "inputs_sha256": hashlib.sha256(
             "".join(lines).encode("utf-8", "surrogateescape")).hexdigest()}
     return dict(_PROVENANCE[key])
 
@@ -666,10 +658,7 @@ def environment():
     import importlib.metadata
     import platform
     versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-                "torchvision": None, "scipy": None, "numpy_blas": None}
-    for name in ("torchvision", "scipy"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[name] = importlib.metadata.version(name)
+                "numpy_blas": None, **{name: importlib.metadata.version(name) for name in ("torchvision", "scipy")}}
     with contextlib.suppress(Exception):   # older numpy: no dict form; the record is informative only
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         versions["numpy_blas"] = f"{blas.get('name')} {blas.get('version', '')}".strip()
@@ -742,13 +731,6 @@ def cpu_info(cpuinfo="/proc/cpuinfo"):
         return None, None
     model, flags = ([line.split(":", 1)[1] for line in lines if line.startswith(key)] for key in ("model name", "flags"))
     return model[0].strip() if model else None, flags[0].split() if flags else None
-
-
-def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
-    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if not, None where unknown: without
-    them torch emulates bf16 with fp32 conversions, which costs more than fp32 itself."""
-    flags = cpu_info(cpuinfo)[1]
-    return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
 # ====== Checkpoints: atomic save (readers.load_model loads ours and the released ones without running code)
@@ -905,16 +887,30 @@ def resume_mismatches(saved_args, args):
     for k in sorted(set(saved_args) & set(args) - RESUME_MAY_CHANGE):
         old, new = saved_args[k], args[k]
         if k == "run" and isinstance(old, dict) and isinstance(new, dict):
-            if old.get("script") != new.get("script"):
-                diff.append(f"script {old.get('script')!r} -> {new.get('script')!r}")
-            if old.get("data") != new.get("data"):
-                diff.append("data: other images than the run was trained on (--data-dir?)")
+            diff += [f"script {old.get('script')!r} -> {new.get('script')!r}"] * (old.get("script") != new.get("script"))
+            diff += ["data: other images than the run was trained on (--data-dir?)"] * (old.get("data") != new.get("data"))
         elif old != new and not (isinstance(new, (list, tuple)) and list(new) == list(old or [])):
             diff.append(f"{k} {old!r} -> {new!r}")
     return diff
 
 
 RUN_FILES = ("log.tsv", "checkpoint*.pth.tar", "discard.json", "pA_epoch*.tsv")   # what a training run writes
+
+
+def foreign_run_files(outdir, epoch):
+    """The files named like a training run's in outdir (RUN_FILES) that its run, resumed after `epoch` epochs (0: a
+    new run of our args.json), did not write and may replace: a checkpoint copy or pA estimates of a later epoch,
+    or in another form than ours (a stop in the epoch it resumes at may have left its own)."""
+    found = lambda pattern: sorted(glob.glob(os.path.join(glob.escape(outdir), pattern)))   # noqa: E731
+    later = lambda p: int(re.search(r"epoch(\d+)", os.path.basename(p)).group(1)) > epoch   # noqa: E731
+    header = lambda p, columns: os.path.isfile(p) and readers.read_header(p) == "\t".join(columns)   # noqa: E731
+    theirs = [p for p in found("checkpoint_epoch*.pth.tar") if later(p)] + [
+        p for p in found("pA_epoch*.tsv") if later(p) or not header(p, readers.PA_COLUMNS)]
+    theirs += [p for p in found("log.tsv") if epoch == 0 and not header(p, readers.TRAIN_LOG_COLUMNS)]
+    def keys(p):   # those of train_ours.discard_step's summary; None: no JSON object
+        with contextlib.suppress(common.UserError):
+            return set(readers.read_json_object(p, "discard summary"))
+    return theirs + [p for p in found("discard.json") if keys(p) != {"epoch", "pt", "N", "kept", "total", "ratio"}]
 
 
 def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, trust=False, args=None):
@@ -930,11 +926,10 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
         with contextlib.suppress(common.UserError):
             own = not os.path.islink(settings) and readers.read_json_object(settings, "settings of a run")
         ours = isinstance(own, dict) and {"outdir", "seed", "environment"} <= set(own)
-        theirs = [] if ours else [settings] * os.path.lexists(settings) + sorted(   # without it, a user's files
+        theirs = foreign_run_files(outdir, 0) if ours else [settings] * os.path.lexists(settings) + sorted(
             p for pattern in RUN_FILES for p in glob.glob(os.path.join(glob.escape(outdir), pattern)))
-        common.check(not theirs, f"{theirs[0] if theirs else ''!r} exists and was not written by a run of ours (no "
-                                 f"args.json of ours beside it): a new run would replace it; move it away or choose "
-                                 f"another --outdir")
+        common.check(not theirs, f"{theirs[0] if theirs else ''!r} exists and was not written by a run of ours: a "
+                                 f"new run would replace it; move it away or choose another --outdir")
         return 0, {}
     common.check(os.path.isfile(path), f"--resume: no {CHECKPOINT} in {outdir!r}; start the run without --resume")
     ckpt = readers.load_checkpoint(path, "cpu", trust)   # load_state_dict moves it to the model's device
@@ -946,6 +941,9 @@ def start_or_resume(model, optimizer, scheduler, outdir, resume, expect=None, tr
     for key, value in (expect or {}).items():
         common.check(ckpt.get(key) == value, f"--resume: the checkpoint in {outdir!r} has {key}={ckpt.get(key)!r}, "
                                              f"this run has {key}={value!r}; use the same settings or another --outdir")
+    theirs = foreign_run_files(outdir, int(ckpt["epoch"]))
+    common.check(not theirs, f"--resume: {theirs[0] if theirs else ''!r} exists and was not written by this run up to "
+                             f"its checkpoint (epoch {ckpt['epoch']}): the run would replace it; move it away")
     diff = resume_mismatches(ckpt.get("args") or {}, args or {})
     common.check(not diff, f"--resume: {outdir!r} was trained with other settings ({'; '.join(diff)}); resume with "
                            f"the same ones, or start a new run in another --outdir")
@@ -1021,8 +1019,8 @@ def progress_line(prefix, every=60.0):
 
 def check_gradnorm_output(path, inputs):
     """The guard on a gradient-norm file of the checkpoint inputs[0]: never one its record names another for."""
-    check_output(path, inputs)
-    check_output(path + ".json", inputs)
+    for p in (path, path + ".json"):
+        check_output(p, inputs)
     old = readers.read_json_object(path + ".json", "record of gradient norms") if os.path.isfile(path + ".json") else {}
     ours = {"script", "probe", "N", "seed", "sigma"} <= set(old)   # measure_grad_norms' record
     common.check(not (os.path.lexists(path) or os.path.lexists(path + ".json")) or ours,
@@ -1154,13 +1152,9 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
                 with open_file(path, "a") as f:   # cut a torn last line
                     f.truncate(keep)
             else:   # counts of examples the log lacks, or twice: the rerun redraws them
-                kept = {}
-                for i, row in zip(ids, rows):
-                    if i in done:
-                        kept.setdefault(i, row)
-                write_tsv(path, cols, [[row] for row in kept.values()], "vote counts", inputs)
-    logs = [path for path, _ in files]
-    planned = logs + [f"{path}.rank{r}" for path in logs for r in range(world) if world > 1]
+                first = {i: row for i, row in reversed(list(zip(ids, rows))) if i in done}   # each idx's first row
+                write_tsv(path, cols, [[first[i]] for i in dict.fromkeys(ids) if i in first], "vote counts", inputs)
+    planned = [path + part for path, _ in files for part in [""] + [f".rank{r}" for r in range(world) if world > 1]]
     settings = json.loads(json.dumps(settings, default=str))   # as the sidecar will hold them
     write_json(dict(settings, written=written_now(outfile, settings, planned)), outfile + ".json", "settings of a log",
                inputs)

@@ -934,7 +934,7 @@ def test_a_report_records_the_command_its_inputs_and_their_models(tmp_path, caps
     monkeypatch.setattr(sys, "argv", ["analyze.py", *argv])   # the command line the record names
     assert run_main(argv, capsys)[0] == 0
     entry = json.load(open(tmp_path / "out" / "outputs.json"))["table.md"]
-    assert entry["models"] == ["cd" * 32] and entry["command"].startswith("analyze.py table ")
+    assert entry["models"] == {os.path.relpath(a): "cd" * 32} and entry["command"].startswith("analyze.py table ")
     assert len(entry["inputs_sha256"]) == 64 and not os.path.isabs(entry["command"].split()[2])
 
 

@@ -261,3 +261,99 @@ def test_a_settings_file_edited_by_hand_is_refused_by_the_analyses(ckpt, tmp_pat
     capsys.readouterr()
     assert run_main(analyze.main, ["table", out]) == 2
     assert "changed since the run wrote it" in capsys.readouterr().err
+
+
+GRID_LOGS = os.path.join(ROOT, "results", "grid_cpu", "independent", "sigma0.25")
+
+
+def copied(tmp_path, name, sidecar=True):
+    import shutil
+    shutil.copy(os.path.join(GRID_LOGS, name), tmp_path / name)
+    if sidecar:
+        shutil.copy(os.path.join(GRID_LOGS, name + ".json"), tmp_path / (name + ".json"))
+    return str(tmp_path / name)
+
+
+def test_one_model_under_two_labels_is_said_by_every_analysis(tmp_path, capsys):
+    """One checkpoint on both sides of a comparison (an A/A comparison), or under two labels of a table, is never
+    refused and always said: on stderr and above the report's table."""
+    import analyze
+    a, b = copied(tmp_path, "certify_N100000.tsv"), copied(tmp_path, "grid.tsv")
+    for argv, report in ((["compare", a, b, "--labels", "x", "y", "--radii", "0.25"], "compare.md"),
+                         (["compare", a, a, "--labels", "x", "y", "--radii", "0.25"], "compare.md"),
+                         (["table", a, b, "--labels", "x", "y", "--allow-different", "mode"], "table.md"),
+                         (["ecdf", a, a, "--labels", "x", "y"], "ecdf.md")):
+        out = tmp_path / argv[0] / str(len(os.listdir(tmp_path)))
+        capsys.readouterr()
+        assert run_main(analyze.main, argv + ["--out", out]) == 0, argv
+        err = capsys.readouterr().err
+        assert "are one model (checkpoint" in err, (argv, err)
+        assert "one model (checkpoint" in (out / report).read_text(), argv
+
+
+def test_a_log_that_records_no_settings_is_named_with_what_it_lacks(tmp_path, capsys):
+    import analyze
+    a = copied(tmp_path, "certify_N100000.tsv")
+    (tmp_path / "bare").mkdir()
+    bare = copied(tmp_path / "bare", "certify_N10000.tsv", sidecar=False)
+    capsys.readouterr()
+    assert run_main(analyze.main, ["compare", a, bare, "--sigmas", "0.25", "0.25", "--radii", "0.25",
+                                   "--allow-different", "budget", "--out", tmp_path / "c"]) == 0
+    err = capsys.readouterr().err
+    assert "certify_N10000.tsv records no dataset, split, data, alpha, N0" in err, err
+    assert "records no dataset" in (tmp_path / "c" / "compare.md").read_text()
+
+
+def test_compare_py_runs_the_compare_command(tmp_path):
+    import subprocess
+    a = copied(tmp_path, "certify_N100000.tsv")
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "compare.py"), a, "/nonexistent.tsv"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "nonexistent" in done.stderr
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "compare.py"), "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "--vs" in done.stdout
+
+
+def test_a_users_outputs_json_is_not_taken_for_the_record(tmp_path, capsys):
+    import analyze
+    a = copied(tmp_path, "certify_N100000.tsv")
+    record = tmp_path / "o" / "outputs.json"
+    record.parent.mkdir()
+    record.write_text('{"experiment": {"lr": 0.1, "notes": "keep me"}}')
+    capsys.readouterr()
+    assert run_main(analyze.main, ["table", a, "--out", tmp_path / "o"]) == 2
+    err = capsys.readouterr().err
+    assert "not this project's record of outputs" in err and len(err.strip().splitlines()) == 1, err
+    assert record.read_text() == '{"experiment": {"lr": 0.1, "notes": "keep me"}}'
+
+
+@pytest.mark.parametrize("content", [b"\x13\x37" * 2500, b""])
+def test_bytes_that_are_no_torch_file_are_named_so_not_sent_to_trust(ckpt, tmp_path, capsys, content):
+    junk = tmp_path / "junk.pth"
+    junk.write_bytes(content)
+    for path, words in ((junk, "not a torch file"), (tmp_path, "is a folder")):
+        code, err = certify_into(str(path), str(tmp_path / "x.tsv"), capsys, "--max", 1)
+        assert code == 2 and words in err and "trust" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("script, name, extra", [
+    ("train_gaussian.py", "checkpoint_epoch2.pth.tar", ["--save_every", 1]),
+    ("train_ours.py", "pA_epoch1_discard.tsv", ["--Et", 1]),
+    ("train_ours.py", "discard.json", ["--Et", 1]),
+    ("train_ours.py", "pA_epoch5_weights.tsv", ["--Et", 1])])
+def test_a_resumed_run_keeps_a_users_file_it_would_replace(script, name, extra, tmp_path, capsys, monkeypatch):
+    """A resume writes the files of the epochs after its checkpoint: one there that the run did not write (a later
+    epoch's, or not in the run's form) is a user's, refused before any epoch; the run's own are taken as before."""
+    out = tmp_path / "run"
+    argv = ["--dataset", "digits", "--arch", "lenet", "--sigma", 0.25, "--max-batches", 2, "--workers", 0,
+            "--outdir", out, *extra]
+    code, err = train(script, [*argv, "--epochs", 1], capsys, monkeypatch)
+    assert code == 0, err
+    (out / name).write_text("my own notes\n")
+    code, err = train(script, [*argv, "--epochs", 2, "--resume"], capsys, monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and name in err, err
+    assert (out / name).read_text() == "my own notes\n"
+    (out / name).unlink()
+    code, err = train(script, [*argv, "--epochs", 2, "--resume"], capsys, monkeypatch)
+    assert code == 0, err

@@ -547,17 +547,17 @@ def test_logs_and_runs_record_the_environment_they_were_made_with(tmp_path, monk
     assert machinery.environment_line({"cpu": "broken"}).startswith("python ?")
 
 
-def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_cost(tmp_path, capsys):
-    flags = tmp_path / "cpuinfo"
-    flags.write_text("model name\t: Some CPU\nflags\t\t: fpu sse4_2 avx avx2 fma\n")
-    assert machinery.cpu_has_native_bf16(str(flags)) is False
-    flags.write_text("flags\t\t: avx2 avx512f avx512_bf16\n")
-    assert machinery.cpu_has_native_bf16(str(flags)) is True
-    assert machinery.cpu_has_native_bf16(str(tmp_path / "none")) is None
-    native = machinery.cpu_has_native_bf16()
+@pytest.mark.parametrize("flags, warned", [("fpu sse4_2 avx avx2 fma", True), ("avx2 avx512f avx512_bf16", False),
+                                           ("avx2 amx_bf16", False), (None, False)])
+def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_cost(tmp_path, capsys, monkeypatch, flags, warned):
+    info = tmp_path / "cpuinfo"
+    if flags is not None:   # else no /proc/cpuinfo (not Linux): nothing known, nothing said
+        info.write_text(f"model name\t: Some CPU\nflags\t\t: {flags}\n")
+    assert machinery.cpu_info(str(info)) == ((("Some CPU", flags.split()) if flags else (None, None)))
+    real = machinery.cpu_info
+    monkeypatch.setattr(machinery, "cpu_info", lambda: real(str(info)))
     machinery.check_precision("bf16", "cpu")
-    err = capsys.readouterr().err
-    assert ("warning: bf16 on a CPU without native bf16" in err) == (native is False)
+    assert ("warning: bf16 on a CPU without native bf16" in capsys.readouterr().err) == warned
     machinery.check_precision("fp32", "cpu")
     assert capsys.readouterr().err == ""
 
