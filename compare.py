@@ -544,9 +544,6 @@ def compare_report(side_a, side_b, labels, radii, level, over, out, N=None, alph
                                                                   "analyze.py compare") if s != readers.IMAGES]
     rows, facts = compare_sides(side_a, side_b, radii, level, None if over == "images" else test_set_votes(N, alpha),
                                 family_names(family))
-    for s, line in differs:
-        if s in readers.NOTES:
-            print(f"note: {line}", file=sys.stderr)
     facts.update(differs=[line for s, line in differs if s not in (*readers.NOTED, *readers.NOTES)],
                  noted=[line for s, line in differs if s in readers.NOTED],
                  notes=[line for s, line in differs if s in readers.NOTES],
@@ -592,18 +589,24 @@ def seed_words(facts):
                    "one-model score interval on the per-seed means.")
 
 
+def setting_words(facts):
+    """compare.md's first sentences: settings that differ (--allow-different), samplers and precisions, and the
+    notes (readers.NOTES: one model on both sides, settings a log does not record)."""
+    differs, noted, notes = (facts.get(key) or [] for key in ("differs", "noted", "notes"))
+    one_model = any("one model" in n for n in notes)
+    return [f"- Not the same setting (--allow-different): {'; '.join(differs)}. A difference here is one of the "
+            f"model and its setting together: each verdict is about both, not about the model alone."] * bool(differs) + \
+        [f"- Certified otherwise (each model as certified): {'; '.join(noted)}."] * bool(noted) + \
+        [f"- Note: {'; '.join(notes)}" + (": a difference between its sides is one of how it was certified (and of "
+                                           "Monte Carlo noise), not of the model." if one_model else ".")] * bool(notes)
+
+
 def compare_words(rows, facts, labels, level):
     """compare.md's sentences: what differs beyond noise, the design, and what the interval accounts for."""
     roles = facts["roles"] if facts["family"] else {}
     found = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v not in ("within noise", "fixed")
              and roles.get(m) != "exploratory"]
-    lines = [f"- Not the same setting (--allow-different): {'; '.join(facts.get('differs') or [])}. A difference "
-             f"here is one of the model and its setting together: each verdict is about both, not about the model alone."
-             ] * bool(facts.get("differs")) + [f"- Certified otherwise (each model as certified): "
-                                               f"{'; '.join(facts.get('noted') or [])}."] * bool(facts.get("noted")) + [
-        f"- Note: {'; '.join(facts.get('notes') or [])}: a difference between its sides is one of how it was certified "
-        f"(and of Monte Carlo noise), not of the model." if any("one model" in n for n in facts.get("notes") or []) else
-        f"- Note: {'; '.join(facts.get('notes') or [])}."] * bool(facts.get("notes"))
+    lines = setting_words(facts)
     lines += [f"- Beyond noise{' (the claim)' if roles else ''}: {'; '.join(found)}." if found else
              f"- Every {'row of the claim' if roles else 'row'} is within noise."]
     hints = [f"{m} ({v})" for m, a, b, d, lo, hi, v in rows if v in ("higher", "lower") and roles.get(m) == "exploratory"]
@@ -743,17 +746,17 @@ def compare_command(args):
                                                   f"B's logs; got {len(args.logs)} logs and no --vs")
     common.check(args.over == "test-set" or (args.N is None and args.alpha is None),
                  "--N and --alpha go with --over test-set (the images' comparison reads no budget)")
+    common.check(len(set(args.labels or "ab")) == 2, f"--labels names both sides {(args.labels or [''])[0]!r}: give "
+                                                      f"each its own name")
+    labels = [analyze.shown(x) for x in args.labels or [analyze.label_from_path(p) for p in (side_a[0], side_b[0])]]
+    if labels[0] == labels[1]:
+        labels = [f"A ({labels[0]})", f"B ({labels[1]})"]
     logs = analyze.load_logs(side_a + side_b, sigmas=args.sigmas,
                              command="compare --over test-set" if args.over == "test-set" else "compare",
                              allow=args.allow_different, assumed={"N": args.N, "alpha": args.alpha})
     check_same_images(logs)
     if args.train_seeds is not None:
         set_train_seeds(logs, args.train_seeds)
-    common.check(len(set(args.labels or "ab")) == 2, f"--labels names both sides {(args.labels or [''])[0]!r}: give "
-                                                      f"each its own name")
-    labels = [analyze.shown(x) for x in args.labels or [analyze.label_from_path(p) for p in (side_a[0], side_b[0])]]
-    if labels[0] == labels[1]:
-        labels = [f"A ({labels[0]})", f"B ({labels[1]})"]
     return compare_report(logs[:len(side_a)], logs[len(side_a):], labels, args.radii, args.level, args.over,
                           args.out, args.N, args.alpha, args.family, args.allow_different)
 
