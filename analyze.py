@@ -434,9 +434,10 @@ def tsv(header, rows):
 
 
 def ranks(values):
-    """Competition ranks, largest first (1, 1, 3, ...): the paper bolds rank 1 and underlines rank 2."""
-    values = np.asarray(values)
-    return np.array([1 + np.sum(values > v) for v in values])
+    """Competition ranks, largest first (1, 1, 3, ...): the paper bolds rank 1 and underlines rank 2. A value that
+    is not a number (none to show) ranks last, never first."""
+    values = np.asarray(values, dtype=float)
+    return np.array([len(values) if np.isnan(v) else 1 + np.sum(values > v) for v in values])
 
 
 def latex_cell(text, rank, grey, distinct):

@@ -71,10 +71,12 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, s
     common.check_type("sample", sample, callable)
     if candidate is not None:   # a class of the model's: -1 would index the last one
         common.check_int("candidate", candidate, 0, num_classes - 1)
+    votes = lambda n: common.check_votes(sample(model, x.unsqueeze(0), sigma, n, batch, num_classes, generator), n,
+                                         num_classes)   # noqa: E731
     with common.eval_mode(model):
         if candidate is None:   # first class on ties, as numpy's argmax in Cohen's code
-            candidate = int(sample(model, x.unsqueeze(0), sigma, N0, batch, num_classes, generator)[0].argmax())
-        counts = sample(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0].cpu()
+            candidate = int(votes(N0)[0].argmax())
+        counts = votes(N)[0].cpu()
     nA = int(counts[candidate])
     pA_lower = common.clopper_pearson_lower(nA, N, alpha)
     abstain = pA_lower < 0.5
@@ -90,7 +92,8 @@ def predict(model, x, sigma, N, alpha, batch, num_classes, generator=None, sampl
     common.check_smoothing(sigma, alpha, N=N, batch=batch, num_classes=num_classes)
     common.check_type("sample", sample, callable)
     with common.eval_mode(model):
-        counts = sample(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)[0].cpu()
+        counts = sample(model, x.unsqueeze(0), sigma, N, batch, num_classes, generator)
+    counts = common.check_votes(counts, N, num_classes)[0].cpu()
     order = np.argsort(-counts.numpy(), kind="stable")  # ties: the lower class first
     nA, nB = int(counts[order[0]]), int(counts[order[1]]) if len(order) > 1 else 0
     from scipy.stats import binomtest   # here: scipy.stats takes seconds to import
@@ -115,7 +118,8 @@ class EarlyAbstention:
     One instance per example: it remembers that example's cA (candidate: the class certified without selection)."""
 
     def __init__(self, sample, alpha, candidate=None):
-        self.sample, self.alpha, self.cA, self.stopped_at = sample, alpha, candidate, None
+        self.sample, self.cA, self.stopped_at = sample, candidate, None
+        self.alpha = common.check_float("alpha", alpha, gt=0, lt=1)   # the chance of stopping where pA >= 1/2
 
     def __call__(self, model, x, sigma, n, batch, num_classes, generator=None):
         if self.cA is None:   # the selection draws: remember the class certify() selects from them
@@ -157,8 +161,8 @@ def abstain_rule(cA, N, batch, alpha):
     With probability >= 1 - alpha an example whose pA >= 1/2 is never stopped (Bonferroni over the tests).
     A stop only abstains, so CERTIFY's guarantee is unchanged whatever alpha is.
     """
-    checks = abstain_checks(N, batch)
-    level = alpha / max(len(checks), 1)
+    checks, cA = abstain_checks(N, batch), common.check_int("cA", cA, 0)
+    level = common.check_float("alpha", alpha, gt=0, lt=1) / max(len(checks), 1)
 
     def stop(counts, drawn):
         if drawn not in checks:
@@ -180,7 +184,8 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
     radius_fn: None (Cohen's radius), or callable(pA_lower, sigma) -> the radius of a certified example, a
     certificate of another form from the same bound (ddrs.py --semi-elastic).
     """
-    candidate = label if label_mode else None
+    common.check(isinstance(use_predict, bool) and isinstance(label_mode, bool), "use_predict and label_mode are bools")
+    candidate, label = label if label_mode else None, common.check_int("label", label, 0, num_classes - 1)
     generator = common.example_generator(seed, idx, x.device)
     model = common.in_precision(model, precision)
     start = time.time()
@@ -339,9 +344,8 @@ def check_args(args):
     """Bad flag values: one line naming the problem and the fix (exit 2 through machinery.run)."""
     if args.sigma is not None:
         machinery.check_sigma(args.sigma, precision=args.precision)
-    common.check(args.N0 >= 1 and args.N >= 1, f"--N0 and --N must be >= 1 (got N0={args.N0}, N={args.N})")
-    common.check(args.N0 <= machinery.MAX_DRAWS and args.N <= machinery.MAX_DRAWS,
-                 f"--N0 and --N must be at most {machinery.MAX_DRAWS:.0e} (got N0={args.N0}, N={args.N})")
+    common.check(1 <= args.N0 <= machinery.MAX_DRAWS and 1 <= args.N <= machinery.MAX_DRAWS, f"--N0 and --N must be "
+                 f">= 1 and at most {machinery.MAX_DRAWS:.0e} (got N0={args.N0}, N={args.N})")
     common.check(args.predict or args.N0 <= args.N,
                  f"--N0 ({args.N0}) > --N ({args.N}): N0 only picks the class, N bounds pA; swap them?")
     common.check(0 < args.alpha < 1, f"--alpha must lie in (0, 1) (got {args.alpha}); the paper uses 0.001")
@@ -350,7 +354,6 @@ def check_args(args):
     common.check(args.batch == "auto" or args.batch >= 1, f"--batch must be >= 1 or 'auto' (got {args.batch})")
     common.check(args.group is None or 1 <= args.group <= 10 ** 5,
                  f"--group must lie in [1, 100000] (got {args.group})")
-    common.check(args.seed == "random" or args.seed >= 0, f"--seed must be >= 0 or 'random' (got {args.seed})")
     common.check(not (args.label_mode and args.predict), "--label-mode certifies the true label; PREDICT has no "
                                                          "candidate to fix (drop one of them)")
     common.check(not (args.early_abstain and args.predict), "--early-abstain applies to CERTIFY, not --predict")
@@ -381,9 +384,6 @@ def default_outfile(checkpoint, sigma, split, use_predict, folder=None):
     suffix = "" if split == "test" else f"_{split}"
     folder = folder or os.path.join("runs", "predict" if use_predict else "certify")
     return os.path.join(folder, f"{name}_sigma{sigma:g}{suffix}.tsv")
-
-
-file_sha256 = machinery.file_sha256
 
 
 def is_convolutional(model):
@@ -439,8 +439,9 @@ def pass_shapes(input_shape, N0, N, batch, use_predict):
 
 
 def select_examples(n, skip, max_count, done):
-    """Indices idx % skip == 0, the first max_count of them, minus those already done (in idx order)."""
-    return [i for i in list(range(0, n, skip))[:max_count] if i not in done]
+    """Indices idx % skip == 0, the first max_count of them (None: all), minus those already done (in idx order)."""
+    last = None if max_count is None else common.check_int("max_count", max_count)
+    return [i for i in list(range(0, n, common.check_int("skip", skip)))[:last] if i not in done]
 
 
 def keep_freed_memory():

@@ -44,6 +44,8 @@ class NormalizeLayer(nn.Module):
 
     def __init__(self, mean, std):
         super().__init__()
+        check(len(check_array("mean", mean, ndim=1)) == len(check_array("std", std, ndim=1, gt=0)),
+              "mean and std: one value per channel each")
         self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
 
@@ -172,6 +174,8 @@ class TensorImages(torch.utils.data.Dataset):
     """Images held in memory as a float tensor (N, C, H, W) in [0, 1], an optional tensor transform."""
 
     def __init__(self, images, labels, transform=None):
+        check_tensor("images", images, "N C H W")
+        check(len(labels) == len(images), f"{len(labels)} labels for {len(images)} images: one label per image")
         self.images, self.labels, self.transform = images, labels, transform
 
     def __len__(self):
@@ -538,6 +542,7 @@ def batch_arg(text):
 def batch_cap(N0, N, input_shape, max_bytes, early_abstain=False):
     """The most inputs --batch auto puts in one pass: the run's largest count (a larger pass is never filled),
     N / EARLY_ABSTAIN_PASSES with early abstention, and max_bytes of float32 noisy inputs."""
+    N0, N = check_int("N0", N0, 0), check_int("N", N)
     cap = max(N0, N) if not early_abstain else N // EARLY_ABSTAIN_PASSES
     return max(1, min(cap, max_bytes // (4 * math.prod(input_shape))))
 
@@ -716,6 +721,16 @@ def radius_ceiling(log):
 MAX_DRAWS = 10 ** 9   # draws of one input (N, N0, a pass): beyond, one example takes hours on any machine
 
 
+def check_votes(counts, n, classes, name="sample"):
+    """The votes a vote counter (sample_counts, or one given in its place) returned for n draws of one input: a
+    (1, classes) integer tensor, each count >= 0, at most n in all (fewer: stopped early); else a ValueError."""
+    shape = tuple(getattr(counts, "shape", ()))
+    check(isinstance(counts, torch.Tensor) and shape == (1, classes) and not counts.is_floating_point() and
+          bool((counts >= 0).all()) and int(counts.sum()) <= n, f"{name} returned {shape or counts!r:.60} for {n} "
+          f"draws of one input: not its (1, {classes}) integer votes, at most {n} in all")
+    return counts
+
+
 def check_smoothing(sigma, alpha=0.5, **counts):
     """check_float / check_int of RS's settings: 0 < sigma < inf, 0 < alpha < 1, each count an int in [1, MAX_DRAWS]."""
     check_float("sigma", sigma, gt=0)
@@ -844,9 +859,10 @@ def sound_noisy_inputs(a, k, sigma, generator=None, Q=SOUND_Q, levels=GRID_LEVEL
     """
     check_tensor("a", a, None, "int")   # (B, C, H, W), or any (B, ...)
     check_smoothing(sigma, k=k)
-    check_int("Q", Q)
+    check_int("Q", Q, 2, 2 ** 62)   # the thresholds are int64: U < Q and its sums stay exact
     check_int("levels", levels)
     check_type("generator", generator, None, torch.Generator)
+    check(bool(((a >= 0) & (a <= levels)).all()), f"a holds values outside the grid's levels 0 .. {levels}")
     S, L = _table_on(sigma, a.device, Q, levels)
     U = torch.randint(0, Q, (k, *a.shape), dtype=torch.int64, device=a.device, generator=generator)
     index = torch.searchsorted(S, U, right=True, out_int32=True)  # bin of U; len(S) means past the last one
@@ -1013,7 +1029,8 @@ def split_chunks(batch, m):
 
 
 def seed_everything(seed):
-    """Seed Python's, numpy's and torch's global generators."""
+    """Seed Python's, numpy's and torch's global generators (seed: an int >= 0)."""
+    seed = check_int("seed", seed, 0)
     import random
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -1022,7 +1039,8 @@ def seed_everything(seed):
 
 def epoch_seed(seed, epoch, stream=0):
     """An integer seed derived from (seed, epoch, stream); streams separate the sampler from each rank's noise."""
-    state = np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(2, dtype=np.uint32)
+    parts = [check_int("seed", seed, 0), check_int("epoch", epoch, 0), check_int("stream", stream, 0)]
+    state = np.random.SeedSequence(parts).generate_state(2, dtype=np.uint32)
     return int(state[0]) << 32 | int(state[1])
 
 
@@ -1389,7 +1407,7 @@ def probe_grad_norms(model, dataset, loss_fn, sigma, probe, n, seed, batch):
     from the global generators, seeded by `seed`). grad_norm: per_example_grad_norms of loss_fn. Returns
     {"idx", "label", "pA", "grad_norm"}: lists, one entry per probe example.
     """
-    check_int("probe", probe)
+    check_int("probe", probe, 1, len(dataset))   # never fewer probes than asked, silently
     check_int("seed", seed, 0)
     seed_everything(seed)
     probe_idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:probe]

@@ -200,7 +200,9 @@ def radius_moments(p, N, z, sigma, chunk=256):
     """(mean, variance) of sigma * max(z[count], 0) over count ~ Binomial(N, p), for each p of an array; z is
     z_table(N, alpha). Summed over the counts within 7 standard deviations (the rest weighs < 3e-12)."""
     from scipy.stats import binom   # here: scipy.stats takes seconds to import
-    p = np.asarray(p, dtype=float)
+    p = common.check_array("p", p, ndim=1, ge=0, le=1)
+    common.check_float("sigma", sigma, gt=0)
+    common.check(len(z) == common.check_int("N", N) + 1, f"z has {len(z)} entries: z_table(N, alpha) of N = {N} has N + 1")
     mean, var = np.zeros(len(p)), np.zeros(len(p))
     for start in range(0, len(p), chunk):
         q = p[start:start + chunk]

@@ -626,7 +626,7 @@ def train_main(args):
         common.check(not os.path.isdir(args.init_checkpoint), f"--init-checkpoint {args.init_checkpoint!r} is a "
                                                                f"folder; name the checkpoint file inside it")
         common.check(os.path.isfile(args.init_checkpoint), f"--init-checkpoint {args.init_checkpoint!r}: no such file")
-        init = {"path": os.path.relpath(args.init_checkpoint), "sha256": certify.file_sha256(args.init_checkpoint)}
+        init = {"path": os.path.relpath(args.init_checkpoint), "sha256": machinery.file_sha256(args.init_checkpoint)}
     settings = dict(vars(args), epochs=epochs, warmup=warmup, m=hp["m"], lr_step=sched["lr_step"], K_train=K_train,
                     init_checkpoint=init,
                     arch=args.arch or common.DEFAULT_ARCH[args.dataset],

@@ -38,22 +38,24 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is a single line on stderr (exit code 2)."""
 
     def parse_args(self, args=None, namespace=None):
-        FLAG_NAMES.update({a.dest: max(a.option_strings, key=len) for a in self._actions if a.option_strings})
+        subs = [p for a in self._actions if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()]
+        actions = [a for parser in [self, *subs] for a in parser._actions if a.option_strings]
+        FLAG_NAMES.update({a.dest: max(a.option_strings, key=len) for a in actions})
         FLAG_DEFAULTS.clear()
-        FLAG_DEFAULTS.update({a.dest: a.default for a in self._actions if a.option_strings})
+        FLAG_DEFAULTS.update({a.dest: a.default for a in actions})
         parsed = super().parse_args(args, namespace)
         for name, value in vars(parsed).items():   # an empty value (a path, a device) names nothing: not the default
             if value == "" or isinstance(value, list) and "" in value:
-                self.error(f"{FLAG_NAMES.get(name, name)} is empty; give a value or leave the flag out")
+                self.error(f"{flag(name)} is empty; give a value or leave the flag out")
             values = value if isinstance(value, list) else [value]
             if name in ("seed", "seeds") and any(isinstance(s, int) and s < 0 for s in values):
-                self.error(f"{FLAG_NAMES.get(name, name)} must be >= 0 (got {value}): numpy's generators take no "
+                self.error(f"{flag(name)} must be >= 0 (got {value}): numpy's generators take no "
                            f"negative seed")
             if any(isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX) for v in values):
-                self.error(f"{FLAG_NAMES.get(name, name)} must be a finite number in float32 (|x| < 3.4e38), got "
+                self.error(f"{flag(name)} must be a finite number in float32 (|x| < 3.4e38), got "
                            f"{value}")   # --lr 1e300 is inf where models, optimisers and noise compute
             if any(isinstance(v, int) and abs(v) >= 2 ** 63 for v in values):
-                self.error(f"{FLAG_NAMES.get(name, name)} must fit in 64 bits, got {value}")
+                self.error(f"{flag(name)} must fit in 64 bits, got {value}")
         return parsed
 
     def error(self, message):

@@ -453,8 +453,10 @@ def catrs_loss(model, x, y, idx, *, sigma, m, T, eps, lbd, target, confidence_ma
     targets = y.repeat(m)
     logits = model(add_noise(x, delta)).float()                               # Gaussian forward (m*b, K)
     common.check_labels(y, logits)
-    common.check(pb.shape[1] == logits.shape[1] and (pb.is_cuda or bool(((pb >= 0) & (pb <= 1)).all())),
-                 f"target must hold a probability in [0, 1] for each of the model's {logits.shape[1]} classes")
+    common.check(pb.shape[1] == logits.shape[1] and (pb.is_cuda or bool(((pb >= 0) & (pb <= 1)).all()) and
+                                                     bool(((pb.double().sum(1) - 1).abs() < 1e-3).all())),
+                 f"target's rows must be probability vectors (in [0, 1], summing to 1) over the model's "
+                 f"{logits.shape[1]} classes")
     pb = pb.float()
     ce = F.cross_entropy(logits, targets, reduction="none").view(m, b)
     with torch.no_grad():
@@ -534,9 +536,11 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
     counts, done = torch.zeros(len(dataset), num_classes, dtype=torch.long), 0
     if partial_path and os.path.isfile(partial_path):
         saved = readers.read_torch_dict(partial_path, "partial CAT-RS target", PARTIAL_TARGET_FIELDS)
-        if saved["settings"] == settings and tuple(saved["counts"].shape) == tuple(counts.shape):
-            counts, done = saved["counts"], saved["done"]
-            print(f"continuing from {done} images in {partial_path}")
+        common.check(saved["settings"] == settings and tuple(saved["counts"].shape) == tuple(counts.shape),
+                     f"{partial_path!r} holds the partial target of other settings ({saved['settings']}): the run "
+                     f"would replace it; move it away or choose another --out")
+        counts, done = saved["counts"], saved["done"]
+        print(f"continuing from {done} images in {partial_path}")
     start, saved_at, block, resumed_at = time.time(), time.time(), 1024, done
     for first in range(done, len(dataset), block):
         common.seed_everything(common.epoch_seed(seed, first // block))
@@ -699,6 +703,7 @@ HYPER_PARAMETERS = ("m", "T", "eps", "attack", "warmup", "lbd", "eta", "beta", "
 def method_defaults(method, dataset, sigma):
     """The released hyper-parameters for (method, dataset, sigma), and a note when they are borrowed."""
     common.check(method in METHODS, f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    sigma = common.check_float("sigma", sigma, gt=0)
     table = DEFAULTS[method].get(dataset, DEFAULTS[method]["cifar10"])
     nearest = min(table, key=lambda s: abs(s - sigma))
     source = dataset if dataset in DEFAULTS[method] else "cifar10"

@@ -4,6 +4,7 @@ fresh process on the pasted closure (test_paste.pasted, the project off sys.path
 whose message names the argument; the positive cases (half-precision inputs, every module's mode kept) must
 give the same answer both ways."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -101,6 +102,7 @@ KEPT = [
 
 DRIVER = """
 import json
+import math
 outcomes = {}
 for name, code in CASES:   # each case in its own copy of this namespace, as the import's side does
     ns = dict(globals())
@@ -367,3 +369,81 @@ def test_keep_easy_refuses_counts_outside_zero_to_N():
     import train_ours
     with pytest.raises(ValueError, match="0..N"):
         train_ours.keep_easy(torch.tensor([20, 3]), 10, 0.5)
+
+
+def _careless_calls():
+    """Calls a student could make by mistake, each of which computed something else than asked (a wrong
+    certificate, interval or seed) or crashed deep inside torch: now a ValueError or TypeError naming the argument."""
+    import analyze
+    import certify
+    import common
+    import compare
+    import ddrs
+    import grid
+    import train_baselines
+    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    x, xb = torch.rand(1, 8, 8), torch.rand(4, 1, 8, 8)
+    gens = [torch.Generator().manual_seed(i) for i in range(4)]
+    checks = grid.look_schedule(1000)
+    return {
+        "wilson z < 0": (lambda: common.wilson(0.3, 100, -1.96), "z"),
+        "wilson count for a share": (lambda: common.wilson(30, 100, 1.96), "p"),
+        "newcombe z < 0": (lambda: common.newcombe_interval(0.3, 100, 0.5, 100, -1.96), "z"),
+        "tango more excess than pairs": (lambda: common.tango_interval(80, 40, 100, 1.96), "x12 + x21"),
+        "radius_moments z of another N": (lambda: compare.radius_moments([0.9], 50, compare.z_table(100, 1e-3), 0.5),
+                                          "z has"),
+        "crossing lengths differ": (lambda: grid.crossing_probability(
+            grid.threshold_row(0.6, checks, math.log(100), 1)[:5], checks, 0.6), "lower"),
+        "threshold tau > 1": (lambda: grid.threshold_row(1.5, [10, 20], 4.6, 1), "tau"),
+        "wealth side 0": (lambda: grid.one_sided_log_wealth(8, 10, 0.5, 0), "side"),
+        "wealth A > t": (lambda: grid.kt_log_wealth(11, 10, 0.5), "A <= t"),
+        "kt prior of three": (lambda: grid.kt_interval(5, 10, 0.01, 0.01, (0.5, 0.5, 0.5)), "prior"),
+        "example_line predict 'no'": (lambda: certify.example_line(m, x, 3, 0, .5, 10, 100, .01, 100, 10, 0, "no"),
+                                      "use_predict"),
+        "example_line label -1": (lambda: certify.example_line(m, x, -1, 0, .5, 10, 100, .01, 100, 10, 0, False),
+                                  "label"),
+        "select max 0": (lambda: certify.select_examples(10, 1, 0, set()), "max_count"),
+        "select skip 0": (lambda: certify.select_examples(10, 0, None, set()), "skip"),
+        "votes of other classes": (lambda: certify.certify(m, x, .5, 10, 100, .01, 100, 10, torch.Generator(),
+                                                           sample=lambda *a, **k: torch.ones(1, 3, dtype=torch.long)),
+                                   "sample returned"),
+        "early abstain alpha 1.5": (lambda: certify.sampler_of(early_abstain=1.5), "alpha"),
+        "ds loss of no method": (lambda: ddrs.ds_loss_fn("smoothAdv", {}, torch.full((4,), .5), (1, 2, .01), 0, 0),
+                                 "method"),
+        "proxy negative sigma": (lambda: ddrs.radius_proxy(m, xb, -torch.ones(4), torch.randn(2, 4, 1, 8, 8)), "s must"),
+        "proxy class beyond": (lambda: ddrs.optimize_sigma(m, xb, .5, 2, 2, .01, gens, cA=[10, 0, 1, 2]), "cA"),
+        "one generator for all": (lambda: ddrs.optimize_sigma(m, xb, .5, 2, 2, .01, [gens[0]] * 4), "generators"),
+        "semi-elastic pA 1": (lambda: ddrs.semi_elastic_radius(1.0, 0.5, 0.01, 64), "pA_lower"),
+        "worst class equal sigmas": (lambda: ddrs.worst_class_b(0.5, 0.5, 0.5, 0.9, 64), "sigma1"),
+        "memory NaN input": (lambda: ddrs.memory_step([], x * float("nan"), 1, 0.5), "x holds"),
+        "catrs rows not distributions": (lambda: train_baselines.catrs_loss(
+            m, xb, torch.arange(4), torch.arange(4), sigma=.25, m=2, T=1, eps=.5, lbd=1.,
+            target=torch.full((10, 10), .9)), "probability vectors"),
+        "seed 1.7": (lambda: common.epoch_seed(1.7, 0), "seed"),
+        "images and labels": (lambda: common.TensorImages(xb, torch.arange(6)), "labels"),
+        "std 0": (lambda: common.NormalizeLayer([.5], [0.]), "std"),
+        "batch_cap floats": (lambda: common.batch_cap(100.5, 1000.5, (1, 8, 8), 10 ** 6), "N0"),
+        "sound levels off the grid": (lambda: common.sound_noisy_inputs(torch.full((1, 1, 2, 2), 1000,
+                                                                                   dtype=torch.int32), 2, .01), "a holds"),
+        "defaults at sigma nan": (lambda: train_baselines.method_defaults("macer", "cifar10", math.nan), "sigma"),
+        "job k0 above N0": (lambda: grid.job_tables(grid.grid_plan([.25], .5, 500, .01), 50, 10), "k0"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_careless_calls()))
+def test_a_careless_argument_is_refused_by_name(name):
+    call, words = _careless_calls()[name]
+    with pytest.raises((ValueError, TypeError)) as caught:
+        call()
+    assert words in str(caught.value), (name, str(caught.value))
+
+
+def test_the_semi_elastic_radius_is_not_proved_where_its_sigma_band_leaves_float64():
+    import ddrs
+    assert ddrs.semi_elastic_radius(0.9, 0.5, 1e6, 64) < 1e-3 * 0.5 * 1.2816   # far below Cohen's, never a crash
+    assert ddrs.semi_elastic_radius(0.9, 1e-300, 0.01, 64) >= 0
+
+
+def test_ranks_put_a_missing_value_last():
+    import analyze
+    assert analyze.ranks([0.5, float("nan"), 0.7]).tolist() == [2, 3, 1]

@@ -246,7 +246,7 @@ def test_tsv_has_cohens_columns_and_reads_in_pandas(reference):
     # the checkpoint is named relative to the working directory (no machine's path in a published log) and
     # identified by its hash
     assert not os.path.isabs(settings["checkpoint"]) and os.path.isfile(settings["checkpoint"])
-    assert settings["checkpoint_sha256"] == certify.file_sha256(settings["checkpoint"])
+    assert settings["checkpoint_sha256"] == machinery.file_sha256(settings["checkpoint"])
 
 
 def test_skip_and_max_pick_every_kth_example_with_its_label(reference):

@@ -299,7 +299,7 @@ def test_init_checkpoint_starts_from_its_weights_and_is_recorded(ckpt, tmp_path,
     start, end = readers.load_checkpoint(ckpt), readers.load_checkpoint(str(tmp_path / "a" / "checkpoint.pth.tar"))
     assert all(torch.allclose(start["state_dict"][k], end["state_dict"][k], atol=1e-8) for k in start["state_dict"])
     recorded = json.load(open(tmp_path / "a" / "args.json"))
-    assert recorded["init_checkpoint"]["sha256"] == certify.file_sha256(ckpt) and recorded["K_train"] == 1
+    assert recorded["init_checkpoint"]["sha256"] == machinery.file_sha256(ckpt) and recorded["K_train"] == 1
     assert run(ddrs.main, [*argv, "--outdir", tmp_path / "b"]) == 0                 # without: fresh weights
     fresh = readers.load_checkpoint(str(tmp_path / "b" / "checkpoint.pth.tar"))
     assert not all(torch.allclose(start["state_dict"][k], fresh["state_dict"][k], atol=1e-3)
