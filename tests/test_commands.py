@@ -555,6 +555,19 @@ def test_the_root_reads_as_the_paper_short_functions_and_a_short_certify():
     assert not [n for n in os.listdir(os.path.join(ROOT, "scripts")) if n.endswith(".py")]
 
 
+# The weight of the parts: the run machinery stays below the paper it serves, analyze.py is the paper's evaluation
+LINE_CEILINGS = {"machinery.py": 1200, "analyze.py": 1500}
+
+
+def test_the_machinery_weighs_less_than_the_paper():
+    lines = {name: open(os.path.join(ROOT, name)).read().count("\n") for name in os.listdir(ROOT) if name.endswith(".py")}
+    over = {name: (lines[name], cap) for name, cap in LINE_CEILINGS.items() if lines[name] > cap}
+    assert not over, over
+    paper = sum(lines[n] for n in ("common.py", "train_gaussian.py", "train_ours.py", "train_baselines.py",
+                                   "certify.py", "analyze.py"))
+    assert lines["machinery.py"] + lines["readers.py"] < paper / 2, (lines["machinery.py"], lines["readers.py"], paper)
+
+
 def test_nothing_but_the_tests_and_ci_names_the_workspace_or_its_specs():
     """A clone stands alone: outside tests/, .ci/ and the Makefile no file names ../shared or the specs it was
     built from (DESIGN, BASELINES, ADAPTIVE, SOUND, DDRS .md); what a reader needs is in docs/."""
