@@ -1177,7 +1177,10 @@ def trainpa_report(logs, pt, out, name="trainpa"):
 
 
 def easy_hard(pA, grad_norm):
-    """Table 2: mean gradient norm of easy (pA > 0.5) and hard (pA < 0.5) examples and easy / hard."""
+    """Table 2: mean gradient norm of easy (pA > 0.5) and hard (pA < 0.5) examples and easy / hard (arrays of one
+    length: pA in [0, 1], a share of votes, never a count)."""
+    pA, grad_norm = common.check_array("pA", pA, ndim=1, ge=0, le=1), common.check_array("grad_norm", grad_norm, ndim=1)
+    common.check(len(pA) == len(grad_norm), f"pA ({len(pA)}) and grad_norm ({len(grad_norm)}): one each per example")
     easy, hard = grad_norm[pA > 0.5], grad_norm[pA < 0.5]
     e = float(np.mean(easy)) if len(easy) else math.nan
     h = float(np.mean(hard)) if len(hard) else math.nan

@@ -1388,6 +1388,8 @@ def per_example_grad_norms(model, loss_fn, x, y, idx=None):
     check_batch(model, x, y)
     check_type("model", model, torch.nn.Module)
     check_type("loss_fn", loss_fn, callable)
+    check(idx is None or len(idx) == len(x), f"idx holds {0 if idx is None else len(idx)} indices for {len(x)} "
+                                             f"examples: one each")
     net = unwrap(model)
     params = [p for p in net.parameters() if p.requires_grad]
     norms = []

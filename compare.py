@@ -103,6 +103,7 @@ def seed_layout(f):
 
 def satterthwaite(terms):
     """Welch-Satterthwaite degrees of freedom of a sum of variance estimates [(v, df)] (df inf: known)."""
+    common.check(all(v >= 0 and df > 0 for v, df in terms), f"satterthwaite needs variances >= 0 and df > 0: {terms}")
     total = sum(v for v, _ in terms)
     denom = sum(v * v / df for v, df in terms if v > 0 and math.isfinite(df))
     return math.inf if denom == 0 else total * total / denom

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -427,6 +428,10 @@ def _careless_calls():
                                                                                    dtype=torch.int32), 2, .01), "a holds"),
         "defaults at sigma nan": (lambda: train_baselines.method_defaults("macer", "cifar10", math.nan), "sigma"),
         "job k0 above N0": (lambda: grid.job_tables(grid.grid_plan([.25], .5, 500, .01), 50, 10), "k0"),
+        "easy/hard of counts": (lambda: analyze.easy_hard(np.array([30, 60, 80]), np.array([1., 2., 3.])), "pA"),
+        "negative variance": (lambda: compare.satterthwaite([(-1.0, 3.0), (1.0, 4.0)]), "variances"),
+        "grad norms of other indices": (lambda: common.per_example_grad_norms(
+            m, lambda f, a, b, i: {"loss": f(a).sum()}, xb, torch.arange(4), torch.arange(1)), "idx"),
     }
 
 
