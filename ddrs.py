@@ -83,8 +83,8 @@ def radius_proxy(model, x, s, e, cA=None, clamp=(0.02, 0.98)):
     common.check_tensor("e", e, "M B C H W", B=len(x))
     common.check(e.shape[2:] == x.shape[1:], f"e's draws have shape {tuple(e.shape[2:])}, x's {tuple(x.shape)}")
     common.check(e.dtype == x.dtype and e.device == x.device, f"e is {e.dtype} on {e.device}, x {x.dtype} on {x.device}")
-    common.check(bool((torch.isfinite(s) & (s > 0)).all()) and bool(torch.isfinite(e).all()),
-                 "s must be finite and > 0 (the noise levels), e finite (standard normal draws)")
+    common.check(s.is_cuda or bool((torch.isfinite(s) & (s > 0)).all()) and bool(torch.isfinite(e).all()),
+                 "s must be finite and > 0 (the noise levels), e finite (standard normal draws)")   # GPU: no stall
     M, B = e.shape[:2]
     z = x.unsqueeze(0) + s.view(1, B, *[1] * (x.dim() - 1)).to(x.dtype) * e     # (M, B, C, H, W)
     with common.eval_mode(model):
@@ -92,7 +92,8 @@ def radius_proxy(model, x, s, e, cA=None, clamp=(0.02, 0.98)):
     common.check(logits.dim() == 2 and len(logits) == M * B, f"the model returned logits of shape "
                                                              f"{tuple(logits.shape)} for {M * B} inputs")
     E = F.softmax(logits.float(), 1).view(M, B, -1).mean(0)                      # (B, K)
-    common.check(cA is None or int(cA.max()) < E.shape[1], f"cA holds classes beyond the model's {E.shape[1]}")
+    common.check(cA is None or cA.is_cuda or int(cA.max()) < E.shape[1], f"cA holds classes beyond the model's "
+                                                                         f"{E.shape[1]}")
     cA = E.argmax(1) if cA is None else cA.to(E.device)
     E_A = E.gather(1, cA.view(-1, 1)).squeeze(1)
     E_B = E.scatter(1, cA.view(-1, 1), -1.0).max(1).values
@@ -105,10 +106,10 @@ def check_proxy(model, x, cA, clamp):
     """The arguments radius_proxy and optimize_sigma share: TypeError or ValueError naming the argument."""
     common.check_type("model", model, callable)
     common.check_tensor("x", x, "B C H W")
-    common.check_input_of(model, x)
+    common.check_input_of(model, x, read_values=not x.is_cuda)   # values read on the CPU only: a GPU step never waits
     if cA is not None:
         common.check_tensor("cA", cA, "B", "int", B=len(x))
-        common.check(bool((cA >= 0).all()), "cA holds negative classes")
+        common.check(cA.is_cuda or bool((cA >= 0).all()), "cA holds negative classes")
     clamp = common.check_array("clamp", clamp, ndim=1, gt=0, lt=1)
     common.check(len(clamp) == 2 and clamp[0] < clamp[1], f"clamp = {clamp!r}: (low, high) with low < high")
 

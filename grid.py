@@ -53,11 +53,15 @@ def check_prior(prior):
 def kt_log_wealth(A, t, p, prior=KT_PRIOR):
     """log W_t(p) = log B(A + a0, t - A + b0) / (B(a0, b0) p^A (1 - p)^(t - A)), mixture prior Beta(a0, b0);
     0 <= A <= t votes, p in [0, 1] (arrays broadcast)."""
-    from scipy.special import betaln, xlog1py, xlogy
     A, t, p = np.asarray(A, dtype=float), np.asarray(t, dtype=float), np.asarray(p, dtype=float)
     common.check(bool(np.all((0 <= A) & (A <= t))) and bool(np.all((0 <= p) & (p <= 1))),
                  "kt_log_wealth needs 0 <= A <= t votes and p in [0, 1]")
-    a0, b0 = check_prior(prior)
+    return _kt_log_wealth(A, t, p, *check_prior(prior))
+
+
+def _kt_log_wealth(A, t, p, a0, b0):
+    """kt_log_wealth of arguments already checked: the searches call it many times."""
+    from scipy.special import betaln, xlog1py, xlogy
     return betaln(A + a0, t - A + b0) - betaln(a0, b0) - xlogy(A, p) - xlog1py(t - A, -p)
 
 
@@ -65,16 +69,19 @@ def one_sided_log_wealth(A, t, tau, side, prior=KT_PRIOR):
     """log wealth after t draws with A votes of the mixture Beta(a0, b0) restricted to q > tau (side +1) or q < tau
     (side -1): kt_log_wealth times the posterior mass beyond tau over the prior's. A supermartingale when p <= tau
     (side +1), so by Ville P(ever >= 1 / alpha) <= alpha; underflow only lowers it (prior mass floored)."""
-    from scipy.special import betainc, betaincc
-    A, t = np.asarray(A, dtype=float), np.asarray(t, dtype=float)
     common.check(side in (-1, 1), f"side must be +1 (against pA <= tau) or -1 (against pA >= tau), not {side!r:.20}")
     common.check_float("tau", tau, gt=0, lt=1)
-    a0, b0 = check_prior(prior)
+    return _one_sided_log_wealth(np.asarray(A, dtype=float), np.asarray(t, dtype=float), tau, side, *check_prior(prior))
+
+
+def _one_sided_log_wealth(A, t, tau, side, a0, b0):
+    """one_sided_log_wealth of arguments already checked (threshold_row's search)."""
+    from scipy.special import betainc, betaincc
     a, b = A + a0, t - A + b0
     tail, mass = (betaincc(a, b, tau), betaincc(a0, b0, tau)) if side > 0 else \
         (betainc(a, b, tau), betainc(a0, b0, tau))
     with np.errstate(divide="ignore"):
-        return kt_log_wealth(A, t, tau, prior) + np.log(tail) - math.log(max(float(mass), 1e-300))
+        return _kt_log_wealth(A, t, tau, a0, b0) + np.log(tail) - math.log(max(float(mass), 1e-300))
 
 
 def first_true(lo, hi, ok, guess=None):
@@ -102,11 +109,12 @@ def threshold_row(tau, checks, level, side, prior=KT_PRIOR):
     common.check(side in (-1, 1), f"side must be +1 or -1, not {side!r:.20}")
     common.check(not math.isnan(level), "level is NaN; a log wealth (math.inf: never)")
     t = np.asarray(common.check_array("checks", checks, ndim=1, integral=True, ge=1), dtype=np.int64)
+    a0, b0 = check_prior(prior)
     lo, hi = (np.floor(t * tau).astype(np.int64) + 1, t) if side > 0 else (0 * t, np.ceil(t * tau).astype(np.int64) - 1)
 
     def search(idx, guess=None):   # side -1: the first A whose wealth falls short of the level, minus 1
         def ok(A, at):
-            w = one_sided_log_wealth(A, t[idx[at]], tau, side, prior)
+            w = _one_sided_log_wealth(np.asarray(A, dtype=float), t[idx[at]].astype(float), tau, side, a0, b0)
             return w >= level if side > 0 else w < level
         return first_true(lo[idx], hi[idx], ok, guess) - (side < 0)
     coarse = np.r_[np.arange(0, len(t) - 1, 8), len(t) - 1]
@@ -179,16 +187,16 @@ def kt_interval(A, t, alpha_low, beta_up, prior=KT_PRIOR):
     common.check_int("A", A, 0, t)
     common.check_float("alpha_low", alpha_low, ge=0, lt=1)
     common.check_float("beta_up", beta_up, ge=0, lt=1)
-    check_prior(prior)
+    a0, b0 = check_prior(prior)
     from scipy.optimize import brentq
     if t == 0:
         return 0.0, 1.0
     center, tiny = A / t, 1e-300
 
     def end(level, outside):   # the root of log W_t(p) = level between the center and `outside`
-        if level == math.inf or kt_log_wealth(A, t, outside, prior) < level:
+        if level == math.inf or _kt_log_wealth(A, t, outside, a0, b0) < level:
             return outside
-        return brentq(lambda p: kt_log_wealth(A, t, p, prior) - level, min(center, outside), max(center, outside),
+        return brentq(lambda p: _kt_log_wealth(A, t, p, a0, b0) - level, min(center, outside), max(center, outside),
                       xtol=1e-15)
     L = 0.0 if A == 0 else end(math.log(1 / alpha_low) if alpha_low > 0 else math.inf, tiny)
     U = 1.0 if A == t else end(math.log(1 / beta_up) if beta_up > 0 else math.inf, 1 - 1e-16)
