@@ -660,6 +660,7 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_certification_log, co
     sets these logs side by side: settings that differ between them (check_comparable) stop it too,
     except those in `allow` (--allow-different) and BY_DESIGN's, which a note on stderr names. assumed: the
     budget the command gives logs that record none ({"N": --N, "alpha": --alpha}), checked as theirs."""
+    common.check_type("paths", paths, list, tuple)   # a bare string would be read as one log per character
     labels, sigmas = per_log(labels, paths, "--labels"), per_log(sigmas, paths, "--sigmas")
     logs = []
     for path, label, sigma in zip(paths, labels, sigmas):
@@ -677,8 +678,8 @@ def load_logs(paths, labels=None, sigmas=None, reader=read_certification_log, co
                      f"certified at, which its radii are in units of); drop --sigmas or give {own}")
         if sigma is None:   # what certify.py recorded wins over a guess from the path
             sigma = own if own is not None else guessed
-        common.check(sigma is None or (isinstance(sigma, (int, float)) and sigma > 0),
-                     f"{path}: sigma must be > 0 (got {sigma})")
+        common.check(sigma is None or (common._is_number(sigma) and sigma > 0),
+                     f"{path}: sigma must be a finite number > 0 (got {sigma!r})")
         log["sigma"] = None if sigma is None else float(sigma)
         logs.append(log)
     if command is not None:

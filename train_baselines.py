@@ -102,16 +102,33 @@ CHUNKED = {"smoothadv": True, "macer": False, "consistency": True, "smoothmix": 
 # Every loss and attack takes the logits in float32 (`model(...).float()`): under --amp the model computes in
 # bf16/fp16, but softmax averages, KL terms and MACER's Phi^-1 near 1 need full precision.
 
+def check_noise(x, noise, m=None, name="noise"):
+    """noise (m, *x.shape) in x's dtype and on its device, finite (read on the CPU only): the draws a loss or an
+    attack holds fixed. Returns noise."""
+    common.check_tensor(name, noise, "m B C H W", B=len(x), **({} if m is None else {"m": m}))
+    common.check(noise.shape[2:] == x.shape[1:], f"{name} has shape {tuple(noise.shape)}, not (m, *x.shape)")
+    common.check(noise.dtype == x.dtype and noise.device == x.device, f"{name} is {noise.dtype} on {noise.device}, "
+                                                                     f"x {x.dtype} on {x.device}: give it x's")
+    common.check(noise.is_cuda or bool(torch.isfinite(noise).all()), f"{name} holds NaN or infinite values")
+    return noise
+
+
+def check_attack(model, x, y, noise, T, **floats):
+    """An attack's model, x (b, C, H, W), labels y (b,), the noise it holds fixed, T >= 0 steps, and each float
+    >= 0 (floats: name=value)."""
+    common.check_batch(model, x, y)
+    check_noise(x, noise)
+    common.check_int("T", T, 0)
+    for name, value in floats.items():
+        common.check_float(name, value, ge=0)
+
+
 def draw_noise(x, sigma, m, noise=None):
     """m Gaussian draws (m, b, C, H, W) in x's dtype, as common.gaussian_loss draws them; a given `noise` (scaled
-    by sigma, of that shape) is returned as is. Each loss checks its arguments (common.check_batch) first."""
+    by sigma, of that shape: check_noise) is returned as is. Each loss checks its arguments (common.check_batch)
+    first."""
     if noise is not None:
-        common.check_type("noise", noise, torch.Tensor)
-        common.check(noise.shape == (m, *x.shape), f"noise has shape {tuple(noise.shape)}, not (m, *x.shape)")
-        common.check(noise.dtype == x.dtype and noise.device == x.device, f"noise is {noise.dtype} on {noise.device}, "
-                                                                         f"x {x.dtype} on {x.device}: give it x's")
-        common.check(noise.is_cuda or bool(torch.isfinite(noise).all()), "noise holds NaN or infinite values")
-        return noise
+        return check_noise(x, noise, m)
     return sigma * torch.randn(m, *x.shape, device=x.device, dtype=x.dtype)
 
 
@@ -131,7 +148,8 @@ def per_image_norm(v):
 
 
 def project_l2(v, radius):
-    """Shrink each image of v onto the L2 ball of the given radius (vectors inside it are unchanged)."""
+    """Shrink each image of v onto the L2 ball of the given radius >= 0 (vectors inside it are unchanged)."""
+    common.check_float("radius", radius, ge=0)
     return v * (radius / per_image_norm(v).clamp_min(1e-12)).clamp(max=1.0)
 
 
@@ -176,6 +194,7 @@ def smoothadv_attack(model, x, y, noise, T, eps):
     gradient (a zero gradient is replaced by a standard normal draw, as the official code does); clip to
     [0, 1], then shrink to norm eps. Returns x' detached, (b, C, H, W).
     """
+    check_attack(model, x, y, noise, T, eps=eps)
     model = common.unwrap(model)  # under DDP: attack the plain module (no gradient sync)
     if T == 0 or eps == 0:
         return x.detach()
@@ -206,6 +225,9 @@ def ddn_attack(model, x, y, noise, T, eps, gamma=0.05, levels=256):
     quantised; where none was seen, x itself. "Adversarial": the soft smoothed classifier over the fixed
     noises (with m = 1: f(x + e + n)) does not predict y. Returns x' detached, (b, C, H, W).
     """
+    check_attack(model, x, y, noise, T, eps=eps)
+    common.check_float("gamma", gamma, gt=0, lt=1)
+    common.check_int("levels", levels, 2)
     model = common.unwrap(model)
     if T == 0 or eps == 0:
         return x.detach()
@@ -327,6 +349,11 @@ def smoothmix_attack(model, x, y, noise, T, alpha, mix_step, warm, maxnorm=None)
     >= T) projected onto the L2 ball of radius warm * alpha * mix_step around x. maxnorm, if given, keeps every
     iterate within that L2 distance of x (off by default, as in the released runs).
     """
+    check_attack(model, x, y, noise, T, alpha=alpha, warm=warm)
+    common.check_int("mix_step", mix_step, 0)
+    common.check(warm <= 1, f"warm = {warm!r}, out of range: warm must be <= 1")
+    if maxnorm is not None:
+        common.check_float("maxnorm", maxnorm, gt=0)
     model = common.unwrap(model)  # under DDP: attack the plain module (no gradient sync)
     u, u_init = x.detach(), x.detach()
     with common.frozen_eval(model):
@@ -360,13 +387,7 @@ def smoothmix_loss(model, x, y, idx, *, sigma, m, T, alpha, eta, mix_step, warm,
     serve the attack and both train-mode forwards; mask = 1[argmax pbar == y], pbar the clean-side average.
     """
     common.check_batch(model, x, y, sigma, m=m)
-    common.check_int("T", T, 0)
-    common.check_int("mix_step", mix_step, 0)
-    for name, value in (("alpha", alpha), ("eta", eta), ("warm", warm)):
-        common.check_float(name, value, ge=0)
-    common.check(warm <= 1, f"warm = {warm!r}, out of range: warm must be <= 1")
-    if maxnorm is not None:
-        common.check_float("maxnorm", maxnorm, gt=0)
+    common.check_float("eta", eta, ge=0)   # the attack checks T, alpha, mix_step, warm and maxnorm
     noise = draw_noise(x, sigma, m, noise)
     b = len(y)
     u_init, x_adv = smoothmix_attack(model, x, y, noise, T, alpha, mix_step, warm, maxnorm)
@@ -394,6 +415,13 @@ def catrs_attack(model, x, pb, delta, T, eps):
     re-standardise each tensor to the original's moments (match_moments). x is never perturbed.
     Returns delta' detached.
     """
+    common.check_type("model", model, callable)
+    common.check_tensor("x", x, "B C H W")
+    common.check_input_of(model, x, read_values=not x.is_cuda)
+    common.check_tensor("pb", pb, "B K", B=len(x))
+    check_noise(x, delta, name="delta")
+    common.check_int("T", T, 0)
+    common.check_float("eps", eps, ge=0)
     model = common.unwrap(model)  # under DDP: attack the plain module (no gradient sync)
     if T == 0:
         return delta.detach()
@@ -419,14 +447,19 @@ def match_moments(v, mu0, rms0):
     """CAT-RS's re-standardisation of each noise tensor (last dim): mu0 + (v - mean(v)) * rms0 / rms(v).
 
     rms is the UNcentred root-mean-square sqrt(mean(v^2)), as the official code: the mean is matched exactly,
-    the RMS only up to the (small) mean of the noise.
+    the RMS only up to the (small) mean of the noise. mu0, rms0: one per tensor, shaped v.shape[:-1] + (1,).
     """
+    common.check(tuple(mu0.shape) == tuple(rms0.shape) == v.shape[:-1] + (1,), "mu0 and rms0 must be one per "
+                 "tensor of v, shaped v.shape[:-1] + (1,)")
     mu, rms = v.mean(-1, keepdim=True), v.pow(2).mean(-1, keepdim=True).sqrt()
     return mu0 + (v - mu) * rms0 / rms
 
 
 def bottom_k_sum(values, K):
     """Per column, the sum of the K smallest entries of values (m, b); K (b,) integers in 1..m."""
+    common.check_tensor("values", values, "m b")
+    common.check_tensor("K", K, "b", "int", b=values.shape[1])
+    common.check(K.is_cuda or bool(((K >= 1) & (K <= len(values))).all()), f"K must be counts in 1..{len(values)}")
     ranked, _ = values.sort(0)                                                # ascending along the copies
     rank = torch.arange(values.shape[0], device=values.device)[:, None]
     return (ranked * (rank < K[None, :])).sum(0)

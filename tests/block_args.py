@@ -157,6 +157,20 @@ def catalogue(ns):
                                     lbd=0.5, target=torch.full((12, 10), 0.1)),
                        dict(loss, T=T, eps=eps, lbd=lbd, target=("tensor",), idx=("labels",),
                             confidence_mask=("bool",)))
+    noise = lambda: 0.25 * torch.randn(2, 4, 1, 8, 8)
+    attack = {"model": model, "x": batch, "y": ys, "noise": ("tensor",), "T": T, "eps": eps}
+    c["smoothadv_attack"] = (lambda: dict(model=net, x=xb, y=yb, noise=noise(), T=1, eps=0.25), attack)
+    c["ddn_attack"] = (lambda: dict(model=net, x=xb, y=yb, noise=noise(), T=1, eps=0.25),
+                       dict(attack, gamma=("float", PROB), levels=("int", 2, None)))
+    c["smoothmix_attack"] = (lambda: dict(model=net, x=xb, y=yb, noise=noise(), T=2, alpha=0.5, mix_step=1, warm=1.0),
+                             dict(attack, eps=None, alpha=eps, mix_step=("int", 0, None), warm=("float", UNIT),
+                                  maxnorm=("float?", POS)))
+    del c["smoothmix_attack"][1]["eps"]
+    c["catrs_attack"] = (lambda: dict(model=net, x=xb, pb=torch.full((4, 10), 0.1), delta=noise(), T=1, eps=0.25),
+                         {"model": model, "x": batch, "pb": ("tensor",), "delta": ("tensor",), "T": T, "eps": eps})
+    c["bottom_k_sum"] = (lambda: dict(values=torch.rand(3, 4), K=torch.tensor([1, 2, 3, 3])),
+                         {"values": ("tensor",), "K": ("counts",)})
+    c["project_l2"] = (lambda: dict(v=xb, radius=0.5), {"radius": eps})
     c["stability_loss"] = (lambda: dict(model=net, x=xb, y=yb, idx=None, sigma=0.5, lbd=1.0),
                            {"model": model, "x": batch, "y": ys, "sigma": sigma, "lbd": lbd})
     # ddrs.py

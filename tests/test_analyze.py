@@ -1,6 +1,7 @@
 """analyze.py against the paper's own numbers (§4.1, §4.2, App. B.1), hand-computed tables, the App. B
 conversions in both directions, bad input, and (when ../shared is present) the paper's published logs."""
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -983,3 +984,15 @@ def test_the_budget_a_flag_gives_a_log_without_one_is_checked_against_the_others
     assert code == 2 and "N 100000, but" in err and "has N 1000" in err, err
     code, _, err = run_main(["ecdf", cohen, own, "--allow-different", "images"], capsys)   # 3 and 40 images
     assert code == 0, err
+
+
+def test_load_logs_refuses_a_bare_path_and_a_sigma_that_is_no_number(tmp_path):
+    import readers
+    path = tmp_path / "log.tsv"
+    path.write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\n0\t1\t1\t0.5\t1\t0.1\n")
+    with pytest.raises(TypeError, match="paths"):
+        readers.load_logs(str(path))            # would read one "log" per character of the path
+    for bad in (True, math.inf, "0.5"):
+        with pytest.raises(ValueError, match="sigma must be a finite number"):
+            readers.load_logs([str(path)], sigmas=[bad])
+    assert readers.load_logs([str(path)], sigmas=[0.5])[0]["sigma"] == 0.5

@@ -386,6 +386,7 @@ def _careless_calls():
     x, xb = torch.rand(1, 8, 8), torch.rand(4, 1, 8, 8)
     gens = [torch.Generator().manual_seed(i) for i in range(4)]
     checks = grid.look_schedule(1000)
+    y4, n24 = torch.arange(4), 0.25 * torch.randn(2, 4, 1, 8, 8)
     return {
         "wilson z < 0": (lambda: common.wilson(0.3, 100, -1.96), "z"),
         "wilson count for a share": (lambda: common.wilson(30, 100, 1.96), "p"),
@@ -430,6 +431,18 @@ def _careless_calls():
         "job k0 above N0": (lambda: grid.job_tables(grid.grid_plan([.25], .5, 500, .01), 50, 10), "k0"),
         "easy/hard of counts": (lambda: analyze.easy_hard(np.array([30, 60, 80]), np.array([1., 2., 3.])), "pA"),
         "negative variance": (lambda: compare.satterthwaite([(-1.0, 3.0), (1.0, 4.0)]), "variances"),
+        "pgd attack of 2.5 steps": (lambda: train_baselines.smoothadv_attack(m, xb, y4, n24, 2.5, .5), "T"),
+        "pgd attack eps < 0": (lambda: train_baselines.smoothadv_attack(m, xb, y4, n24, 2, -.5), "eps"),
+        "pgd noise of other images": (lambda: train_baselines.smoothadv_attack(m, xb, y4, n24[:, :3], 2, .5), "noise"),
+        "ddn one grey level": (lambda: train_baselines.ddn_attack(m, xb, y4, n24, 2, .5, levels=1), "levels"),
+        "ddn gamma 1.5": (lambda: train_baselines.ddn_attack(m, xb, y4, n24, 2, .5, gamma=1.5), "gamma"),
+        "smoothmix warm 2": (lambda: train_baselines.smoothmix_attack(m, xb, y4, n24, 2, .5, 1, 2.0), "warm"),
+        "smoothmix fp64 noise": (lambda: train_baselines.smoothmix_attack(m, xb, y4, n24.double(), 2, .5, 1, 1.), "noise"),
+        "catrs attack pb of labels": (lambda: train_baselines.catrs_attack(m, xb, y4, n24, 2, .5), "pb"),
+        "bottom K of 0": (lambda: train_baselines.bottom_k_sum(torch.rand(3, 2), torch.tensor([0, 1])), "K"),
+        "moments of one tensor for two": (lambda: train_baselines.match_moments(torch.rand(2, 5), torch.zeros(1, 1),
+                                                                                torch.ones(1, 1)), "mu0 and rms0"),
+        "project radius < 0": (lambda: train_baselines.project_l2(xb, -1.0), "radius"),
         "grad norms of other indices": (lambda: common.per_example_grad_norms(
             m, lambda f, a, b, i: {"loss": f(a).sum()}, xb, torch.arange(4), torch.arange(1)), "idx"),
     }

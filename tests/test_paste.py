@@ -22,9 +22,9 @@ import copy_size  # noqa: E402
 # with Holm's step-down, the p-values its intervals give, the bounds of each row, best-over-sigma rows over
 # each side's own sigmas and the seed design (paired or unpaired seeds) besides the intervals
 BUDGETS = {"certify:certify": 200, "certify:predict": 170, "grid:grid_certify": 440, "train_ours:ours_loss": 185,
-           "train_ours:discard_hard": 220, "train_ours:radius_weights": 95, "train_baselines:smoothadv_loss": 205,
-           "train_baselines:macer_loss": 150, "train_baselines:consistency_loss": 140,
-           "train_baselines:smoothmix_loss": 220, "train_baselines:catrs_loss": 225, "compare:compare_sides": 435,
+           "train_ours:discard_hard": 220, "train_ours:radius_weights": 95, "train_baselines:smoothadv_loss": 220,
+           "train_baselines:macer_loss": 155, "train_baselines:consistency_loss": 145,
+           "train_baselines:smoothmix_loss": 235, "train_baselines:catrs_loss": 240, "compare:compare_sides": 435,
            "ddrs:optimize_sigma": 210}
 # the other blocks a student looks for: pure too, no budget
 MORE_BLOCKS = ["common:sphere_pgd", "ddrs:semi_elastic_radius", "analyze:acr", "analyze:certified_accuracy",
