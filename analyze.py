@@ -1265,6 +1265,12 @@ def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, repl
                          f"{cert and cert['path']}: certifies another checkpoint than {log['path']} was measured on; "
                          f"--acr takes the log of each gradient-norm file's model")
     check_gradnorm_comparable(logs, allow)
+    bare = [os.path.basename(log["path"]) for log in logs if not readers.read_sidecar(log["path"])]
+    note = bare and (f"{', '.join(bare)} {'has' if len(bare) == 1 else 'have'} no record beside them (<file>.json), so neither the checkpoint each "
+                     f"probed nor its sigma, N and probed images is checked against the other files"
+                     f"{' or the --acr logs' * bool(acr_paths)}")
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     own, vs, paired = gradnorm_intervals(logs, level, replicates, seed)
     rows = []
     for i, log in enumerate(logs):
@@ -1283,6 +1289,7 @@ def gradnorm_report(logs, out, name="gradnorm", acr_paths=None, level=0.95, repl
     if acr_paths is not None:
         header.insert(1, "ACR")
     md = ("Mean per-example gradient l2 norm, easy: pA > 0.5, hard: pA < 0.5 (Table 2):\n\n" +
+          (f"Note: {note}.\n\n" if note else "") +
           markdown(header, rows) +
           f"\n\nIntervals: a bootstrap over the probes ({replicates} replicates, seed {seed}; "
           f"{'paired: every file probed the same examples' if paired else 'unpaired: the files probed different examples'}"

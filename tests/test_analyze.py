@@ -929,6 +929,20 @@ def test_gradnorm_refuses_files_measured_at_another_sigma_or_N(tmp_path, capsys)
                     capsys)[0] == 0
 
 
+def test_gradnorm_says_which_files_have_no_record_to_check(tmp_path, capsys):
+    src = os.path.join(ROOT, "results", "table2_cpu", "gradnorm_gaussian.tsv")
+    for name in ("a", "b"):
+        shutil.copy(src, tmp_path / f"gradnorm_{name}.tsv")
+    (tmp_path / "gradnorm_a.tsv.json").write_text(json.dumps({"sigma": 0.5, "N": 20}))
+    paths = [str(tmp_path / "gradnorm_a.tsv"), str(tmp_path / "gradnorm_b.tsv")]
+    code, _, err = run_main(["gradnorm", *paths, "--replicates", "100", "--out", str(tmp_path / "out")], capsys)
+    assert code == 0 and "note: gradnorm_b.tsv has no record" in err and "gradnorm_a.tsv" not in err, err
+    assert "Note: gradnorm_b.tsv has no record" in (tmp_path / "out" / "gradnorm.md").read_text()
+    (tmp_path / "gradnorm_b.tsv.json").write_text(json.dumps({"sigma": 0.5, "N": 20}))
+    code, _, err = run_main(["gradnorm", *paths, "--replicates", "100", "--out", str(tmp_path / "out2")], capsys)
+    assert code == 0 and "no record" not in err and "Note:" not in (tmp_path / "out2" / "gradnorm.md").read_text()
+
+
 def test_a_report_records_the_command_its_inputs_and_their_models(tmp_path, capsys, monkeypatch):
     a = setting_log(tmp_path / "a_sigma0.5.tsv", checkpoint_sha256="cd" * 32)
     argv = ["table", a, "--out", str(tmp_path / "out")]

@@ -432,28 +432,38 @@ def test_a_barely_trained_digits_model_has_lower_clean_accuracy_beyond_noise(dig
     assert clean[-1] == "lower", clean
 
 
-def test_the_committed_compare_files_are_the_output_of_compare_cpu_sh(tmp_path):
-    """results/cifar10_cpu/compare: the command scripts/compare_cpu.sh prints for it gives the same bytes."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    dry = subprocess.run(["bash", "scripts/compare_cpu.sh"], cwd=root, capture_output=True, text=True, timeout=60,
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def compare_cpu_commands():
+    """The analyze.py commands scripts/compare_cpu.sh runs (its dry run prints them), as argument lists."""
+    dry = subprocess.run(["bash", "scripts/compare_cpu.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, DRY_RUN="1", PYTHON=sys.executable))
     assert dry.returncode == 0, dry.stderr
-    lines = [shlex.split(line[2:]) for line in dry.stdout.splitlines() if line.startswith("+ ")]
-    assert len([a for a in lines if a[2] == "compare"]) == 2 + 5 + 16 + 7   # ours (seeds paired, unpaired),
+    return [shlex.split(line[2:]) for line in dry.stdout.splitlines() if line.startswith("+ ")]
+
+
+COMPARE_CPU = compare_cpu_commands()
+
+
+def test_compare_cpu_sh_compares_every_experiment():
+    assert len([a for a in COMPARE_CPU if a[2] == "compare"]) == 2 + 5 + 16 + 7   # ours (seeds paired, unpaired),
     # Figure 3, Table 5, DDRS
-    for folder, names in (("compare", ("compare.tsv", "compare.md")), ("seeds", ("table_seeds.md",))):
-        found = [a for a in lines if a[a.index("--out") + 1] == f"results/cifar10_cpu/{folder}"]
-        if folder == "seeds" and not found:   # the seed table exists once seeds 1 and 2 are certified
-            continue
-        argv = found[0]
-        argv[argv.index("--out") + 1] = str(tmp_path / folder)
-        for i, a in enumerate(argv):
-            if a.startswith("results/"):
-                argv[i] = os.path.join(root, a)
-        assert run_main(analyze.main, argv[2:]) == 0
-        for name in names:
-            with open(os.path.join(root, "results", "cifar10_cpu", folder, name)) as f:
-                assert (tmp_path / folder / name).read_text() == f.read(), name
+
+
+@pytest.mark.parametrize("argv", COMPARE_CPU, ids=[a[a.index("--out") + 1] for a in COMPARE_CPU])
+def test_each_committed_compare_folder_is_the_output_of_compare_cpu_sh(argv, tmp_path):
+    """Every table and report under each folder scripts/compare_cpu.sh writes: its command gives the same bytes,
+    so no committed verdict lags the code."""
+    folder = argv[argv.index("--out") + 1]
+    argv = [str(tmp_path) if a == folder else os.path.join(ROOT, a) if a.startswith("results/") else a
+            for a in argv]
+    assert run_main(analyze.main, argv[2:]) == 0
+    names = [n for n in os.listdir(os.path.join(ROOT, folder)) if n.endswith((".md", ".tsv", ".tex"))]
+    assert names
+    for name in names:
+        with open(os.path.join(ROOT, folder, name)) as f:
+            assert (tmp_path / name).read_text() == f.read(), name
 
 
 @pytest.mark.parametrize("sigma, radii", [("0.25", ["0.25", "0.5", "0.75"]),
