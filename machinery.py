@@ -16,6 +16,7 @@ import math
 import os
 import random
 import re
+import shlex
 import signal
 import stat
 import sys
@@ -552,9 +553,9 @@ def _install(path, tmp, kind=None, announce=False):
 
 
 def provenance():
-    """What a table, figure or report was made from, for its folder's record: the command line (paths relative),
-    the sha256 over the files it read (set_inputs) and their settings files (path, then hash, a line each), and
-    {input: the checkpoint hash its settings file names}, the models behind the numbers. Hashed once a command."""
+    """What a table, figure or report was made from, for its folder's record: the command line (shell-quoted,
+    paths relative), the sha256 over the files it read (set_inputs) and their settings files (path, then hash, a
+    line each), and {input: the checkpoint hash its settings file names}. Hashed once a command."""
     key = (tuple(sys.argv), tuple(sorted(set(_INPUTS))))
     if key not in _PROVENANCE:
         lines, models = [], {}
@@ -568,7 +569,7 @@ def provenance():
         command = [os.path.basename(sys.argv[0] or "python")] + [os.path.relpath(a) if os.path.isabs(a) else a
                                                                  for a in sys.argv[1:]]
         _PROVENANCE.clear()
-        _PROVENANCE[key] = {"command": " ".join(command), "models": models, "inputs_sha256": hashlib.sha256(
+        _PROVENANCE[key] = {"command": shlex.join(command), "models": models, "inputs_sha256": hashlib.sha256(
             "".join(lines).encode("utf-8", "surrogateescape")).hexdigest()}
     return dict(_PROVENANCE[key])
 

@@ -1,8 +1,10 @@
 """analyze.py against the paper's own numbers (§4.1, §4.2, App. B.1), hand-computed tables, the App. B
 conversions in both directions, bad input, and (when ../shared is present) the paper's published logs."""
+import glob
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -479,6 +481,41 @@ def test_the_committed_cpu_results_are_analyze_output_of_the_committed_logs(fold
             assert fresh.read() == committed.read(), f"{folder}/{name}"
 
 
+def recorded_analyses():
+    """(folder, command, its text outputs) for every analyze.py and ddrs.py report command a committed record
+    (outputs.json) names, but `paper`, whose published logs live outside the repository (tested beside them)."""
+    found = {}
+    for record in sorted(glob.glob(os.path.join(ROOT, "results", "**", "outputs.json"), recursive=True)):
+        for name, entry in json.load(open(record)).items():
+            command = entry.get("command", "")
+            if command.startswith(("analyze.py ", "ddrs.py report ")) and not command.startswith("analyze.py paper"):
+                found.setdefault((os.path.relpath(os.path.dirname(record), ROOT), command), []).append(name)
+    return [(folder, command, sorted(n for n in names if n.endswith((".md", ".tsv", ".tex", ".json"))))
+            for (folder, command), names in found.items()]
+
+
+RECORDED = recorded_analyses()
+
+
+def test_every_committed_cpu_analysis_records_its_command():
+    assert len(RECORDED) >= 50 and all(names for _, _, names in RECORDED)
+
+
+@pytest.mark.parametrize("folder, command, names", RECORDED, ids=[f"{f}:{c.split()[1]}" for f, c, _ in RECORDED])
+def test_each_recorded_analysis_gives_its_committed_files_again(folder, command, names, tmp_path, capsys):
+    """The command a record names, run again on the committed logs, writes the bytes committed and recorded."""
+    import ddrs
+    script, *argv = shlex.split(command)
+    argv[argv.index("--out") + 1] = str(tmp_path)
+    argv = [os.path.join(ROOT, a) if a.startswith("results/") else a for a in argv]
+    machinery.run(lambda: {"analyze.py": analyze, "ddrs.py": ddrs}[script].main(argv))
+    record = json.load(open(os.path.join(ROOT, folder, "outputs.json")))
+    for name in names:
+        committed = os.path.join(ROOT, folder, name)
+        assert machinery.file_sha256(committed) == record[name]["sha256"], f"{folder}/{name}: not what was recorded"
+        assert (tmp_path / name).read_bytes() == open(committed, "rb").read(), f"{folder}/{name}"
+
+
 def test_the_committed_cpu_logs_carry_the_true_labels_votes():
     """Figure 3 needs pA below 1/2: every committed CPU certification log has the nY column."""
     for folder in COMMITTED:
@@ -945,12 +982,13 @@ def test_gradnorm_says_which_files_have_no_record_to_check(tmp_path, capsys):
 
 def test_a_report_records_the_command_its_inputs_and_their_models(tmp_path, capsys, monkeypatch):
     a = setting_log(tmp_path / "a_sigma0.5.tsv", checkpoint_sha256="cd" * 32)
-    argv = ["table", a, "--out", str(tmp_path / "out")]
+    argv = ["table", a, "--labels", "my model's (v2)", "--out", str(tmp_path / "out")]
     monkeypatch.setattr(sys, "argv", ["analyze.py", *argv])   # the command line the record names
     assert run_main(argv, capsys)[0] == 0
     entry = json.load(open(tmp_path / "out" / "outputs.json"))["table.md"]
     assert entry["models"] == {os.path.relpath(a): "cd" * 32} and entry["command"].startswith("analyze.py table ")
     assert len(entry["inputs_sha256"]) == 64 and not os.path.isabs(entry["command"].split()[2])
+    assert shlex.split(entry["command"])[3:5] == ["--labels", "my model's (v2)"]   # a shell runs it as it ran
 
 
 def test_gradnorm_acr_refuses_a_train_split_log(tmp_path, capsys):
