@@ -13,22 +13,22 @@ Output (tab-separated, one flushed line per example; `predict` is -1 on abstenti
              certification at a grid of radii, grid.py: radius = the largest grid radius certified, N =
              draws made, pA_certified = Phi(radius / sigma): the bound the certificate proves; the examples
              of a --group share forward passes, so time is the group's, shared evenly)
-nY / N estimates pA of every example, wrong and abstained ones too: the whole distribution of pA (§4.3,
-Fig. 3). --save-counts also keeps every class's votes, one row per example, in <outfile>.counts.
---label-mode adds a last column `candidate` (= label): cA was the true label, no selection draws were made;
-such a log gives certified accuracy, not predictions. --seed random draws the seed from the OS's entropy
-when the run starts (recorded as seed_value in the sidecar): a certificate with a published seed holds only
-for a model that does not depend on that noise; the default fixed seed is for reproducible experiments.
-The sidecar <outfile>.json, the run's record, holds the settings; rerunning resumes after the last line.
-Speed (docs/speed.md; measured by tools/bench.py): channels-last and folded BatchNorm by default, --precision bf16,
---compile, and --early-abstain (stop early on examples that will abstain; the guarantee is unchanged).
+nY / N estimates pA of every example, wrong and abstained ones too: the whole distribution of pA (§4.3, Fig. 3).
+--save-counts also keeps every class's votes, one row per example, in <outfile>.counts. --label-mode adds a last
+column `candidate` (= label): cA was the true label, no selection draws were made; such a log gives certified
+accuracy, not predictions. --seed random draws the seed from the OS's entropy when the run starts (recorded as
+seed_value in the sidecar): a certificate with a published seed holds only for a model that does not depend on that
+noise; the default fixed seed is for reproducible experiments. The sidecar <outfile>.json, the run's record, holds
+the settings; rerunning resumes after the last line. Speed (docs/speed.md; measured by tools/bench.py): channels-last
+and folded BatchNorm by default, --precision bf16, --compile, and --early-abstain (stop early on examples that will
+abstain; the guarantee is unchanged).
 
-Floating point: by default (as the paper and Cohen et al.) f sees fl(x + fl(sigma * randn)), which keeps
-low-order bits of x; a base classifier that reads them can obtain false certificates (Voráček & Hein 2023;
-tests/test_sound.py rebuilds such attacks). The certificate of the float path therefore assumes that f does
-not exploit rounding. --sound removes that assumption (integer noise on the input grid, one conversion):
-it certifies f composed with the grid mapping, with the same radius formula. Checkpoints are loaded without
-running code (weights_only); --trust-checkpoint loads files that need more, and runs what they hold.
+Floating point: by default (as the paper and Cohen et al.) f sees fl(x + fl(sigma * randn)), which keeps low-order
+bits of x; a base classifier that reads them can obtain false certificates (Voráček & Hein 2023; tests/test_sound.py
+rebuilds such attacks). The certificate of the float path therefore assumes that f does not exploit rounding. --sound
+removes that assumption (integer noise on the input grid, one conversion): it certifies f composed with the grid
+mapping, with the same radius formula. Checkpoints are loaded without running code (weights_only); --trust-checkpoint
+loads files that need more, and runs what they hold.
 
 Usage (after `python train_gaussian.py --dataset digits --sigma 0.5 --epochs 5`; about a minute on a CPU):
     python certify.py --checkpoint runs/train_gaussian_digits_sigma0.5/checkpoint.pth.tar --N 1000
@@ -76,6 +76,8 @@ def certify(model, x, sigma, N0, N, alpha, batch, num_classes, generator=None, s
     with common.eval_mode(model):
         if candidate is None:   # first class on ties, as numpy's argmax in Cohen's code
             candidate = int(votes(N0)[0].argmax())
+        common.check(getattr(sample, "cA", None) in (None, candidate), f"sample (an EarlyAbstention) stops on class "
+                     f"{getattr(sample, 'cA', None)!r}, not on the candidate {candidate}")
         counts = votes(N)[0].cpu()
     nA = int(counts[candidate])
     pA_lower = common.clopper_pearson_lower(nA, N, alpha)
@@ -118,15 +120,17 @@ class EarlyAbstention:
     One instance per example: it remembers that example's cA (candidate: the class certified without selection)."""
 
     def __init__(self, sample, alpha, candidate=None):
-        self.sample, self.cA, self.stopped_at = sample, candidate, None
+        self.sample, self.cA, self.stopped_at, self.used = sample, candidate, None, False
         self.alpha = common.check_float("alpha", alpha, gt=0, lt=1)   # the chance of stopping where pA >= 1/2
 
     def __call__(self, model, x, sigma, n, batch, num_classes, generator=None):
+        common.check(not self.used, "this EarlyAbstention has served an example and holds its class: make a new "
+                                    "one for each example (certify.sampler_of)")
         if self.cA is None:   # the selection draws: remember the class certify() selects from them
             counts = self.sample(model, x, sigma, n, batch, num_classes, generator)
             self.cA = int(counts[0].argmax())
             return counts
-        rule = abstain_rule(self.cA, n, batch, self.alpha)
+        rule, self.used = abstain_rule(self.cA, n, batch, self.alpha), True
 
         def stop(counts, drawn):
             if rule(counts, drawn):
@@ -176,15 +180,18 @@ def example_line(model, x, label, idx, sigma, N0, N, alpha, batch, num_classes, 
                  label_mode=False, radius_fn=None):
     """Certify (or predict) example idx with its own noise generator; returns its TSV line (no newline).
 
-    precision, sound, early_abstain: certify.py's options (common.in_precision, sampler_of).
-    plan: a grid_plan for anytime-valid certification at its radii (--radii) instead of CERTIFY.
-    columns: the TSV's columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS).
-    counts_out: optional list; every class's votes among the estimation draws are appended to it.
-    label_mode: certify the true label (no selection draws); the line's `candidate` column says so.
-    radius_fn: None (Cohen's radius), or callable(pA_lower, sigma) -> the radius of a certified example, a
-    certificate of another form from the same bound (ddrs.py --semi-elastic).
+    precision, sound, early_abstain: certify.py's options (common.in_precision, sampler_of). plan: a grid_plan of
+    this N and alpha, for anytime-valid certification at its radii (--radii) instead of CERTIFY. columns: the TSV's
+    columns (default CERTIFY_COLUMNS or PREDICT_COLUMNS). counts_out: optional list; every class's votes among the
+    estimation draws are appended to it. label_mode: certify the true label (no selection draws); the line's
+    `candidate` column says so. radius_fn: None (Cohen's radius), or callable(pA_lower, sigma) -> the radius of a
+    certified example, a certificate of another form from the same bound (ddrs.py --semi-elastic).
     """
     common.check(isinstance(use_predict, bool) and isinstance(label_mode, bool), "use_predict and label_mode are bools")
+    common.check(plan is None or (plan.get("N_max"), plan.get("alpha")) == (N, alpha), f"plan is for N_max "
+                 f"{plan and plan.get('N_max')}, alpha {plan and plan.get('alpha')}: not N {N}, alpha {alpha}")
+    common.check_type("counts_out", counts_out, None, list)
+    common.check_type("radius_fn", radius_fn, None, callable)
     candidate, label = label if label_mode else None, common.check_int("label", label, 0, num_classes - 1)
     generator = common.example_generator(seed, idx, x.device)
     model = common.in_precision(model, precision)
@@ -257,13 +264,11 @@ def build_parser(description=__doc__):
                    f"(default): on a GPU the largest pass that fits, at most N, else {common.CPU_BATCH} (docs/speed.md)")
     p.add_argument("--skip", type=int, default=1, help="certify every skip-th example (idx %% skip == 0)")
     p.add_argument("--max", type=int, default=None, help="certify at most this many examples")
-    p.add_argument("--seed", type=seed_arg, default=0,
-                   help="noise of example idx is drawn from (seed, idx): a fixed seed (default 0) is reproducible; "
-                        "'random' takes one from the operating system's entropy when the run starts and records "
-                        "it in the sidecar (use it when the model may have seen the published seed's noise)")
-    p.add_argument("--label-mode", action="store_true",
-                   help="evaluation only: the candidate class cA is the true label (no selection draws, N0 "
-                        "unused); valid for certified accuracy, not for predictions (the log says so)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="noise of example idx is drawn from (seed, idx): a fixed "
+                   "seed (default 0) is reproducible; 'random' takes one from the OS's entropy when the run starts and "
+                   "records it in the sidecar (when the model may have seen the published seed's noise)")
+    p.add_argument("--label-mode", action="store_true", help="evaluation only: the candidate class cA is the true "
+                   "label (no selection draws, N0 unused); valid for certified accuracy, not predictions (the log says so)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--predict", action="store_true", help="run PREDICT (no radius) instead of CERTIFY")
     p.add_argument("--overwrite", action="store_true", help="start again instead of resuming an existing outfile")
@@ -272,11 +277,10 @@ def build_parser(description=__doc__):
     p.add_argument("--precision", default="fp32", choices=tuple(common.PRECISIONS),
                    help="arithmetic of the base classifier: fp32 (the paper's), bf16 (CPU, CUDA) or fp16 (CUDA) "
                         "autocast; the certificate then holds for that reduced-precision classifier")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="channels-last memory format (default: on for convolutional models)")
-    p.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=True,
-                   help="fold eval-mode BatchNorm into the convolution before it (the same classifier up to "
-                        "float rounding; default on)")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None, help="channels-last "
+                   "memory format (default: on for convolutional models)")
+    p.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=True, help="fold eval-mode "
+                   "BatchNorm into the convolution before it (the same classifier up to float rounding; default on)")
     p.add_argument("--compile", action="store_true", help="torch.compile the base classifier (a minute of "
                    "compilation per batch shape; falls back to eager with a note where it cannot run)")
     p.add_argument("--sound", action="store_true", help="sound sampling (Voráček & Hein 2023): integer noise on "
@@ -348,7 +352,7 @@ def check_args(args):
                  f">= 1 and at most {machinery.MAX_DRAWS:.0e} (got N0={args.N0}, N={args.N})")
     common.check(args.predict or args.N0 <= args.N,
                  f"--N0 ({args.N0}) > --N ({args.N}): N0 only picks the class, N bounds pA; swap them?")
-    common.check(0 < args.alpha < 1, f"--alpha must lie in (0, 1) (got {args.alpha}); the paper uses 0.001")
+    common.check(0 < args.alpha < 0.5, f"--alpha, a chance of error, must lie in (0, 0.5) (got {args.alpha}); paper: 0.001")
     common.check(args.skip >= 1, f"--skip must be >= 1 (got {args.skip}); 1 certifies every example")
     common.check(args.max is None or args.max >= 1, f"--max must be >= 1 (got {args.max}); omit it for all")
     common.check(args.batch == "auto" or args.batch >= 1, f"--batch must be >= 1 or 'auto' (got {args.batch})")
@@ -392,11 +396,10 @@ def is_convolutional(model):
 
 
 def fold_batchnorm(model):
-    """A copy of the eval-mode model with every BatchNorm folded into the convolution before it (torch.fx).
-
-    The same function up to float rounding, one pass over the activations less per layer (measured: see
-    tools/bench.py). A model torch.fx cannot trace comes back unchanged, with a note.
-    """
+    """A copy of the eval-mode model (an nn.Module) with every BatchNorm folded into the convolution before it
+    (torch.fx): the same function up to float rounding, one pass over the activations less per layer (measured: see
+    tools/bench.py). A model torch.fx cannot trace comes back unchanged, with a note."""
+    common.check_type("model", model, torch.nn.Module)
     from torch.fx.experimental.optimization import fuse
     try:
         return fuse(model)
@@ -406,12 +409,9 @@ def fold_batchnorm(model):
 
 
 def fast_model(model, channels_last, compile_model, shapes, precision, fold_bn=False):
-    """The base classifier on the fast path: BatchNorm folded, channels-last weights, torch.compile if asked.
-
-    model: in eval mode. Compilation happens here, once per input shape in `shapes` (the pass shapes of the
-    run); where it fails (no C++ compiler, an unsupported model, ...) a note says why and the eager model is
-    returned.
-    """
+    """The base classifier on the fast path: BatchNorm folded, channels-last weights, torch.compile if asked. model:
+    in eval mode. Compilation happens here, once per input shape in `shapes` (the pass shapes of the run); where it
+    fails (no C++ compiler, an unsupported model, ...) a note says why and the eager model is returned."""
     if fold_bn:
         model = fold_batchnorm(model)
     if channels_last:

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import math
 import os
+import types
 
 import numpy as np
 import torch
@@ -470,15 +471,17 @@ def pass_sizes(n, per_pass):
 
 def modules_of(model, depth=3):
     """The nn.Modules a model is or holds: itself, a bound method's object, a partial's function and arguments, a
-    function's closure, defaults and the globals it names (a model wrapped in a lambda is still that model)."""
-    if isinstance(model, nn.Module) or depth == 0:
+    function's closure, defaults and globals, an object's attributes, a dict's or list's items (not Python modules)."""
+    if isinstance(model, nn.Module) or depth == 0 or isinstance(model, (types.ModuleType, type)):
         return [model] if isinstance(model, nn.Module) else []
     code, names = getattr(model, "__code__", None), getattr(model, "__globals__", {})
     parts = [getattr(model, "__self__", None), *[c.cell_contents for c in getattr(model, "__closure__", None) or ()],
              *(getattr(model, "__defaults__", None) or ()), *[names.get(n) for n in (code.co_names if code else ())]]
     if isinstance(model, functools.partial):
         parts += [model.func, *model.args, *model.keywords.values()]
-    return [m for part in parts if callable(part) and part is not model for m in modules_of(part, depth - 1)]
+    parts += list(model.values()) if isinstance(model, dict) else list(model) if isinstance(model, (list, tuple)) \
+        else list(vars(model).values()) if hasattr(model, "__dict__") else []
+    return [m for part in parts if part is not model for m in modules_of(part, depth - 1)]
 
 
 @contextlib.contextmanager
@@ -731,10 +734,12 @@ def check_votes(counts, n, classes, name="sample"):
     return counts
 
 
-def check_smoothing(sigma, alpha=0.5, **counts):
-    """check_float / check_int of RS's settings: 0 < sigma < inf, 0 < alpha < 1, each count an int in [1, MAX_DRAWS]."""
+def check_smoothing(sigma, *alpha, **counts):
+    """check_float / check_int of RS's settings: 0 < sigma < inf, 0 < alpha < 1/2 (the chance of a false certificate;
+    0.95 is a confidence, not an alpha), each count an int in [1, MAX_DRAWS]."""
     check_float("sigma", sigma, gt=0)
-    check_float("alpha", alpha, gt=0, lt=1)
+    for a in alpha:   # given by the blocks that bound a probability, CERTIFY's and PREDICT's
+        check_float("alpha", a, gt=0, lt=0.5)
     for name, n in counts.items():
         check_int(name, n, 1, MAX_DRAWS)
 
@@ -950,7 +955,8 @@ def sphere_pgd(model, x, y, delta, T, eps, norm_type="l2"):
     """
     check_batch(model, x, y)
     check_tensor("delta", delta, "m B C H W", B=len(x))
-    check(delta.shape[2:] == x.shape[1:], f"delta's draws have shape {tuple(delta.shape[2:])}, x's {tuple(x.shape)}")
+    check(delta.shape[2:] == x.shape[1:] and delta.dtype == x.dtype and delta.device == x.device, f"delta's draws are "
+          f"{tuple(delta.shape[2:])} {delta.dtype} on {delta.device}, x {tuple(x.shape)} {x.dtype} on {x.device}")
     check_int("T", T, 0)
     check_float("eps", eps, ge=0)
     check_choice("norm_type", norm_type, ("l2", "linf"))
@@ -1060,7 +1066,7 @@ def seed_epoch(seed, epoch, rank=0):
     Each epoch's randomness then depends only on (seed, epoch, rank), so a run resumed at an epoch
     boundary draws exactly what the uninterrupted run drew.
     """
-    seed_everything(epoch_seed(seed, epoch, 1 + rank))
+    seed_everything(epoch_seed(seed, epoch, 1 + check_int("rank", rank, 0)))   # stream 0 is the sampler's
 
 
 AUGMENT_STREAM = 2 ** 20   # epoch_seed stream of the augmentation seeds (0: the sampler, 1 + rank: the noise)

@@ -171,9 +171,10 @@ def optimize_sigma(model, x, sigma0, K, M, lr, generators, clamp=(0.02, 0.98), b
     common.check_int("K", K, 0)
     common.check_int("M", M)
     common.check_float("lr", lr, ge=0)
-    common.check(isinstance(generators, (list, tuple)) and len(generators) == B and len(set(map(id, generators))) == B
-                 and all(isinstance(g, torch.Generator) for g in generators), "generators: one torch.Generator per "
-                                                                             "input, each its own")
+    common.check(isinstance(generators, (list, tuple)) and len(generators) == B and all(isinstance(
+        g, torch.Generator) for g in generators) and len({bytes(g.get_state().numpy()) for g in generators}) == B,
+        "generators: one torch.Generator per input, each its own (no two in the same state: seeded alike, they "
+        "would draw the same noise)")
     common.check(isinstance(bounds, (list, tuple)) and len(bounds) == 2, f"bounds must be (low, high or None), "
                                                                         f"not {bounds!r:.40}")
     lo, hi = bounds
@@ -816,8 +817,10 @@ def main(argv=None):
     elif command == "train":
         train_main(args)
     elif command == "report":
+        machinery.set_inputs([args.fixed, *args.logs])   # read, never written over; their models go in the record
         report_main(args)
     else:
+        machinery.set_inputs([args.log])
         memory_main(args)
 
 

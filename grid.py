@@ -53,10 +53,14 @@ def check_prior(prior):
 def kt_log_wealth(A, t, p, prior=KT_PRIOR):
     """log W_t(p) = log B(A + a0, t - A + b0) / (B(a0, b0) p^A (1 - p)^(t - A)), mixture prior Beta(a0, b0);
     0 <= A <= t votes, p in [0, 1] (arrays broadcast)."""
-    A, t, p = np.asarray(A, dtype=float), np.asarray(t, dtype=float), np.asarray(p, dtype=float)
-    common.check(bool(np.all((0 <= A) & (A <= t))) and bool(np.all((0 <= p) & (p <= 1))),
-                 "kt_log_wealth needs 0 <= A <= t votes and p in [0, 1]")
-    return _kt_log_wealth(A, t, p, *check_prior(prior))
+    return _kt_log_wealth(*check_draws(A, t), common.check_array("p", p, ge=0, le=1), *check_prior(prior))
+
+
+def check_draws(A, t):
+    """A votes among t draws (numbers or arrays, broadcast): whole, 0 <= A <= t; as float64 arrays."""
+    A, t = common.check_array("A", A, integral=True, ge=0), common.check_array("t", t, integral=True, ge=0)
+    common.check(bool(np.all(A <= t)), "A <= t: the votes are among the t draws")
+    return A, t
 
 
 def _kt_log_wealth(A, t, p, a0, b0):
@@ -69,9 +73,10 @@ def one_sided_log_wealth(A, t, tau, side, prior=KT_PRIOR):
     """log wealth after t draws with A votes of the mixture Beta(a0, b0) restricted to q > tau (side +1) or q < tau
     (side -1): kt_log_wealth times the posterior mass beyond tau over the prior's. A supermartingale when p <= tau
     (side +1), so by Ville P(ever >= 1 / alpha) <= alpha; underflow only lowers it (prior mass floored)."""
-    common.check(side in (-1, 1), f"side must be +1 (against pA <= tau) or -1 (against pA >= tau), not {side!r:.20}")
+    common.check(side in (-1, 1) and not isinstance(side, bool), f"side must be +1 (against pA <= tau) or -1 "
+                                                                  f"(against pA >= tau), not {side!r:.20}")
     common.check_float("tau", tau, gt=0, lt=1)
-    return _one_sided_log_wealth(np.asarray(A, dtype=float), np.asarray(t, dtype=float), tau, side, *check_prior(prior))
+    return _one_sided_log_wealth(*check_draws(A, t), tau, side, *check_prior(prior))
 
 
 def _one_sided_log_wealth(A, t, tau, side, a0, b0):

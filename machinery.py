@@ -1157,14 +1157,14 @@ def prepare_outputs(outfile, settings, columns, overwrite, counts=None, inputs=(
             else:   # counts of examples the log lacks, or twice: the rerun redraws them
                 first = {i: row for i, row in reversed(list(zip(ids, rows))) if i in done}   # each idx's first row
                 write_tsv(path, cols, [[first[i]] for i in dict.fromkeys(ids) if i in first], "vote counts", inputs)
-    planned = [path + part for path, _ in files for part in [""] + [f".rank{r}" for r in range(world) if world > 1]]
+    planned = {p: cols for path, cols in files for p in [path] + part_files(path) +
+               [f"{path}.rank{r}" for r in range(world) if world > 1]}   # every rank appends to its own part
     settings = json.loads(json.dumps(settings, default=str))   # as the sidecar will hold them
     write_json(dict(settings, written=written_now(outfile, settings, planned)), outfile + ".json", "settings of a log",
                inputs)
-    for path, cols in files:
-        for log in [path] + part_files(path):   # every rank appends to its own part later
-            open_append(log, "\t".join(cols), inputs).close()
-    record_written(outfile)   # now with the headers
+    for log, cols in planned.items():
+        open_append(log, "\t".join(cols), inputs).close()
+    record_written(outfile)   # now with the headers, each part's too
     return done
 
 

@@ -530,7 +530,8 @@ def make_loss_fn(method, hp, sigma, epoch, target=None):
     if method == "smoothadv":
         return functools.partial(smoothadv_loss, sigma=sigma, m=hp["m"], T=hp["T"], eps=hp["eps"],
                                  warm=warmup_factor(epoch, hp["warmup"]),
-                                 attack=ddn_attack if hp["attack"] == "ddn" else smoothadv_attack)
+                                 attack={"ddn": ddn_attack, "pgd": smoothadv_attack}[
+                                     common.check_choice("attack", hp["attack"], ("pgd", "ddn"))])
     if method == "macer":  # --deferred: no robustness term in epochs 0..first decay (until after the first decay)
         first_decay = min(hp["lr_milestones"]) if hp.get("lr_milestones") else hp["lr_step"]
         lbd = 0.0 if hp["deferred"] and epoch <= first_decay else hp["lbd"]
@@ -561,8 +562,9 @@ def compute_catrs_target(model, dataset, sigma, N, batch, seed, num_classes, wor
 
     Uses common.sample_counts. The global generators are reseeded per block of 1024 images from (seed, block),
     so the result does not depend on interruptions: if partial_path holds a partial result with the same
-    settings (and `tag`, e.g. the checkpoint's path), work continues after it; progress is saved there every
-    `every` seconds. `batch`: noisy inputs per forward pass. Returns int64 (len(dataset), num_classes).
+    settings (and `tag`, e.g. the checkpoint's sha256, so another model's votes are never continued), work
+    continues after it; progress is saved there every `every` seconds. `batch`: noisy inputs per forward pass.
+    Returns int64 (len(dataset), num_classes).
     """
     device = next(model.parameters()).device
     settings = {"N": N, "sigma": sigma, "seed": seed, "len": len(dataset), "tag": tag}
@@ -622,7 +624,8 @@ def load_catrs_target(path, dataset, train_size, num_classes, trust=False):
 
 
 def make_target_mode(args):
-    """--make-catrs-target: write {'counts', 'N', 'sigma', 'dataset', 'checkpoint'} to --out (CAT-RS preprocessing)."""
+    """--make-catrs-target: write {'counts', 'N', 'sigma', 'dataset', 'checkpoint', 'checkpoint_sha256'} to --out
+    (CAT-RS preprocessing)."""
     common.check(args.checkpoint and args.out, "--make-catrs-target needs --checkpoint (a Gaussian sigma = 0.25 "
                                                "model) and --out FILE")
     given = lambda value, default: default if value is None else value   # noqa: E731  (0 is a value: refused)
@@ -641,11 +644,12 @@ def make_target_mode(args):
     print(f"CAT-RS target: {N} votes at sigma {sigma} for each of {len(train_set)} {dataset} training images")
     partial = args.out + ".partial"
     counts = compute_catrs_target(model, train_set, sigma, N, batch, args.seed, common.NUM_CLASSES[dataset],
-                                  args.workers, partial, tag=os.path.abspath(args.checkpoint),
+                                  args.workers, partial, tag=readers.loaded_sha256(args.checkpoint),
                                   inputs=[args.checkpoint])
     machinery.save_checkpoint({"counts": counts, "N": N, "sigma": sigma, "dataset": dataset,
-                               "checkpoint": os.path.relpath(args.checkpoint)}, args.out, "CAT-RS target",
-                           [args.checkpoint])
+                               "checkpoint": os.path.relpath(args.checkpoint),
+                               "checkpoint_sha256": readers.loaded_sha256(args.checkpoint)}, args.out,
+                              "CAT-RS target", [args.checkpoint])
     machinery.remove_output(partial)
     print(f"wrote {args.out}")
 
@@ -829,6 +833,7 @@ def train(args, device):
     if args.method == "catrs":
         target = load_catrs_target(args.catrs_target, args.dataset, len(train_set), common.NUM_CLASSES[args.dataset],
                                    args.trust_checkpoint)
+        args.catrs_target_sha256 = readers.loaded_sha256(args.catrs_target)   # recorded: a resume needs the same
     test_loader = common.make_test_loader(common.get_dataset(args.dataset, "test", args.data_dir), 256, args.workers)
     loaders = common.TrainLoader(train_set, args.batch, args.workers, args.seed, machinery.get_rank(),
                                   machinery.get_world_size())   # workers live across epochs

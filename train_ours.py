@@ -291,6 +291,8 @@ def train(args, device):
     optimizer = common.make_optimizer(model, args.lr, args.momentum, args.weight_decay)
     scheduler = common.make_scheduler(optimizer, args.lr_step, milestones=args.lr_milestones)
     expect = {"arch": args.arch, "dataset": args.dataset, "sigma": args.sigma}   # what --resume must match
+    if args.pA_checkpoint:   # recorded (args.json, the checkpoints): a resume, and the discard, need this very file
+        args.pA_checkpoint_sha256 = machinery.file_sha256(args.pA_checkpoint)
     first, state = machinery.start_or_resume(model, optimizer, scheduler, args.outdir,
                                              args.resume, expect, args.trust_checkpoint, vars(args))
     kept = state.get("kept", torch.arange(len(train_set))).cpu()   # D', all of D until the discard
@@ -313,6 +315,8 @@ def train(args, device):
         if args.discard and epoch == start:                                             # Alg. 2: epoch == Et
             pA_model = (readers.load_model(args.pA_checkpoint, device=device, trust=args.trust_checkpoint)[0]
                         if args.pA_checkpoint else model)
+            common.check(not args.pA_checkpoint or readers.loaded_sha256(args.pA_checkpoint) ==
+                         args.pA_checkpoint_sha256, f"--pA-checkpoint {args.pA_checkpoint!r} changed since the run began")
             kept = discard_step(pA_model, train_set, args, epoch, device)
             weights = None
         if args.reweight and epoch >= start and (epoch - start) % args.reweight_every == 0:  # Et, Et + 10, ...

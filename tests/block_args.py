@@ -48,7 +48,7 @@ def catalogue(ns):
     g = lambda: torch.Generator().manual_seed(0)
     on_grid = torch.randint(0, 17, (1, 8, 8)) / 16.0
     model, batch, ys = ("model",), ("batch",), ("labels",)
-    N, alpha, sigma = ("int", 1, None), ("float", PROB), ("float", POS)
+    N, alpha, sigma = ("int", 1, None), ("float", {"gt": 0, "lt": 0.5}), ("float", POS)
     T, eps, lbd = ("int", 0, None), ("float", {"ge": 0}), ("float", {"ge": 0})
     c = {}
     c["clopper_pearson_lower"] = c["clopper_pearson_upper"] = (
@@ -184,7 +184,8 @@ def catalogue(ns):
                            {"model": model, "x": ("input",), "sigma0": sigma, "num_classes": ("int", 2, None),
                             "generator": ("generator?",), "batch": N, "precision": ("choice", ("fp32", "bf16", "fp16")),
                             "draws": N, "max_draws": N, "alpha": alpha})
-    c["optimize_sigma"] = (lambda: dict(model=net, x=xb[:2], sigma0=0.5, K=1, M=2, lr=1e-3, generators=[g(), g()]),
+    c["optimize_sigma"] = (lambda: dict(model=net, x=xb[:2], sigma0=0.5, K=1, M=2, lr=1e-3,
+                                        generators=[g(), torch.Generator().manual_seed(1)]),
                            {"model": model, "x": batch, "sigma0": sigma, "K": T, "M": N, "lr": ("float", {"ge": 0}),
                             "generators": ("list",), "clamp": ("array", PROB, 1, False), "fixed_cA": ("bool",),
                             "keep_best": ("bool",), "cA": ("array?", {"ge": 0}, 1, True), "bounds": ("list",)})

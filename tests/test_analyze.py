@@ -510,6 +510,8 @@ def test_each_recorded_analysis_gives_its_committed_files_again(folder, command,
     argv = [os.path.join(ROOT, a) if a.startswith("results/") else a for a in argv]
     machinery.run(lambda: {"analyze.py": analyze, "ddrs.py": ddrs}[script].main(argv))
     record = json.load(open(os.path.join(ROOT, folder, "outputs.json")))
+    fresh = json.load(open(tmp_path / "outputs.json"))
+    assert all(fresh[n]["models"] == record[n]["models"] for n in names), "the record names other models"
     for name in names:
         committed = os.path.join(ROOT, folder, name)
         assert machinery.file_sha256(committed) == record[name]["sha256"], f"{folder}/{name}: not what was recorded"

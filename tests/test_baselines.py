@@ -373,6 +373,36 @@ def test_catrs_target_holds_the_monte_carlo_votes_of_the_checkpoint(catrs_target
     assert torch.equal(counts[:64], expected)
 
 
+def test_a_catrs_target_names_its_model_and_no_run_mixes_two(catrs_target, monkeypatch, tmp_path):
+    saved = torch.load(catrs_target / "target.pt", weights_only=False)
+    assert saved["checkpoint_sha256"] == machinery.file_sha256(str(catrs_target / "gauss.pth.tar"))
+    # a partial target of one model is never continued with another's votes, at the same path or not
+    other = digits_model()
+    torch.nn.init.zeros_(next(other.parameters()))
+    machinery.save_checkpoint({"arch": "digits_cnn", "dataset": "digits", "sigma": 0.25,
+                               "state_dict": other.state_dict()}, str(tmp_path / "gauss.pth.tar"))
+    partial = {"settings": {"N": 30, "sigma": 0.25, "seed": 5, "len": len(saved["counts"]),
+                            "tag": saved["checkpoint_sha256"]}, "counts": saved["counts"], "done": 1024}
+    machinery.save_checkpoint(partial, str(tmp_path / "t.pt.partial"))
+    assert run_main(monkeypatch, "--make-catrs-target", "--checkpoint", tmp_path / "gauss.pth.tar", "--out",
+                    tmp_path / "t.pt", "--N", 30, "--workers", 0, "--seed", 5) == 2
+    assert not os.path.exists(tmp_path / "t.pt")
+    partial["settings"]["tag"] = machinery.file_sha256(str(tmp_path / "gauss.pth.tar"))   # its own: continued
+    machinery.save_checkpoint(partial, str(tmp_path / "u.pt.partial"))
+    assert run_main(monkeypatch, "--make-catrs-target", "--checkpoint", tmp_path / "gauss.pth.tar", "--out",
+                    tmp_path / "u.pt", "--N", 30, "--workers", 0, "--seed", 5) == 0
+    assert torch.equal(torch.load(tmp_path / "u.pt", weights_only=False)["counts"][:1024], saved["counts"][:1024])
+    # a run records its target's hash, so a resume with another target is refused
+    out, argv = tmp_path / "run", ("--method", "catrs", *DIGITS, "--max-batches", 1, "--T", 1)
+    assert run_main(monkeypatch, *argv, "--epochs", 1, "--outdir", out, "--catrs-target", catrs_target / "target.pt") == 0
+    assert json.load(open(out / "args.json"))["catrs_target_sha256"] == machinery.file_sha256(
+        str(catrs_target / "target.pt"))
+    swapped = dict(saved, counts=saved["counts"].flip(1))
+    machinery.save_checkpoint(swapped, str(tmp_path / "swapped.pt"))
+    assert run_main(monkeypatch, *argv, "--epochs", 2, "--outdir", out, "--resume",
+                    "--catrs-target", tmp_path / "swapped.pt") == 2
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Training runs on digits, checkpoints certify.py reads, gradient norms, resume, bad input
 # ----------------------------------------------------------------------------------------------------------

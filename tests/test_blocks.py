@@ -443,6 +443,19 @@ def _careless_calls():
         "moments of one tensor for two": (lambda: train_baselines.match_moments(torch.rand(2, 5), torch.zeros(1, 1),
                                                                                 torch.ones(1, 1)), "mu0 and rms0"),
         "project radius < 0": (lambda: train_baselines.project_l2(xb, -1.0), "radius"),
+        "certify at alpha 0.95": (lambda: certify.certify(m, x, .5, 10, 100, .95, 100, 10), "alpha"),
+        "grid plan of another budget": (lambda: certify.example_line(m, x, 3, 0, .5, 10, 1000, .001, 100, 10, 0, False,
+                                                                     plan=grid.grid_plan([.25], .5, 100, .1)), "plan"),
+        "fold a string": (lambda: certify.fold_batchnorm("x"), "model"),
+        "wealth of a string count": (lambda: grid.kt_log_wealth("5", 10, .5), "A"),
+        "wealth side True": (lambda: grid.one_sided_log_wealth(8, 10, .5, True), "side"),
+        "smoothadv attack DDN": (lambda: train_baselines.make_loss_fn("smoothadv", {"m": 2, "T": 1, "eps": .5,
+                                                                                    "warmup": 1, "attack": "DDN"}, .5, 0),
+                                 "attack"),
+        "rank -1 takes the sampler's stream": (lambda: common.seed_epoch(0, 0, rank=-1), "rank"),
+        "sphere noise of fp64": (lambda: common.sphere_pgd(m, xb, y4, n24.double(), 1, .25), "delta"),
+        "generators seeded alike": (lambda: ddrs.optimize_sigma(m, xb, .5, 2, 2, .01, [torch.Generator().manual_seed(0)
+                                                                                      for _ in range(4)]), "generators"),
         "grad norms of other indices": (lambda: common.per_example_grad_norms(
             m, lambda f, a, b, i: {"loss": f(a).sum()}, xb, torch.arange(4), torch.arange(1)), "idx"),
     }
@@ -454,6 +467,41 @@ def test_a_careless_argument_is_refused_by_name(name):
     with pytest.raises((ValueError, TypeError)) as caught:
         call()
     assert words in str(caught.value), (name, str(caught.value))
+
+
+def test_a_model_held_by_an_object_or_a_dict_is_certified_in_eval_mode():
+    import certify
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                              torch.nn.Flatten(), torch.nn.Linear(256, 10))
+    x = torch.rand(1, 8, 8)
+
+    class Wrapper:   # a student's wrapper: not an nn.Module, the net an attribute
+        def __init__(self, net):
+            self.net = net
+
+        def __call__(self, z):
+            return self.net(z)
+    run = lambda model: certify.certify(model, x, .25, 10, 500, .01, 100, 10, torch.Generator().manual_seed(0))
+    plain = run(net.eval())["counts"]
+    held = {"net": net}
+    for model in (Wrapper(net.train()), lambda z: held["net"](z)):
+        net.train()
+        assert run(model)["counts"] == plain and net.training   # eval mode while certifying, then handed back
+
+
+def test_an_early_abstention_sampler_serves_one_example_and_its_class():
+    import certify
+    import common
+    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    x = torch.rand(1, 8, 8)
+    sample = certify.sampler_of(early_abstain=1e-3)
+    certify.certify(m, x, .25, 10, 1000, .01, 100, 10, torch.Generator(), sample=sample)
+    with pytest.raises(ValueError, match="make a new one for each example"):
+        certify.certify(m, x, .25, 10, 1000, .01, 100, 10, torch.Generator(), sample=sample)
+    with pytest.raises(ValueError, match="not on the candidate 5"):
+        certify.certify(m, x, .25, 0, 1000, .01, 100, 10, torch.Generator(),
+                        sample=certify.EarlyAbstention(common.sample_counts, 1e-3, candidate=3), candidate=5)
 
 
 def test_the_semi_elastic_radius_is_not_proved_where_its_sigma_band_leaves_float64():

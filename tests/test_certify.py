@@ -656,3 +656,17 @@ def test_batch_auto_on_a_gpu_records_the_probes_batch_capped_at_N(digits_ckpt, t
         assert run_cli(["--checkpoint", digits_ckpt, "--N0", 30, "--N", 3000, "--max", 2, *extra,
                         "--outfile", out]) == 0
         assert caps[-1] == cap and json.load(open(str(out) + ".json"))["batch"] == batch
+
+
+def test_a_stopped_torchrun_run_lists_its_parts_and_resumes_them(tmp_path):
+    """Every rank's part is made (header only) and listed in the sidecar before any rank writes, so a run stopped
+    while the parts hold lines resumes them instead of refusing them as a user's files."""
+    with open(os.path.join(ROOT, "results", "cifar10_cpu", "certify", "gaussian_noise_0.5.tsv.json")) as f:
+        settings = {k: v for k, v in json.load(f).items() if k != "written"}
+    out, cols = str(tmp_path / "dist.tsv"), certify.CERTIFY_COLUMNS
+    assert machinery.prepare_outputs(out, settings, cols, False, world=2) == set()
+    assert {"dist.tsv.rank0", "dist.tsv.rank1"} <= set(json.load(open(out + ".json"))["written"])
+    with open(out + ".rank1", "a") as f:   # rank 1 certified example 3, then the run was stopped
+        f.write("3\t1\t1\t0.5\t1\t0:00:01\t90\t100\t90\n")
+    assert machinery.prepare_outputs(out, settings, cols, False, world=2) == {3}
+    assert machinery.prepare_outputs(out, settings, cols, False, world=1) == {3}   # resumed by one process too

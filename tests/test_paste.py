@@ -21,7 +21,7 @@ import copy_size  # noqa: E402
 # lines a student pastes, at most (docs/python.md shows each block's size); compare_sides holds the claim family
 # with Holm's step-down, the p-values its intervals give, the bounds of each row, best-over-sigma rows over
 # each side's own sigmas and the seed design (paired or unpaired seeds) besides the intervals
-BUDGETS = {"certify:certify": 200, "certify:predict": 170, "grid:grid_certify": 440, "train_ours:ours_loss": 185,
+BUDGETS = {"certify:certify": 205, "certify:predict": 175, "grid:grid_certify": 440, "train_ours:ours_loss": 190,
            "train_ours:discard_hard": 220, "train_ours:radius_weights": 95, "train_baselines:smoothadv_loss": 220,
            "train_baselines:macer_loss": 155, "train_baselines:consistency_loss": 145,
            "train_baselines:smoothmix_loss": 235, "train_baselines:catrs_loss": 240, "compare:compare_sides": 435,

@@ -1,6 +1,7 @@
 """End-to-end tests of train_gaussian.py and train_ours.py on the bundled digits: learning, records, resume,
 gradient-norm mode, bad input. CPU, short runs in-process (one subprocess checks the real exit path)."""
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -230,3 +231,16 @@ def test_a_sigma_between_the_presets_says_which_row_it_borrows(capsys):
     assert ": m, Et, pt, eps from" in err              # --T was given: not borrowed
     train_ours.settings(parse(train_ours, "--sigma", 0.5), 0.5, "cifar10")
     assert capsys.readouterr().err == ""              # a sigma of the table borrows nothing
+
+
+def test_a_run_records_its_pA_checkpoint_and_refuses_another_on_resume(monkeypatch, tmp_path):
+    from helpers import digits_checkpoint
+    ck, other = str(tmp_path / "pa.pth.tar"), str(tmp_path / "other.pth.tar")
+    digits_checkpoint(ck, steps=5)
+    digits_checkpoint(other, steps=5, seed=1)
+    argv = (*DIGITS, "--Et", 1, "--T", 0, "--no-reweight", "--max-batches", 1, "--N", 10, "--pA-checkpoint", ck,
+            "--outdir", tmp_path / "run")
+    assert run_main(train_ours, monkeypatch, *argv, "--epochs", 1) == 0
+    assert json.load(open(tmp_path / "run" / "args.json"))["pA_checkpoint_sha256"] == machinery.file_sha256(ck)
+    shutil.copy(other, ck)   # another model at the same path: its pA would discard other images
+    assert run_main(train_ours, monkeypatch, *argv, "--epochs", 2, "--resume") == 2
