@@ -432,9 +432,23 @@ def read_sidecar(path, required=()):
             common.check(own in (None, settings_sha256(settings)), f"{candidate}: changed since the run wrote it (its "
                                                                    f"record of its own settings differs): restore it, "
                                                                    f"or certify again")
+            name = next((k[:-len(".json")] for k, v in written.items() if isinstance(v, str)), os.path.basename(path))
+            common.check(begins_as_recorded(path, written.get(name)),   # the log under the name it was written
+                         f"{path}: changed since {settings.get('script', 'the run')} wrote it, or not the log "
+                         f"{candidate} describes (it does not begin with the bytes the run recorded); certify again, "
+                         f"or move {candidate} away")
             return settings
     common.check(not required, f"{path}: its settings file {path}.json is missing (it names {', '.join(required)})")
     return {}
+
+
+def begins_as_recorded(path, entry):
+    """A file begins with what its run recorded of it ({size, sha256}: the run's lines up to then, which it only
+    appends to); True without a record or a file to check."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and os.path.isfile(path)):
+        return True
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read(entry["size"])).hexdigest() == entry.get("sha256")
 
 
 def read_log_prefix(path, columns, restart="pass --overwrite to start again, or choose another output"):

@@ -425,6 +425,16 @@ def test_one_digits_model_certified_with_two_seeds_is_within_noise(digits_logs, 
     assert len(flagged) <= 1, flagged
 
 
+def test_a_log_beside_another_runs_settings_file_is_refused_not_credited_to_its_model(digits_logs, tmp_path):
+    import shutil
+    shutil.copy(digits_logs["weak"], tmp_path / "x.tsv")                 # the weak model's lines ...
+    shutil.copy(str(digits_logs["seed0"]) + ".json", tmp_path / "x.tsv.json")   # ... beside the good one's record
+    with pytest.raises(common.UserError, match="or not the log .* describes"):
+        analyze.load_logs([str(tmp_path / "x.tsv")])
+    shutil.copy(digits_logs["seed0"], tmp_path / "x.tsv")                # its own lines: read, and credited
+    assert analyze.load_logs([str(tmp_path / "x.tsv")])[0]["sidecar"]["checkpoint_sha256"]
+
+
 def test_a_barely_trained_digits_model_has_lower_clean_accuracy_beyond_noise(digits_logs):
     logs = analyze.load_logs([str(digits_logs["seed0"]), str(digits_logs["weak"])])
     rows, _ = compare.compare_sides(logs[:1], logs[1:], analyze.DEFAULT_RADII[1:], 0.95)
